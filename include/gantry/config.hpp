@@ -1,0 +1,59 @@
+// gantry.conf: the node-wide settings shared by the CLI and the SPANK plugin.
+//
+// Format: one `key = value` per line, `#` starts a comment, blank lines ignored. An unknown key is an
+// error that names the file, line and key (a typo must not silently fall back to a default).
+// Every key, its default and meaning is documented in docs/admin.md and conf/gantry.conf.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gantry/result.hpp"
+
+namespace gantry {
+
+struct Config {
+    // Shared content-addressed image store (FSx for Lustre in production). Empty: per-user default.
+    std::string store_path;
+    // Node-local runtime state: container records, locks, mount points. Must not be shared storage.
+    std::string runtime_path = "/run/gantry";
+    // Node-local scratch for writable upper layers and the `extract` backend.
+    std::string scratch_path = "/tmp";
+    // auto | kernel | fuse | extract
+    std::string mount_backend = "auto";
+    // Squashfs compressor for new images: zstd | lz4 | gzip | xz | lzo | none, and block size.
+    std::string compressor = "zstd";
+    int compression_level = 0;  // 0: the compressor's default
+    uint32_t block_size = 131072;
+    // Parallel blob downloads per pull; 0: sized for the host.
+    int max_connections = 0;
+    // Registries (host[:port]) reachable over plain HTTP besides loopback ones.
+    std::vector<std::string> insecure_registries;
+    // Extra CA bundle for registry TLS; empty: the system store (or SSL_CERT_FILE).
+    std::string ca_bundle;
+    // Bind the whole host /dev instead of a minimal one (Enroot's behaviour).
+    bool host_dev = false;
+    // Prefix under which host devices, sysfs and driver files are looked up (tests fake hardware here).
+    std::string host_root = "/";
+    // Device and wiring switches (issue 7).
+    bool gpu = true;
+    bool efa = true;
+    bool efa_host_libs = false;
+    bool pmix = true;
+    bool pytorch = true;
+
+    // Path the values were read from, empty for built-in defaults.
+    std::string source;
+};
+
+// Parses gantry.conf text; `origin` names it in error messages.
+Result<Config> parse_config(const std::string& text, const std::string& origin);
+
+// Reads the file at `path`. A missing file yields the defaults only when `missing_ok`.
+Result<Config> load_config(const std::string& path, bool missing_ok);
+
+// GANTRY_CONFIG, else /etc/gantry/gantry.conf (missing is fine: defaults).
+Result<Config> load_default_config();
+
+}  // namespace gantry

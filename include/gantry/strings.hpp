@@ -1,0 +1,18 @@
+// Small string helpers used across modules.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gantry {
+
+std::string trim(std::string_view s);
+// Splits on `sep`, trims each piece, drops empty pieces.
+std::vector<std::string> split_list(std::string_view s, char sep);
+bool starts_with(std::string_view s, std::string_view prefix);
+bool ends_with(std::string_view s, std::string_view suffix);
+// Human-readable byte count: "1.5 GiB".
+std::string format_bytes(unsigned long long bytes);
+
+}  // namespace gantry

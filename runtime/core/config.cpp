@@ -1,0 +1,159 @@
+// Parser for gantry.conf (see include/gantry/config.hpp for the format).
+#include "gantry/config.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "gantry/strings.hpp"
+
+namespace gantry {
+namespace {
+
+Result<bool> parse_bool(const std::string& v) {
+    if (v == "1" || v == "yes" || v == "true" || v == "on") return true;
+    if (v == "0" || v == "no" || v == "false" || v == "off") return false;
+    return make_error("expected a boolean (1/0, yes/no, true/false, on/off), got '" + v + "'");
+}
+
+Result<long long> parse_int(const std::string& v, long long lo, long long hi) {
+    char* end = nullptr;
+    errno = 0;
+    long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno != 0) return make_error("expected an integer, got '" + v + "'");
+    if (n < lo || n > hi)
+        return make_error("value " + v + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return n;
+}
+
+Status one_of(const std::string& v, std::initializer_list<const char*> allowed) {
+    std::string list;
+    for (const char* a : allowed) {
+        if (v == a) return {};
+        list += list.empty() ? a : std::string(", ") + a;
+    }
+    return make_error("'" + v + "' is not one of: " + list);
+}
+
+using Setter = std::function<Status(Config&, const std::string&)>;
+
+Setter string_key(std::string Config::*field) {
+    return [field](Config& c, const std::string& v) -> Status {
+        c.*field = v;
+        return {};
+    };
+}
+
+Setter bool_key(bool Config::*field) {
+    return [field](Config& c, const std::string& v) -> Status {
+        auto b = parse_bool(v);
+        if (!b) return b.error();
+        c.*field = *b;
+        return {};
+    };
+}
+
+const std::map<std::string, Setter>& setters() {
+    static const std::map<std::string, Setter> table = {
+        {"store_path", string_key(&Config::store_path)},
+        {"runtime_path", string_key(&Config::runtime_path)},
+        {"scratch_path", string_key(&Config::scratch_path)},
+        {"mount_backend",
+         [](Config& c, const std::string& v) -> Status {
+             GANTRY_TRY(one_of(v, {"auto", "kernel", "fuse", "extract"}));
+             c.mount_backend = v;
+             return {};
+         }},
+        {"compressor",
+         [](Config& c, const std::string& v) -> Status {
+             GANTRY_TRY(one_of(v, {"zstd", "lz4", "gzip", "xz", "lzo", "none"}));
+             c.compressor = v;
+             return {};
+         }},
+        {"compression_level",
+         [](Config& c, const std::string& v) -> Status {
+             auto n = parse_int(v, 0, 22);
+             if (!n) return n.error();
+             c.compression_level = static_cast<int>(*n);
+             return {};
+         }},
+        {"block_size",
+         [](Config& c, const std::string& v) -> Status {
+             auto n = parse_int(v, 4096, 1048576);
+             if (!n) return n.error();
+             if ((*n & (*n - 1)) != 0) return make_error("block_size must be a power of two, got " + v);
+             c.block_size = static_cast<uint32_t>(*n);
+             return {};
+         }},
+        {"max_connections",
+         [](Config& c, const std::string& v) -> Status {
+             auto n = parse_int(v, 0, 256);
+             if (!n) return n.error();
+             c.max_connections = static_cast<int>(*n);
+             return {};
+         }},
+        {"insecure_registries",
+         [](Config& c, const std::string& v) -> Status {
+             c.insecure_registries = split_list(v, ',');
+             return {};
+         }},
+        {"ca_bundle", string_key(&Config::ca_bundle)},
+        {"host_dev", bool_key(&Config::host_dev)},
+        {"host_root", string_key(&Config::host_root)},
+        {"gpu", bool_key(&Config::gpu)},
+        {"efa", bool_key(&Config::efa)},
+        {"efa_host_libs", bool_key(&Config::efa_host_libs)},
+        {"pmix", bool_key(&Config::pmix)},
+        {"pytorch", bool_key(&Config::pytorch)},
+    };
+    return table;
+}
+
+}  // namespace
+
+Result<Config> parse_config(const std::string& text, const std::string& origin) {
+    Config c;
+    c.source = origin;
+    std::istringstream in(text);
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+        ++lineno;
+        auto hash = line.find('#');
+        if (hash != std::string::npos) line.resize(hash);
+        line = trim(line);
+        if (line.empty()) continue;
+        std::string where = origin + ":" + std::to_string(lineno);
+        auto eq = line.find('=');
+        if (eq == std::string::npos) return make_error(where + ": expected 'key = value', got '" + line + "'");
+        std::string key = trim(line.substr(0, eq));
+        std::string value = trim(line.substr(eq + 1));
+        auto it = setters().find(key);
+        if (it == setters().end())
+            return make_error(where + ": unknown key '" + key + "' (see docs/admin.md for the valid keys)");
+        auto st = it->second(c, value);
+        if (!st) return st.error().wrap(where + ": " + key);
+    }
+    return c;
+}
+
+Result<Config> load_config(const std::string& path, bool missing_ok) {
+    std::ifstream f(path);
+    if (!f) {
+        if (missing_ok && errno == ENOENT) return Config{};
+        return system_error("reading configuration " + path);
+    }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return parse_config(ss.str(), path);
+}
+
+Result<Config> load_default_config() {
+    const char* env = std::getenv("GANTRY_CONFIG");
+    if (env != nullptr && *env != '\0') return load_config(env, false);
+    return load_config("/etc/gantry/gantry.conf", true);
+}
+
+}  // namespace gantry

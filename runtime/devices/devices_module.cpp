@@ -1,0 +1,1 @@
+// Module gantry_devices: being written; see include/gantry/devices.hpp.

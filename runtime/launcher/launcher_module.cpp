@@ -1,0 +1,1 @@
+// Module gantry_launcher: being written; see include/gantry/launcher.hpp.

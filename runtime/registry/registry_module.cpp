@@ -1,0 +1,1 @@
+// Module gantry_registry: being written; see include/gantry/registry.hpp.

@@ -1,0 +1,1 @@
+// Module gantry_squashfs: being written; see include/gantry/squashfs.hpp.

@@ -1,0 +1,1 @@
+// Module gantry_store: being written; see include/gantry/store.hpp.

@@ -1,0 +1,68 @@
+// Unit tests for the core module: configuration parsing, digests, image config, strings.
+#include <catch2/catch.hpp>
+
+#include "gantry/config.hpp"
+#include "gantry/digest.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/strings.hpp"
+
+TEST_CASE("gantry.conf: values, comments and defaults") {
+    auto c = gantry::parse_config(
+        "# comment\nstore_path = /fsx/gantry  # trailing\n\nmount_backend=fuse\nblock_size = 262144\n"
+        "insecure_registries = reg.local:5000, other:80\nhost_dev = yes\n",
+        "test.conf");
+    REQUIRE(c.ok());
+    CHECK(c->store_path == "/fsx/gantry");
+    CHECK(c->mount_backend == "fuse");
+    CHECK(c->block_size == 262144);
+    CHECK(c->insecure_registries == std::vector<std::string>{"reg.local:5000", "other:80"});
+    CHECK(c->host_dev);
+    CHECK(c->runtime_path == "/run/gantry");  // default kept
+}
+
+TEST_CASE("gantry.conf: errors name file, line and key") {
+    auto unknown = gantry::parse_config("store_path=/x\nstorepath=/y\n", "/etc/gantry/gantry.conf");
+    REQUIRE_FALSE(unknown.ok());
+    CHECK(unknown.error().message.find("/etc/gantry/gantry.conf:2") != std::string::npos);
+    CHECK(unknown.error().message.find("'storepath'") != std::string::npos);
+    CHECK_FALSE(gantry::parse_config("block_size = 1000\n", "c").ok());    // not a power of two
+    CHECK_FALSE(gantry::parse_config("mount_backend = nfs\n", "c").ok());  // not a backend
+    CHECK_FALSE(gantry::parse_config("host_dev = maybe\n", "c").ok());
+    CHECK_FALSE(gantry::parse_config("just a line\n", "c").ok());
+}
+
+TEST_CASE("sha256 digests") {
+    CHECK(gantry::Sha256::of("") == "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    gantry::Sha256 h;
+    h.update("ab");
+    h.update("c");
+    CHECK(h.finish() == "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    CHECK(gantry::validate_digest(gantry::Sha256::of("x")).ok());
+    CHECK_FALSE(gantry::validate_digest("sha512:abc").ok());
+    CHECK_FALSE(gantry::validate_digest("sha256:ABC").ok());
+    CHECK(gantry::digest_hex("sha256:abcd") == "abcd");
+}
+
+TEST_CASE("image config parsing") {
+    auto c = gantry::parse_image_config(R"({"architecture":"amd64","os":"linux",
+        "config":{"Env":["PATH=/usr/bin","A=1","A=2"],"Entrypoint":["/bin/sh","-c"],"Cmd":null,
+                  "WorkingDir":"/work","Volumes":{"/data":{}},"Labels":{"k":"v"}},
+        "rootfs":{"type":"layers","diff_ids":["sha256:1","sha256:2"]}})");
+    REQUIRE(c.ok());
+    CHECK(c->architecture == "amd64");
+    CHECK(c->entrypoint == std::vector<std::string>{"/bin/sh", "-c"});
+    CHECK(c->cmd.empty());
+    CHECK(c->working_dir == "/work");
+    CHECK(c->volumes == std::vector<std::string>{"/data"});
+    CHECK(c->labels.at("k") == "v");
+    CHECK(c->diff_ids.size() == 2);
+    CHECK(gantry::find_env(c->env, "A").value() == "2");
+    CHECK_FALSE(gantry::find_env(c->env, "PAT").has_value());
+    CHECK_FALSE(gantry::parse_image_config("[1]").ok());
+    CHECK_FALSE(gantry::parse_image_config(R"({"config":{"Env":"x"}})").ok());
+}
+
+TEST_CASE("string helpers") {
+    CHECK(gantry::split_list(" a, ,b ,", ',') == std::vector<std::string>{"a", "b"});
+    CHECK(gantry::format_bytes(1536) == "1.5 KiB");
+}
