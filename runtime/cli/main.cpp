@@ -1,28 +1,31 @@
-// The `gantry` command: a thin dispatcher over the runtime library's verbs.
+// The `gantry` command: a thin dispatcher over the verbs registered in runtime/cli/*.cpp.
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <exception>
 #include <string>
+#include <vector>
 
+#include "command.hpp"
 #include "gantry/log.hpp"
 #include "gantry/version.hpp"
+
+namespace gantry::cli {
+
+std::vector<Command>& commands() {
+    static std::vector<Command> table;
+    return table;
+}
+
+}  // namespace gantry::cli
 
 namespace {
 
 void usage(FILE* out) {
-    std::fputs(
-        "usage: gantry <command> [options]\n"
-        "\n"
-        "commands:\n"
-        "  pull IMAGE            fetch an image into the store as one squashfs file\n"
-        "  images                list the images in the store\n"
-        "  inspect IMAGE         show an image's digest, size, layers and config\n"
-        "  rm IMAGE              remove an image from the store\n"
-        "  gc                    remove least recently used images\n"
-        "  run IMAGE [CMD...]    run a command in a container\n"
-        "  exec NAME [CMD...]    run a command in a running container\n"
-        "  doctor                check this node's readiness\n"
-        "  version               print the version\n",
-        out);
+    auto cmds = gantry::cli::commands();
+    std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    std::fputs("usage: gantry <command> [options]\n\ncommands:\n", out);
+    for (const auto& c : cmds) std::fprintf(out, "  %s\n", c.synopsis.c_str());
+    std::fputs("  version                 print the version\n", out);
 }
 
 }  // namespace
@@ -32,15 +35,24 @@ int main(int argc, char** argv) {
         usage(stderr);
         return 2;
     }
-    std::string cmd = argv[1];
-    if (cmd == "--version" || cmd == "version") {
+    std::string verb = argv[1];
+    if (verb == "--version" || verb == "version") {
         std::printf("gantry %s\n", gantry::kVersion);
         return 0;
     }
-    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    if (verb == "--help" || verb == "-h" || verb == "help") {
         usage(stdout);
         return 0;
     }
-    gantry::log::error("unknown command '" + cmd + "' (see gantry --help)");
+    for (const auto& c : gantry::cli::commands()) {
+        if (c.name != verb) continue;
+        try {
+            return c.run(std::vector<std::string>(argv + 2, argv + argc));
+        } catch (const std::exception& e) {
+            gantry::log::error(verb + ": internal error: " + e.what());
+            return 1;
+        }
+    }
+    gantry::log::error("unknown command '" + verb + "' (see gantry --help)");
     return 2;
 }

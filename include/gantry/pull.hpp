@@ -1,0 +1,49 @@
+// The pull pipeline: reference -> resolved digest -> manifest + config -> layers (downloaded in
+// parallel, verified) -> one squashfs (converted top layer first while lower layers still download)
+// -> atomic publication in the store. Exactly one producer per digest across processes and nodes.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "gantry/config.hpp"
+#include "gantry/reference.hpp"
+#include "gantry/registry.hpp"
+#include "gantry/result.hpp"
+#include "gantry/squashfs.hpp"
+#include "gantry/store.hpp"
+
+namespace gantry {
+
+struct PullProgress {
+    enum class Phase { resolving, waiting, downloading, publishing, done } phase = Phase::resolving;
+    uint64_t bytes_done = 0;   // compressed bytes downloaded (or found already present)
+    uint64_t bytes_total = 0;  // sum of layer sizes
+    size_t layers_done = 0;    // layers converted into the squashfs
+    size_t layers_total = 0;
+    std::string note;          // e.g. who holds the producer lock while waiting
+};
+
+struct PullOptions {
+    Platform platform = Platform::host();
+    CredentialLookup credentials;  // empty: the registry client's default sources
+    std::function<void(const PullProgress&)> on_progress;
+    std::chrono::seconds producer_timeout{3600};
+};
+
+struct PullResult {
+    std::string digest;
+    std::string squashfs_path;
+    bool produced = false;  // false: it was already in the store (or another producer made it)
+    ConversionStats stats;
+};
+
+// Makes sure the image `ref` names is in `store`, pulling and converting it if needed.
+Result<PullResult> pull_image(const Config& config, const ImageStore& store, const ImageReference& ref,
+                              const PullOptions& options);
+
+// The squashfs options the store uses for new images, from gantry.conf.
+SquashfsOptions squashfs_options(const Config& config);
+
+}  // namespace gantry

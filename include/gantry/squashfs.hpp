@@ -1,0 +1,47 @@
+// Layers -> squashfs in one streaming pass (libarchive in, libsquashfs out). Owner: runtime/squashfs/.
+//
+// The layers are walked from the top one down, so each path's winning version is the first one seen
+// and its data is written exactly once; whiteouts and opaque directories only hide what lies below.
+// Nothing is extracted to disk.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gantry/result.hpp"
+
+namespace gantry {
+
+struct LayerBlob {
+    std::string path;        // the compressed (or plain) tar blob on disk
+    std::string media_type;  // OCI/Docker layer media type: decides gzip / zstd / plain
+    std::string digest;      // blob digest, for messages
+    std::string diff_id;     // sha256 of the uncompressed tar; verified while reading ("" = skip)
+};
+
+struct SquashfsOptions {
+    std::string compressor = "zstd";  // zstd | lz4 | gzip | xz | lzo | none
+    int level = 0;                    // 0: compressor default
+    uint32_t block_size = 131072;
+    unsigned threads = 0;             // 0: number of online CPUs
+};
+
+struct ConversionStats {
+    uint64_t files = 0, directories = 0, symlinks = 0, hardlinks = 0, others = 0;
+    uint64_t shadowed_entries = 0;   // entries hidden by higher layers or whiteouts, skipped
+    uint64_t uncompressed_bytes = 0; // tar bytes read
+    uint64_t image_bytes = 0;        // size of the squashfs written
+};
+
+// Writes `output` (created; must not exist) from `layers` (bottom layer first, as in the manifest).
+// `wait_for(i)` is called before layer i is opened and blocks until its blob is complete (or returns
+// the download error), which lets conversion of the top layer overlap the download of the others.
+// A diff_id mismatch, a path escaping the root, or a corrupt tar fails the call naming the layer;
+// the partial output is removed.
+Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, const std::string& output,
+                                       const SquashfsOptions& options,
+                                       const std::function<Status(size_t index)>& wait_for = {});
+
+}  // namespace gantry

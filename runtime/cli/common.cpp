@@ -1,0 +1,126 @@
+// Pieces shared by the CLI verbs (see common.hpp).
+#include "common.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "gantry/log.hpp"
+#include "gantry/pull.hpp"
+#include "gantry/reference.hpp"
+#include "gantry/strings.hpp"
+#include "progress.hpp"
+
+namespace gantry::cli {
+
+std::optional<std::string> take_option(std::vector<std::string>& args, const std::string& name) {
+    std::optional<std::string> value;
+    for (size_t i = 0; i < args.size();) {
+        if (args[i] == "--") break;
+        if (args[i] == name && i + 1 < args.size()) {
+            value = args[i + 1];
+            args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+        } else if (starts_with(args[i], name + "=")) {
+            value = args[i].substr(name.size() + 1);
+            args.erase(args.begin() + static_cast<long>(i));
+        } else {
+            ++i;
+        }
+    }
+    return value;
+}
+
+bool take_flag(std::vector<std::string>& args, const std::string& name) {
+    bool found = false;
+    for (size_t i = 0; i < args.size();) {
+        if (args[i] == "--") break;
+        if (args[i] == name) {
+            found = true;
+            args.erase(args.begin() + static_cast<long>(i));
+        } else {
+            ++i;
+        }
+    }
+    return found;
+}
+
+Status reject_unknown_options(const std::vector<std::string>& args) {
+    for (const auto& a : args) {
+        if (a == "--") break;
+        if (a.size() > 1 && a[0] == '-') return make_error("unknown option '" + a + "' (see gantry --help)");
+    }
+    return {};
+}
+
+Result<long long> parse_duration(const std::string& text) {
+    if (text.empty()) return make_error("empty duration");
+    size_t pos = 0;
+    long long n = 0;
+    try {
+        n = std::stoll(text, &pos);
+    } catch (...) {
+        return make_error("invalid duration '" + text + "' (use e.g. 90s, 15m, 12h, 30d)");
+    }
+    std::string unit = text.substr(pos);
+    long long mult = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : 0;
+    if (mult == 0 || n < 0) return make_error("invalid duration '" + text + "' (use e.g. 90s, 15m, 12h, 30d)");
+    return n * mult;
+}
+
+Result<unsigned long long> parse_size(const std::string& text) {
+    size_t pos = 0;
+    unsigned long long n = 0;
+    try {
+        n = std::stoull(text, &pos);
+    } catch (...) {
+        return make_error("invalid size '" + text + "' (use e.g. 500G, 2T, 4096)");
+    }
+    std::string unit = text.substr(pos);
+    if (ends_with(unit, "iB")) unit = unit.substr(0, unit.size() - 2);
+    else if (unit.size() == 2 && unit[1] == 'B') unit = unit.substr(0, 1);
+    int shift = unit.empty() || unit == "B" ? 0 : unit == "K" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : unit == "T" ? 40 : -1;
+    if (shift < 0) return make_error("invalid size '" + text + "' (use e.g. 500G, 2T, 4096)");
+    return n << shift;
+}
+
+Result<Config> load_config() { return load_default_config(); }
+
+Result<ImageStore> open_store(const Config& config, const std::string& store_option, bool create) {
+    return ImageStore::open(ImageStore::resolve_path(config, store_option), create);
+}
+
+Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
+                                             const std::string& image, bool quiet) {
+    RunnableImage out;
+    if (is_local_image_path(image)) {
+        if (::access(image.c_str(), R_OK) != 0) return system_error("opening image file " + image);
+        out.squashfs_path = image;
+        return out;
+    }
+    auto ref = parse_reference(image);
+    if (!ref) return ref.error();
+    auto store = open_store(config, store_option, true);
+    if (!store) return store.error();
+    PullOptions opts;
+    ProgressPrinter printer(quiet);
+    opts.on_progress = [&](const PullProgress& p) { printer.show(p); };
+    auto pulled = pull_image(config, *store, *ref, opts);
+    printer.finish();
+    if (!pulled) return pulled.error();
+    auto img = store->find(pulled->digest);
+    if (!img) return make_error("image " + pulled->digest + " vanished from the store " + store->root());
+    auto cfg = parse_image_config(img->metadata.config_json);
+    if (!cfg) return cfg.error();
+    out.squashfs_path = img->squashfs_path;
+    out.config = std::move(*cfg);
+    out.digest = pulled->digest;
+    out.in_trusted_store = true;
+    return out;
+}
+
+int fail(const Error& error) {
+    log::error(error.message);
+    return 1;
+}
+
+}  // namespace gantry::cli

@@ -1,0 +1,47 @@
+// Pieces shared by the CLI verbs: option scanning, configuration and store opening, and resolving an
+// IMAGE operand (a registry reference or a local squashfs path) to a squashfs file plus its config.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gantry/config.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/result.hpp"
+#include "gantry/store.hpp"
+
+namespace gantry::cli {
+
+// Scans `args` for "--name VALUE" / "--name=VALUE". Returns the value and removes it from args.
+std::optional<std::string> take_option(std::vector<std::string>& args, const std::string& name);
+// Scans `args` for a "--name" flag and removes it.
+bool take_flag(std::vector<std::string>& args, const std::string& name);
+// Fails on any remaining "--option" in args (before a "--" separator).
+Status reject_unknown_options(const std::vector<std::string>& args);
+
+// Parses "30d", "12h", "15m", "90s" or plain seconds.
+Result<long long> parse_duration(const std::string& text);
+// Parses "500G", "10GiB", "1T", "4096" (bytes).
+Result<unsigned long long> parse_size(const std::string& text);
+
+Result<Config> load_config();
+Result<ImageStore> open_store(const Config& config, const std::string& store_option, bool create);
+
+// What a container needs from an IMAGE operand.
+struct RunnableImage {
+    std::string squashfs_path;
+    ImageConfig config;        // empty for a local squashfs file
+    std::string digest;        // empty for a local squashfs file
+    bool in_trusted_store = false;  // published by the store (never true for a user-named file)
+};
+
+// A path starting with '.' or '/' is a local squashfs file; anything else is a registry reference that
+// is pulled into the store unless already there.
+Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
+                                             const std::string& image, bool quiet);
+
+// Prints one error line ("gantry: ...") and returns exit status 1.
+int fail(const Error& error);
+
+}  // namespace gantry::cli

@@ -1,0 +1,203 @@
+// Image verbs of the CLI: pull, images, inspect, rm, gc.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "command.hpp"
+#include "common.hpp"
+#include "gantry/digest.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/log.hpp"
+#include "gantry/pull.hpp"
+#include "gantry/reference.hpp"
+#include "gantry/strings.hpp"
+#include "progress.hpp"
+
+namespace gantry::cli {
+namespace {
+
+std::string format_time(int64_t t) {
+    if (t <= 0) return "-";
+    std::time_t tt = static_cast<std::time_t>(t);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&tt));
+    return buf;
+}
+
+// IMAGE operand for inspect/rm: a digest, a digest prefix of 12+ hex digits, or a reference whose tag
+// the store has recorded.
+Result<StoredImage> find_stored(const ImageStore& store, const std::string& image) {
+    std::string hex = starts_with(image, "sha256:") ? image.substr(7) : image;
+    bool hexlike = hex.size() >= 12 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (hexlike) {
+        auto all = store.list();
+        if (!all) return all.error();
+        std::vector<StoredImage> matches;
+        for (auto& img : *all)
+            if (starts_with(digest_hex(img.digest), hex)) matches.push_back(img);
+        if (matches.size() == 1) return matches.front();
+        if (matches.size() > 1) return make_error("digest prefix " + image + " is ambiguous; give more digits");
+    }
+    auto ref = parse_reference(image);
+    if (!ref) return ref.error();
+    if (!ref->digest.empty()) {
+        if (auto img = store.find(ref->digest)) return *img;
+    } else if (auto tag = store.lookup_tag(*ref)) {
+        if (auto img = store.find(tag->digest)) return *img;
+    }
+    return make_error("image " + image + " is not in the store " + store.root() + " (see gantry images)");
+}
+
+int cmd_pull(std::vector<std::string> args) {
+    auto store_opt = take_option(args, "--store");
+    auto platform_opt = take_option(args, "--platform");
+    bool quiet = take_flag(args, "--quiet") || take_flag(args, "-q");
+    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
+    if (args.size() != 1) return fail(make_error("pull takes exactly one IMAGE (usage: gantry pull [--store DIR] [--platform OS/ARCH[/VARIANT]] [--quiet] IMAGE)"));
+    auto config = load_config();
+    if (!config) return fail(config.error());
+    auto ref = parse_reference(args[0]);
+    if (!ref) return fail(ref.error());
+    PullOptions opts;
+    if (platform_opt) {
+        auto p = Platform::parse(*platform_opt);
+        if (!p) return fail(p.error());
+        opts.platform = *p;
+    }
+    auto store = open_store(*config, store_opt.value_or(""), true);
+    if (!store) return fail(store.error());
+    ProgressPrinter printer(quiet);
+    opts.on_progress = [&](const PullProgress& p) { printer.show(p); };
+    auto t0 = std::chrono::steady_clock::now();
+    auto result = pull_image(*config, *store, *ref, opts);
+    printer.finish();
+    if (!result) return fail(result.error().wrap("failed to import docker image " + args[0]));
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!quiet && result->produced) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "pulled %s in %.1f s: %llu files, %s squashfs", ref->str().c_str(), secs,
+                      static_cast<unsigned long long>(result->stats.files),
+                      format_bytes(result->stats.image_bytes).c_str());
+        log::info(buf);
+    }
+    std::printf("%s %s\n", result->digest.c_str(), result->squashfs_path.c_str());
+    return 0;
+}
+
+int cmd_images(std::vector<std::string> args) {
+    auto store_opt = take_option(args, "--store");
+    bool digests = take_flag(args, "--digests");
+    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
+    auto config = load_config();
+    if (!config) return fail(config.error());
+    auto store = open_store(*config, store_opt.value_or(""), false);
+    if (!store) return fail(store.error());
+    auto all = store->list();
+    if (!all) return fail(all.error());
+    std::printf("%-40s %-19s %10s  %-19s  %s\n", "REFERENCE", "DIGEST", "SIZE", "LAST USED", "IN USE");
+    for (const auto& img : *all) {
+        std::string ref = img.metadata.references.empty() ? "-" : img.metadata.references.front();
+        std::string d = digests ? img.digest : img.digest.substr(0, 19);
+        std::printf("%-40s %-19s %10s  %-19s  %s\n", ref.c_str(), d.c_str(),
+                    format_bytes(img.metadata.image_bytes).c_str(), format_time(img.last_used).c_str(),
+                    store->in_use(img.digest) ? "yes" : "no");
+    }
+    return 0;
+}
+
+int cmd_inspect(std::vector<std::string> args) {
+    auto store_opt = take_option(args, "--store");
+    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
+    if (args.size() != 1) return fail(make_error("inspect takes exactly one IMAGE"));
+    auto config = load_config();
+    if (!config) return fail(config.error());
+    auto store = open_store(*config, store_opt.value_or(""), false);
+    if (!store) return fail(store.error());
+    auto img = find_stored(*store, args[0]);
+    if (!img) return fail(img.error());
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& l : img->metadata.layers)
+        layers.push_back({{"digest", l.digest}, {"size", l.size}, {"mediaType", l.media_type}});
+    nlohmann::json cfg = nlohmann::json::parse(img->metadata.config_json, nullptr, false);
+    nlohmann::json out = {
+        {"digest", img->digest},
+        {"references", img->metadata.references},
+        {"platform", img->metadata.platform},
+        {"squashfs", img->squashfs_path},
+        {"size", img->metadata.image_bytes},
+        {"compressor", img->metadata.compressor},
+        {"block_size", img->metadata.block_size},
+        {"layers", layers},
+        {"config", cfg.is_discarded() ? nlohmann::json(nullptr) : cfg.value("config", nlohmann::json::object())},
+        {"pulled", format_time(img->metadata.pulled_at)},
+        {"last_used", format_time(img->last_used)},
+        {"in_use", store->in_use(img->digest)},
+    };
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+}
+
+int cmd_rm(std::vector<std::string> args) {
+    auto store_opt = take_option(args, "--store");
+    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
+    if (args.empty()) return fail(make_error("rm takes one or more IMAGEs"));
+    auto config = load_config();
+    if (!config) return fail(config.error());
+    auto store = open_store(*config, store_opt.value_or(""), false);
+    if (!store) return fail(store.error());
+    int status = 0;
+    for (const auto& a : args) {
+        auto img = find_stored(*store, a);
+        if (!img) {
+            status = fail(img.error());
+            continue;
+        }
+        if (auto st = store->remove(img->digest); !st) {
+            status = fail(st.error().wrap("removing " + a));
+            continue;
+        }
+        std::printf("removed %s\n", img->digest.c_str());
+    }
+    return status;
+}
+
+int cmd_gc(std::vector<std::string> args) {
+    auto store_opt = take_option(args, "--store");
+    auto max_bytes_opt = take_option(args, "--max-bytes");
+    auto unused_opt = take_option(args, "--unused-for");
+    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
+    unsigned long long max_bytes = 0;
+    long long unused = 0;
+    if (max_bytes_opt) {
+        auto n = parse_size(*max_bytes_opt);
+        if (!n) return fail(n.error().wrap("--max-bytes"));
+        max_bytes = *n;
+    }
+    if (unused_opt) {
+        auto n = parse_duration(*unused_opt);
+        if (!n) return fail(n.error().wrap("--unused-for"));
+        unused = *n;
+    }
+    auto config = load_config();
+    if (!config) return fail(config.error());
+    auto store = open_store(*config, store_opt.value_or(""), false);
+    if (!store) return fail(store.error());
+    auto r = store->gc(max_bytes, std::chrono::seconds(unused));
+    if (!r) return fail(r.error());
+    for (const auto& d : r->removed) std::printf("removed %s\n", d.c_str());
+    for (const auto& d : r->kept_in_use) std::printf("kept %s (in use)\n", d.c_str());
+    std::printf("freed %s, %s left\n", format_bytes(r->bytes_freed).c_str(), format_bytes(r->bytes_left).c_str());
+    return 0;
+}
+
+const Registration reg_pull({"pull", "pull [--store DIR] [--platform OS/ARCH] [--quiet] IMAGE   fetch an image into the store", cmd_pull});
+const Registration reg_images({"images", "images [--store DIR] [--digests]   list the images in the store", cmd_images});
+const Registration reg_inspect({"inspect", "inspect IMAGE        show an image's digest, size, layers and config", cmd_inspect});
+const Registration reg_rm({"rm", "rm IMAGE...          remove images from the store (not while in use)", cmd_rm});
+const Registration reg_gc({"gc", "gc [--max-bytes N] [--unused-for DURATION]   remove least recently used images", cmd_gc});
+
+}  // namespace
+}  // namespace gantry::cli

@@ -1,0 +1,200 @@
+// The pull pipeline (see include/gantry/pull.hpp). Downloads run on the registry client's workers;
+// this thread converts, starting with the top layer as soon as its blob is verified.
+#include "gantry/pull.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "gantry/digest.hpp"
+#include "gantry/files.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/log.hpp"
+
+namespace gantry {
+namespace {
+
+// Which blobs are ready; conversion waits on it while the downloader fills it.
+class BlobBoard {
+public:
+    explicit BlobBoard(size_t n) : ready_(n, false) {}
+    void mark_ready(size_t i) {
+        std::lock_guard<std::mutex> lock(m_);
+        ready_[i] = true;
+        cv_.notify_all();
+    }
+    void fail(Error e) {
+        std::lock_guard<std::mutex> lock(m_);
+        if (!error_) error_ = std::move(e);
+        cv_.notify_all();
+    }
+    void finish() {
+        std::lock_guard<std::mutex> lock(m_);
+        finished_ = true;
+        cv_.notify_all();
+    }
+    Status wait_for(size_t i) {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return ready_[i] || error_ || finished_; });
+        if (ready_[i]) return {};
+        if (error_) return *error_;
+        return make_error("download finished without blob " + std::to_string(i));
+    }
+
+private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::vector<bool> ready_;
+    std::optional<Error> error_;
+    bool finished_ = false;
+};
+
+}  // namespace
+
+SquashfsOptions squashfs_options(const Config& config) {
+    SquashfsOptions o;
+    o.compressor = config.compressor;
+    o.level = config.compression_level;
+    o.block_size = config.block_size;
+    return o;
+}
+
+Result<PullResult> pull_image(const Config& config, const ImageStore& store, const ImageReference& ref,
+                              const PullOptions& options) {
+    // The converter (this thread) and the reporter thread both update progress; one mutex orders them.
+    PullProgress progress;
+    std::mutex progress_mutex;
+    auto update = [&](const std::function<void(PullProgress&)>& change) {
+        std::lock_guard<std::mutex> lock(progress_mutex);
+        change(progress);
+        if (options.on_progress) options.on_progress(progress);
+    };
+    auto report = [&] { update([](PullProgress&) {}); };
+    report();
+
+    std::atomic<uint64_t> bytes_done{0};
+    std::atomic<bool> cancel{false};
+    RegistryOptions ropts;
+    ropts.max_connections = config.max_connections;
+    ropts.credentials = options.credentials;
+    ropts.cancel = &cancel;
+    ropts.on_progress = [&](uint64_t done) { bytes_done = done; };
+    RegistryClient client(config, ropts);
+
+    auto image = client.resolve(ref, options.platform);
+    if (!image) return image.error();
+    const std::string& digest = image->manifest_digest;
+    (void)store.record_tag(ref, digest);  // best effort: the image itself is what matters
+
+    PullResult result;
+    result.digest = digest;
+    result.squashfs_path = store.squashfs_path(digest);
+    if (store.find(digest)) {
+        store.touch(digest);
+        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+        return result;
+    }
+
+    // One producer per digest. Others wait here and find the image published when they get the lock.
+    auto lock = store.lock_producer(digest, options.producer_timeout, [&](const std::string& holder) {
+        update([&](PullProgress& p) {
+            p.phase = PullProgress::Phase::waiting;
+            p.note = holder;
+        });
+    });
+    if (!lock) return lock.error();
+    if (store.find(digest)) {
+        store.touch(digest);
+        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+        return result;
+    }
+
+    auto cfg = parse_image_config(image->config_json);
+    if (!cfg) return cfg.error().wrap("pulling " + ref.str());
+    if (!cfg->diff_ids.empty() && cfg->diff_ids.size() != image->layers.size())
+        return make_error("pulling " + ref.str() + ": the config lists " + std::to_string(cfg->diff_ids.size()) +
+                          " layers but the manifest " + std::to_string(image->layers.size()));
+
+    // The staging area survives a producer that dies: its verified blobs are reused by the next one.
+    std::string staging = store.staging_dir(digest);
+    std::string blobs_dir = staging + "/blobs";
+    GANTRY_TRY(make_directories(blobs_dir, 0755));
+    std::string output = staging + "/image.sqsh." + std::to_string(::getpid());
+    ::unlink(output.c_str());
+
+    std::vector<LayerBlob> layers;
+    progress.layers_total = image->layers.size();
+    for (size_t i = 0; i < image->layers.size(); ++i) {
+        const auto& d = image->layers[i];
+        progress.bytes_total += d.size;
+        layers.push_back({blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest,
+                          i < cfg->diff_ids.size() ? cfg->diff_ids[i] : std::string()});
+    }
+
+    BlobBoard board(layers.size());
+    Status download_status;
+    std::thread downloader([&] {
+        download_status = client.fetch_blobs(ref, image->layers, blobs_dir, [&](size_t i) { board.mark_ready(i); });
+        if (!download_status) board.fail(download_status.error());
+        board.finish();
+    });
+    update([](PullProgress& p) { p.phase = PullProgress::Phase::downloading; });
+
+    std::atomic<bool> converting{true};
+    std::thread reporter([&] {
+        while (converting) {
+            update([&](PullProgress& p) { p.bytes_done = bytes_done; });
+            for (int i = 0; i < 10 && converting; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    });
+
+    auto stats = convert_layers(layers, output, squashfs_options(config), [&](size_t i) -> Status {
+        auto st = board.wait_for(i);
+        if (st) update([&](PullProgress& p) { p.layers_done = layers.size() - 1 - i; });
+        return st;
+    });
+    if (!stats) cancel = true;
+    downloader.join();
+    converting = false;
+    reporter.join();
+    if (!download_status) {
+        ::unlink(output.c_str());
+        return download_status.error().wrap("pulling " + ref.str());
+    }
+    if (!stats) {
+        ::unlink(output.c_str());
+        return stats.error().wrap("pulling " + ref.str());
+    }
+
+    update([&](PullProgress& p) {
+        p.phase = PullProgress::Phase::publishing;
+        p.bytes_done = p.bytes_total;
+        p.layers_done = layers.size();
+    });
+
+    ImageMetadata meta;
+    meta.references.push_back(ref.str());
+    meta.platform = options.platform.str();
+    meta.manifest_json = image->manifest_json;
+    meta.config_json = image->config_json;
+    meta.layers = image->layers;
+    meta.compressor = config.compressor;
+    meta.block_size = config.block_size;
+    auto published = store.publish(digest, output, meta);
+    if (!published) {
+        ::unlink(output.c_str());
+        return published.error().wrap("pulling " + ref.str());
+    }
+    (void)remove_tree(staging);
+
+    result.produced = true;
+    result.stats = *stats;
+    update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+    return result;
+}
+
+}  // namespace gantry

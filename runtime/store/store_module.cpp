@@ -1,1 +1,0 @@
-// Module gantry_store: being written; see include/gantry/store.hpp.
