@@ -23,9 +23,10 @@ struct LayerBlob {
 
 struct SquashfsOptions {
     std::string compressor = "zstd";  // zstd | lz4 | gzip | xz | lzo | none
-    int level = 0;                    // 0: compressor default
-    uint32_t block_size = 131072;
-    unsigned threads = 0;             // 0: number of online CPUs
+    int level = 0;                    // 0: Gantry's default for the compressor (zstd 3, gzip 6, lzo1x_1)
+    uint32_t block_size = 131072;     // power of two, 4 KiB .. 1 MiB
+    unsigned threads = 0;             // compressor threads; 0: number of online CPUs
+    bool sync = true;                 // fsync the image before returning (it is published by rename)
 };
 
 struct ConversionStats {

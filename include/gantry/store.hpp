@@ -88,6 +88,10 @@ public:
     // Atomically publishes a finished squashfs (same filesystem as the store) with its metadata.
     Status publish(const std::string& digest, const std::string& squashfs_tmp, ImageMetadata metadata) const;
 
+    // True when the kernel may mount this store's images: the store root and images/ are owned by root
+    // and writable by nobody else, so only a trusted producer could have written the bytes.
+    bool trusted() const;
+
     // Marks the image used now (for least-recently-used collection).
     void touch(const std::string& digest) const;
     // Opens the image for a container: the fd holds a shared lock while the container lives.

@@ -204,6 +204,14 @@ Status ImageStore::publish(const std::string& digest, const std::string& squashf
     return {};
 }
 
+bool ImageStore::trusted() const {
+    for (const std::string& dir : {root_, root_ + "/images"}) {
+        struct stat st {};
+        if (::stat(dir.c_str(), &st) != 0 || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return false;
+    }
+    return true;
+}
+
 void ImageStore::touch(const std::string& digest) const {
     std::string path = root_ + "/used/" + digest_hex(digest);
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));

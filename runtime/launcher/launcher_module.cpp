@@ -1,1 +1,0 @@
-// Module gantry_launcher: being written; see include/gantry/launcher.hpp.

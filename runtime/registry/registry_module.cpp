@@ -1,1 +1,0 @@
-// Module gantry_registry: being written; see include/gantry/registry.hpp.

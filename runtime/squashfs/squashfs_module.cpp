@@ -1,1 +1,0 @@
-// Module gantry_squashfs: being written; see include/gantry/squashfs.hpp.
