@@ -1,62 +1,131 @@
-// The SPANK entry points of spank_gantry.so. Slurm glue only: option registration and the hook
-// sequence; everything else is delegated to the gantry runtime library.
+// The SPANK entry points of spank_gantry.so: Slurm glue only. Every callback catches everything, so
+// nothing unwinds into srun or slurmstepd.
 extern "C" {
 #include <slurm/spank.h>
 }
 
-#include <cstring>
+#include <exception>
 #include <string>
+
+#include "gantry/log.hpp"
+#include "options.hpp"
+#include "settings.hpp"
+#include "step.hpp"
 
 // SPANK_PLUGIN() defines const globals, which C++ gives internal linkage; declare them extern "C"
 // first so that Slurm's dlsym() finds them (otherwise: "Plugin name/type/version symbol missing").
 extern "C" {
-extern const char plugin_name[];
-extern const char plugin_type[];
-extern const unsigned int plugin_version;
-extern const unsigned int spank_plugin_version;
+__attribute__((visibility("default"))) extern const char plugin_name[];
+__attribute__((visibility("default"))) extern const char plugin_type[];
+__attribute__((visibility("default"))) extern const unsigned int plugin_version;
+__attribute__((visibility("default"))) extern const unsigned int spank_plugin_version;
 }
 SPANK_PLUGIN(gantry, 1)
 
+#define GANTRY_EXPORT extern "C" __attribute__((visibility("default")))
+
 namespace {
 
-std::string g_image;
+gantry::plugin::Settings g_settings;
 
-int on_image(int, const char* optarg, int) {
-    if (optarg == nullptr || *optarg == '\0') {
-        slurm_error("gantry: --container-image: empty image name");
-        return -1;
-    }
-    if (!g_image.empty() && g_image != optarg) {
-        slurm_error("gantry: --container-image specified multiple times");
-        return -1;
-    }
-    g_image = optarg;
-    return 0;
+// Library messages go through Slurm's logging, which reaches the user's terminal for srun.
+void route_log_to_slurm() {
+    gantry::log::set_sink([](gantry::log::Level level, const std::string& m) {
+        if (level == gantry::log::Level::error) slurm_error("gantry: %s", m.c_str());
+        else if (level == gantry::log::Level::warning) slurm_info("gantry: warning: %s", m.c_str());
+        else if (level == gantry::log::Level::info) slurm_verbose("gantry: %s", m.c_str());
+        else slurm_debug("gantry: %s", m.c_str());
+    });
 }
 
-struct spank_option g_options[] = {
-    {const_cast<char*>("container-image"), const_cast<char*>("[USER@][REGISTRY#]IMAGE[:TAG]|PATH"),
-     const_cast<char*>("[gantry] the image to run the job step in (Pyxis-compatible)"), 1, 0, on_image},
-    SPANK_OPTIONS_TABLE_END,
-};
+// "22.05.8" -> "22.05": SPANK's ABI follows Slurm's major release.
+std::string release_of(const std::string& version) {
+    auto first = version.find('.');
+    auto second = first == std::string::npos ? std::string::npos : version.find('.', first + 1);
+    return version.substr(0, second);
+}
+
+template <typename F>
+int guarded(const char* hook, F&& f) {
+    try {
+        return f();
+    } catch (const std::exception& e) {
+        slurm_error("gantry: internal error in %s: %s", hook, e.what());
+    } catch (...) {
+        slurm_error("gantry: internal error in %s", hook);
+    }
+    return -1;
+}
 
 }  // namespace
 
-extern "C" int slurm_spank_init(spank_t sp, int, char**) {
-    try {
-        for (auto* opt = g_options; opt->name != nullptr; ++opt)
+GANTRY_EXPORT int slurm_spank_init(spank_t sp, int argc, char** argv) {
+    return guarded("slurm_spank_init", [&] {
+        route_log_to_slurm();
+        char* running = nullptr;
+        if (spank_get_item(sp, S_SLURM_VERSION, &running) == ESPANK_SUCCESS && running != nullptr &&
+            release_of(running) != release_of(GANTRY_SLURM_VERSION_STRING)) {
+            slurm_error("gantry: spank_gantry.so was built for Slurm %s but this is Slurm %s; rebuild it against "
+                        "this Slurm's libslurm-dev (see docs/admin.md)",
+                        GANTRY_SLURM_VERSION_STRING, running);
+            return -1;
+        }
+        auto settings = gantry::plugin::parse_settings(argc, argv);
+        if (!settings) {
+            slurm_error("gantry: %s", settings.error().message.c_str());
+            return -1;
+        }
+        g_settings = *settings;
+        for (auto* opt = gantry::plugin::option_table(); opt->name != nullptr; ++opt) {
             if (spank_option_register(sp, opt) != ESPANK_SUCCESS) {
                 slurm_error("gantry: could not register option --%s", opt->name);
                 return -1;
             }
+        }
         return 0;
-    } catch (...) {
-        return -1;
-    }
+    });
 }
 
-extern "C" int slurm_spank_task_init(spank_t, int, char**) {
-    if (g_image.empty()) return 0;
-    slurm_error("gantry: containers in Slurm steps are not implemented yet (image %s)", g_image.c_str());
-    return -1;
+GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
+    return guarded("slurm_spank_init_post_opt", [&] {
+        switch (spank_context()) {
+            case S_CTX_LOCAL: gantry::plugin::pin_image_digest(sp, g_settings); return 0;
+            case S_CTX_REMOTE:
+                gantry::plugin::apply_environment(sp);
+                // Failures are kept and reported by every task (slurm_spank_task_init), so the step
+                // fails with the message and the node is never drained for it.
+                (void)gantry::plugin::prepare_step(sp, g_settings);
+                return 0;
+            default: return 0;
+        }
+    });
+}
+
+GANTRY_EXPORT int slurm_spank_task_init(spank_t sp, int, char**) {
+    return guarded("slurm_spank_task_init", [&] {
+        if (!gantry::plugin::option_error().empty()) {
+            slurm_error("%s", gantry::plugin::option_error().c_str());
+            return -1;
+        }
+        auto st = gantry::plugin::join_step(sp);
+        if (!st) {
+            slurm_error("gantry: %s", st.error().message.c_str());
+            return -1;
+        }
+        return 0;
+    });
+}
+
+GANTRY_EXPORT int slurm_spank_exit(spank_t sp, int, char**) {
+    return guarded("slurm_spank_exit", [&] {
+        if (spank_context() == S_CTX_REMOTE) gantry::plugin::finish_step(sp, g_settings);
+        return 0;
+    });
+}
+
+GANTRY_EXPORT int slurm_spank_job_epilog(spank_t sp, int, char**) {
+    return guarded("slurm_spank_job_epilog", [&] {
+        gantry::plugin::clean_up_job(sp, g_settings);
+        return 0;
+    });
 }

@@ -1,0 +1,208 @@
+// The Pyxis-compatible `--container-*` options (see options.hpp).
+#include "options.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace gantry::plugin {
+namespace {
+
+enum OptionId {
+    kImage = 1,
+    kMounts,
+    kWorkdir,
+    kName,
+    kSave,
+    kMountHome,
+    kNoMountHome,
+    kRemapRoot,
+    kNoRemapRoot,
+    kEntrypoint,
+    kNoEntrypoint,
+    kEntrypointLog,
+    kWritable,
+    kReadonly,
+    kEnv,
+    kUnshare,
+};
+
+struct Names {
+    const char* option;
+    const char* env;  // suffix after PYXIS_CONTAINER_ / GANTRY_CONTAINER_
+};
+
+void record_error(const std::string& message) {
+    if (option_error().empty()) option_error() = message;
+}
+
+// Slurm may call a callback twice with the same value (sbatch options forwarded through the
+// environment, then the command line): the same value is fine. A different value is an error, except
+// that a value given on an inner srun's command line overrides one inherited from sbatch.
+int set_string(std::optional<std::string>& slot, const char* option, const char* value) {
+    std::string v = value != nullptr ? value : "";
+    if (slot && *slot != v) {
+        std::string inherited_var = std::string("SLURM_SPANK__SLURM_SPANK_OPTION_gantry_") + option;
+        for (char& c : inherited_var)
+            if (c == '-') c = '_';
+        const char* inherited = std::getenv(inherited_var.c_str());
+        if (inherited != nullptr && *slot == inherited) {
+            slot = v;
+            return 0;
+        }
+        // Pyxis wording, which scripts grep for.
+        std::string msg = std::string("gantry: --") + option + " specified multiple times";
+        record_error(msg);
+        slurm_error("%s", msg.c_str());
+        return -1;
+    }
+    slot = v;
+    return 0;
+}
+
+int set_bool(std::optional<bool>& slot, const char* option, bool value) {
+    if (slot && *slot != value) {
+        std::string msg = std::string("gantry: conflicting options around --") + option;
+        record_error(msg);
+        slurm_error("%s", msg.c_str());
+        return -1;
+    }
+    slot = value;
+    return 0;
+}
+
+int on_option(int val, const char* optarg, int /*remote*/) {
+    JobOptions& o = options();
+    switch (val) {
+        case kImage:
+            if (optarg == nullptr || *optarg == '\0') {
+                record_error("gantry: --container-image: empty image name");
+                return -1;
+            }
+            return set_string(o.image, "container-image", optarg);
+        case kMounts: {
+            // Several --container-mounts accumulate, like Pyxis.
+            std::string v = optarg != nullptr ? optarg : "";
+            if (!o.mounts) o.mounts = v;
+            else if (o.mounts->find(v) == std::string::npos) *o.mounts += "," + v;
+            return 0;
+        }
+        case kWorkdir: return set_string(o.workdir, "container-workdir", optarg);
+        case kName: return set_string(o.name, "container-name", optarg);
+        case kSave: return set_string(o.save, "container-save", optarg);
+        case kEnv: return set_string(o.env, "container-env", optarg);
+        case kUnshare: return set_string(o.unshare, "container-unshare", optarg);
+        case kMountHome: return set_bool(o.mount_home, "container-mount-home", true);
+        case kNoMountHome: return set_bool(o.mount_home, "no-container-mount-home", false);
+        case kRemapRoot: return set_bool(o.remap_root, "container-remap-root", true);
+        case kNoRemapRoot: return set_bool(o.remap_root, "no-container-remap-root", false);
+        case kEntrypoint: return set_bool(o.entrypoint, "container-entrypoint", true);
+        case kNoEntrypoint: return set_bool(o.entrypoint, "no-container-entrypoint", false);
+        case kEntrypointLog: return set_bool(o.entrypoint_log, "container-entrypoint-log", true);
+        case kWritable: return set_bool(o.writable, "container-writable", true);
+        case kReadonly: return set_bool(o.writable, "container-readonly", false);
+        default: return -1;
+    }
+}
+
+char* s(const char* text) { return const_cast<char*>(text); }
+
+struct spank_option g_table[] = {
+    {s("container-image"), s("[USER@][REGISTRY#]IMAGE[:TAG]|PATH"),
+     s("[gantry] the image to run in: a registry image or a squashfs file"), 1, kImage, on_option},
+    {s("container-mounts"), s("SRC:DST[:FLAGS][,SRC:DST...]"),
+     s("[gantry] bind mount[s] inside the container; flags joined by '+' (ro, rbind, private, ...)"), 1, kMounts,
+     on_option},
+    {s("container-workdir"), s("PATH"), s("[gantry] working directory inside the container"), 1, kWorkdir, on_option},
+    {s("container-name"), s("NAME[:auto|create|exec|no_exec]"),
+     s("[gantry] name the container so that later steps of the job can reuse it"), 1, kName, on_option},
+    {s("container-save"), s("PATH"), s("[gantry] save the container's root file system as squashfs after the step"),
+     1, kSave, on_option},
+    {s("container-mount-home"), nullptr, s("[gantry] bind mount the user's home directory (default)"), 0, kMountHome,
+     on_option},
+    {s("no-container-mount-home"), nullptr, s("[gantry] do not bind mount the user's home directory"), 0,
+     kNoMountHome, on_option},
+    {s("container-remap-root"), nullptr, s("[gantry] be root (uid 0) inside the container"), 0, kRemapRoot, on_option},
+    {s("no-container-remap-root"), nullptr, s("[gantry] keep your own uid inside the container (default)"), 0,
+     kNoRemapRoot, on_option},
+    {s("container-entrypoint"), nullptr, s("[gantry] run the image's entrypoint"), 0, kEntrypoint, on_option},
+    {s("no-container-entrypoint"), nullptr, s("[gantry] do not run the image's entrypoint (default)"), 0,
+     kNoEntrypoint, on_option},
+    {s("container-entrypoint-log"), nullptr, s("[gantry] print the entrypoint's output"), 0, kEntrypointLog,
+     on_option},
+    {s("container-writable"), nullptr, s("[gantry] make the container's root file system writable (changes are discarded)"), 0,
+     kWritable, on_option},
+    {s("container-readonly"), nullptr, s("[gantry] make the container's root file system read-only (default)"), 0,
+     kReadonly, on_option},
+    {s("container-env"), s("NAME[,NAME...]"),
+     s("[gantry] names of environment variables whose host value overrides the image's"), 1, kEnv, on_option},
+    {s("container-unshare"), s("NAMESPACE[,NAMESPACE...]"),
+     s("[gantry] extra namespaces to unshare: net, ipc, uts"), 1, kUnshare, on_option},
+    SPANK_OPTIONS_TABLE_END,
+};
+
+std::optional<std::string> job_env(spank_t sp, const std::string& name) {
+    char buf[4096];
+    if (spank_getenv(sp, name.c_str(), buf, sizeof buf) != ESPANK_SUCCESS) return std::nullopt;
+    return std::string(buf);
+}
+
+std::optional<std::string> env_form(spank_t sp, const char* suffix) {
+    if (auto v = job_env(sp, std::string("GANTRY_CONTAINER_") + suffix)) return v;
+    return job_env(sp, std::string("PYXIS_CONTAINER_") + suffix);
+}
+
+std::optional<bool> env_bool(spank_t sp, const char* suffix) {
+    auto v = env_form(sp, suffix);
+    if (!v) return std::nullopt;
+    if (*v == "1" || *v == "true" || *v == "yes" || *v == "on") return true;
+    if (*v == "0" || *v == "false" || *v == "no" || *v == "off" || v->empty()) return false;
+    record_error(std::string("gantry: invalid value '") + *v + "' for PYXIS_CONTAINER_" + suffix + " (use 1 or 0)");
+    return std::nullopt;
+}
+
+}  // namespace
+
+bool JobOptions::any() const {
+    return image || mounts || workdir || name || save || mount_home || remap_root || entrypoint || writable || env ||
+           unshare;
+}
+
+JobOptions& options() {
+    static JobOptions o;
+    return o;
+}
+
+std::string& option_error() {
+    static std::string e;
+    return e;
+}
+
+struct spank_option* option_table() { return g_table; }
+
+void apply_environment(spank_t sp) {
+    JobOptions& o = options();
+    auto fill = [&](std::optional<std::string>& slot, const char* suffix) {
+        if (!slot) slot = env_form(sp, suffix);
+    };
+    auto fill_bool = [&](std::optional<bool>& slot, const char* suffix) {
+        if (!slot) slot = env_bool(sp, suffix);
+    };
+    fill(o.image, "IMAGE");
+    fill(o.mounts, "MOUNTS");
+    fill(o.workdir, "WORKDIR");
+    fill(o.name, "NAME");
+    fill(o.save, "SAVE");
+    fill(o.env, "ENV");
+    fill(o.unshare, "UNSHARE");
+    fill_bool(o.mount_home, "MOUNT_HOME");
+    fill_bool(o.remap_root, "REMAP_ROOT");
+    fill_bool(o.entrypoint, "ENTRYPOINT");
+    fill_bool(o.entrypoint_log, "ENTRYPOINT_LOG");
+    fill_bool(o.writable, "WRITABLE");
+    if (!o.writable) {
+        if (auto ro = env_bool(sp, "READONLY")) o.writable = !*ro;
+    }
+}
+
+}  // namespace gantry::plugin

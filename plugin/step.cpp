@@ -1,0 +1,393 @@
+// One job step on one node (see step.hpp). Only Slurm glue lives here: the work is done by the
+// gantry runtime library (Container, join) and by the `gantry` CLI run as the job user (pull).
+#include "step.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gantry/config.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/launcher.hpp"
+#include "gantry/mounts.hpp"
+#include "gantry/reference.hpp"
+#include "gantry/registry.hpp"
+#include "gantry/store.hpp"
+#include "gantry/strings.hpp"
+
+#ifndef GANTRY_CLI_INSTALL_PATH
+#define GANTRY_CLI_INSTALL_PATH "/usr/bin/gantry"
+#endif
+
+namespace gantry::plugin {
+namespace {
+
+constexpr const char* kDigestVar = "GANTRY_CONTAINER_IMAGE_DIGEST";
+
+// State of this step in this slurmstepd; forked tasks inherit a copy.
+struct StepState {
+    std::string error;                   // reported by every task when set
+    std::optional<Container> container;  // the step's container, created by prepare_step
+    ContainerState joined;               // what tasks join
+    bool run_on_host = false;            // no container for this step (no_exec, or no image)
+    UniqueFd image_in_use;               // shared lock: the image stays while the step runs
+    Config config;
+};
+
+StepState& state() {
+    static StepState s;
+    return s;
+}
+
+template <typename T>
+bool item(spank_t sp, spank_item_t what, T* out) {
+    return spank_get_item(sp, what, out) == ESPANK_SUCCESS;
+}
+
+std::vector<std::string> job_environment(spank_t sp) {
+    std::vector<std::string> env;
+    char** envp = nullptr;
+    if (item(sp, S_JOB_ENV, &envp) && envp != nullptr)
+        for (char** e = envp; *e != nullptr; ++e) env.emplace_back(*e);
+    return env;
+}
+
+std::optional<std::string> getenv_of(const std::vector<std::string>& env, const std::string& name) {
+    return find_env(env, name);
+}
+
+// The gantry CLI: plugstack `gantry=`, else the build-tree or installed copy beside this plugin.
+std::string gantry_cli(const Settings& settings) {
+    if (!settings.gantry.empty()) return settings.gantry;
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&gantry_cli), &info) != 0 && info.dli_fname != nullptr) {
+        std::string self = info.dli_fname;
+        std::string dir = self.substr(0, self.rfind('/'));
+        for (const std::string& candidate : {dir + "/../runtime/gantry", dir + "/../../../bin/gantry"})
+            if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    return GANTRY_CLI_INSTALL_PATH;
+}
+
+struct Captured {
+    int status = -1;
+    std::string out, err;
+};
+
+// Runs argv as the job user (never as root: the pull parses registry bytes, and credentials must be
+// read with the user's identity). fork+exec keeps slurmstepd's threads out of it; between fork and
+// exec the child only makes system calls.
+Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
+                             const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+    std::vector<char*> cargv, cenv;
+    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+    cenv.push_back(nullptr);
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return system_error("creating pipes");
+    pid_t pid = ::fork();
+    if (pid < 0) return system_error("forking " + argv[0]);
+    if (pid == 0) {
+        ::dup2(out[1], STDOUT_FILENO);
+        ::dup2(err[1], STDERR_FILENO);
+        int devnull = ::open("/dev/null", O_RDONLY);
+        if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+        // Drop to the job user for good: groups first, then gid, then uid (after setuid we could not).
+        if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(126);
+        if (::getuid() != uid || ::geteuid() != uid) ::_exit(126);
+        ::execve(cargv[0], cargv.data(), cenv.data());
+        ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    Captured c;
+    pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+    int open_fds = 2;
+    char buf[8192];
+    while (open_fds > 0) {
+        if (::poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (int i = 0; i < 2; ++i) {
+            if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+            ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+            if (n <= 0) {
+                ::close(fds[i].fd);
+                fds[i].fd = -1;
+                --open_fds;
+            } else {
+                (i == 0 ? c.out : c.err).append(buf, static_cast<size_t>(n));
+            }
+        }
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    c.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (c.status == 126) return make_error("could not switch to uid " + std::to_string(uid) + " to run " + argv[0]);
+    if (c.status == 127) return make_error("could not run " + argv[0] + " (set gantry= in plugstack.conf)");
+    return c;
+}
+
+std::string last_line(const std::string& text) {
+    std::string t = trim(text);
+    auto nl = t.rfind('\n');
+    return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+std::string container_name(const std::string& name, uint32_t jobid, const Settings& settings) {
+    // Pyxis naming, so that scripts and admins find the same names.
+    return settings.container_scope == "global" ? "pyxis_" + name : "pyxis_" + std::to_string(jobid) + "_" + name;
+}
+
+Config load_plugin_config(const Settings& settings) {
+    auto cfg = load_config(settings.config, true);
+    Config c = cfg ? *cfg : Config{};
+    if (!settings.runtime_path.empty()) c.runtime_path = settings.runtime_path;
+    if (!settings.store.empty()) c.store_path = settings.store;
+    if (!settings.mount_backend.empty()) c.mount_backend = settings.mount_backend;
+    return c;
+}
+
+struct JobIdentity {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::vector<gid_t> groups;
+    uint32_t jobid = 0, stepid = 0;
+};
+
+Result<JobIdentity> identity(spank_t sp) {
+    JobIdentity id;
+    if (!item(sp, S_JOB_UID, &id.uid) || !item(sp, S_JOB_GID, &id.gid) || !item(sp, S_JOB_ID, &id.jobid) ||
+        !item(sp, S_JOB_STEPID, &id.stepid))
+        return make_error("could not read the job's user, group and ids from Slurm");
+    gid_t* groups = nullptr;
+    int ngroups = 0;
+    if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &groups, &ngroups) == ESPANK_SUCCESS && groups != nullptr)
+        id.groups.assign(groups, groups + ngroups);
+    if (id.groups.empty()) id.groups.push_back(id.gid);
+    return id;
+}
+
+// Pulls a registry image into the store as the job user and returns (digest, squashfs path).
+Result<std::pair<std::string, std::string>> pull_as_user(const Settings& settings, const Config& config,
+                                                         const JobIdentity& id, const std::string& image,
+                                                         std::vector<std::string> env) {
+    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet"};
+    if (!config.store_path.empty()) argv.insert(argv.end(), {"--store", config.store_path});
+    argv.push_back(image);
+    env.push_back("GANTRY_CONFIG=" + settings.config);
+    auto r = run_as_user(id.uid, id.gid, id.groups, argv, env);
+    if (!r) return r.error();
+    if (r->status != 0) {
+        std::string why = last_line(r->err);
+        if (starts_with(why, "gantry: ")) why = why.substr(8);
+        if (why.find("failed to import docker image") == std::string::npos)
+            why = "failed to import docker image " + image + ": " + why;
+        return make_error(why);
+    }
+    std::string line = last_line(r->out);
+    auto space = line.find(' ');
+    if (space == std::string::npos) return make_error("unexpected output from gantry pull: '" + line + "'");
+    return std::make_pair(line.substr(0, space), line.substr(space + 1));
+}
+
+Status do_prepare(spank_t sp, const Settings& settings) {
+    StepState& st = state();
+    JobOptions& o = options();
+    st.config = load_plugin_config(settings);
+    auto id = identity(sp);
+    if (!id) return id.error();
+
+    // Steps that never run user tasks in a container.
+    if (id->stepid == SLURM_EXTERN_CONT || id->stepid == SLURM_INTERACTIVE_STEP) {
+        st.run_on_host = true;
+        return {};
+    }
+    bool batch = id->stepid == SLURM_BATCH_SCRIPT;
+    if (batch && !settings.sbatch_support) {
+        st.run_on_host = true;
+        return {};
+    }
+
+    std::string name, mode = "auto";
+    if (o.name) {
+        name = *o.name;
+        auto colon = name.rfind(':');
+        if (colon != std::string::npos) {
+            mode = name.substr(colon + 1);
+            name = name.substr(0, colon);
+            if (mode != "auto" && mode != "create" && mode != "exec" && mode != "no_exec")
+                return make_error("--container-name=" + *o.name + ": unknown mode '" + mode +
+                                  "' (valid: auto, create, exec, no_exec)");
+        }
+        if (name.empty()) return make_error("--container-name: empty name");
+        name = container_name(name, id->jobid, settings);
+    }
+
+    // An existing named container is reused (auto, exec) or replaced (create).
+    if (!name.empty()) {
+        auto existing = Container::open(name, st.config);
+        if (existing && (mode == "auto" || mode == "exec" || mode == "no_exec")) {
+            if (mode == "no_exec") {
+                st.run_on_host = true;
+                return {};
+            }
+            st.joined = existing->state();
+            existing->release();
+            return {};
+        }
+        if (existing && mode == "create") {
+            (void)existing->stop();
+        } else if (!existing && mode == "exec") {
+            return make_error("--container-name=" + *o.name + ": no such container (mode exec needs an existing one)");
+        }
+    }
+    if (!o.image) {
+        if (!name.empty()) return make_error("--container-name=" + *o.name + ": no such container and no --container-image");
+        st.run_on_host = true;
+        return {};
+    }
+
+    std::vector<std::string> env = job_environment(sp);
+    ContainerSpec spec;
+    spec.config = st.config;
+    spec.uid = id->uid;
+    spec.gid = id->gid;
+    if (is_local_image_path(*o.image)) {
+        // A squashfs file the user named: user-controlled bytes, never kernel-mounted (trusted=false).
+        spec.image_path = *o.image;
+    } else {
+        auto ref = parse_reference(*o.image);
+        if (!ref) return ref.error();
+        std::string image = *o.image;
+        if (ref->digest.empty())
+            if (auto pinned = getenv_of(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
+        auto pulled = pull_as_user(settings, st.config, *id, image, env);
+        if (!pulled) return pulled.error();
+        auto store = ImageStore::open(ImageStore::resolve_path(st.config, ""), false);
+        if (!store) return store.error();
+        auto stored = store->find(pulled->first);
+        if (!stored) return make_error("image " + pulled->first + " is not in the store after pulling it");
+        auto cfg = parse_image_config(stored->metadata.config_json);
+        if (!cfg) return cfg.error();
+        spec.image_path = stored->squashfs_path;
+        spec.image_config = std::move(*cfg);
+        spec.image_trusted = store->trusted();
+        auto in_use = store->open_in_use(pulled->first);
+        if (in_use) st.image_in_use = std::move(*in_use);
+    }
+
+    auto backend = parse_mount_backend(st.config.mount_backend);
+    if (!backend) return backend.error();
+    spec.backend = *backend;
+    if (o.mounts) {
+        auto st_m = parse_mounts(*o.mounts, spec.mounts);
+        if (!st_m) return st_m.error();
+    }
+    if (batch) {
+        // The batch script lives in slurmd's spool directory on the host; make it visible inside.
+        char** argv = nullptr;
+        int argc = 0;
+        if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS && argc > 0 && argv[0][0] == '/') {
+            std::string dir = std::string(argv[0]).substr(0, std::string(argv[0]).rfind('/'));
+            auto m = parse_mount(dir + ":" + dir + ":ro");
+            if (m) spec.mounts.push_back(*m);
+        }
+    }
+    spec.writable = o.writable.value_or(false);
+    spec.remap_root = o.remap_root.value_or(false);
+    spec.mount_home = o.mount_home.value_or(true);
+    if (o.unshare) {
+        auto u = parse_unshare(*o.unshare);
+        if (!u) return u.error();
+        spec.unshare = *u;
+    }
+    if (o.workdir) spec.workdir = *o.workdir;
+    if (o.env) spec.env_names = split_list(*o.env, ',');
+    spec.name = name;
+    spec.detach = !name.empty();
+
+    auto created = Container::create(spec);
+    if (!created) return created.error();
+    st.joined = created->state();
+    if (!name.empty()) created->release();
+    st.container = std::move(*created);
+    if (mode == "no_exec") st.run_on_host = true;
+    return {};
+}
+
+}  // namespace
+
+void pin_image_digest(spank_t sp, const Settings& settings) {
+    JobOptions& o = options();
+    if (!o.image || is_local_image_path(*o.image)) return;
+    auto ref = parse_reference(*o.image);
+    if (!ref || !ref->digest.empty()) return;
+    Config config = load_plugin_config(settings);
+    RegistryClient client(config, RegistryOptions{});
+    auto digest = client.resolve_digest(*ref, Platform::host());
+    if (digest) spank_setenv(sp, kDigestVar, digest->c_str(), 1);
+}
+
+Status prepare_step(spank_t sp, const Settings& settings) {
+    auto st = do_prepare(sp, settings);
+    if (!st) state().error = "gantry: " + st.error().message;
+    return st;
+}
+
+Status join_step(spank_t sp) {
+    StepState& st = state();
+    if (!st.error.empty()) return make_error(st.error.substr(8));
+    if (st.run_on_host || st.joined.holder_pid <= 0) return {};
+    std::vector<std::string> before = job_environment(sp);
+    GANTRY_TRY(join(st.joined));
+    std::vector<std::string> after = container_environment(st.joined.defaults, before);
+    std::map<std::string, std::string> wanted;
+    for (const auto& e : after) {
+        auto eq = e.find('=');
+        if (eq != std::string::npos) wanted[e.substr(0, eq)] = e.substr(eq + 1);
+    }
+    for (const auto& e : before) {
+        std::string name = e.substr(0, e.find('='));
+        if (wanted.find(name) == wanted.end()) spank_unsetenv(sp, name.c_str());
+    }
+    for (const auto& [k, v] : wanted) spank_setenv(sp, k.c_str(), v.c_str(), 1);
+    return {};
+}
+
+void finish_step(spank_t, const Settings&) {
+    StepState& st = state();
+    if (st.container) {
+        (void)st.container->stop();
+        st.container.reset();
+    }
+    st.image_in_use.reset();
+}
+
+void clean_up_job(spank_t sp, const Settings& settings) {
+    if (settings.container_scope != "job") return;
+    uint32_t jobid = 0;
+    if (!item(sp, S_JOB_ID, &jobid)) return;
+    Config config = load_plugin_config(settings);
+    std::string prefix = "pyxis_" + std::to_string(jobid) + "_";
+    for (const auto& name : list_containers(config)) {
+        if (!starts_with(name, prefix)) continue;
+        if (auto c = Container::open(name, config)) (void)c->stop();
+    }
+}
+
+}  // namespace gantry::plugin

@@ -1,0 +1,33 @@
+// What the plugin does for one job step on one node: resolve and pull the image (as the user), create
+// the step's container (once per node, in slurmstepd), let every local task join it, and clean up.
+#pragma once
+
+extern "C" {
+#include <slurm/spank.h>
+}
+
+#include "gantry/result.hpp"
+#include "options.hpp"
+#include "settings.hpp"
+
+namespace gantry::plugin {
+
+// srun (local context): resolves the image's tag to a digest once for the whole step and hands the
+// digest to every node through the job environment, so all ranks run the same image even if the
+// tag moves while the step starts. Best effort: nodes resolve it themselves when this fails.
+void pin_image_digest(spank_t sp, const Settings& settings);
+
+// slurmstepd (remote, root, before tasks exist): pulls the image as the job user and creates the
+// container. Errors are kept and reported by join_step, because Slurm ignores some early failures.
+Status prepare_step(spank_t sp, const Settings& settings);
+
+// Each task (remote, job user, before exec): enters the container and sets its environment.
+Status join_step(spank_t sp);
+
+// slurmstepd (remote, root, after the tasks): saves (--container-save) and stops unnamed containers.
+void finish_step(spank_t sp, const Settings& settings);
+
+// Job epilog (root): stops the job's named containers when container_scope=job.
+void clean_up_job(spank_t sp, const Settings& settings);
+
+}  // namespace gantry::plugin
