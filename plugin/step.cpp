@@ -41,6 +41,7 @@ struct StepState {
     std::optional<Container> container;  // the step's container, created by prepare_step
     ContainerState joined;               // what tasks join
     bool run_on_host = false;            // no container for this step (no_exec, or no image)
+    std::string digest;                  // the image every rank of the step runs, told to the tasks
     UniqueFd image_in_use;               // shared lock: the image stays while the step runs
     Config config;
 };
@@ -284,6 +285,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (!stored) return make_error("image " + pulled->first + " is not in the store after pulling it");
         auto cfg = parse_image_config(stored->metadata.config_json);
         if (!cfg) return cfg.error();
+        st.digest = pulled->first;
         spec.image_path = stored->squashfs_path;
         spec.image_config = std::move(*cfg);
         spec.image_trusted = store->trusted();
@@ -365,6 +367,8 @@ Status join_step(spank_t sp) {
         std::string name = e.substr(0, e.find('='));
         if (wanted.find(name) == wanted.end()) spank_unsetenv(sp, name.c_str());
     }
+    // Which image this rank runs: the same digest on every node of the step.
+    if (!st.digest.empty()) wanted[kDigestVar] = st.digest;
     for (const auto& [k, v] : wanted) spank_setenv(sp, k.c_str(), v.c_str(), 1);
     return {};
 }

@@ -1,0 +1,153 @@
+# fixtures: registry images slurm
+# The SPANK plugin on the real Slurm harness, driven as an ordinary user through srun/sbatch/salloc:
+# Pyxis-compatible options, one container per node per step, one pull per cluster, clean failures.
+
+load helpers
+
+setup() {
+  gantry_load_env registry images slurm
+  REG=$GANTRY_TEST_REGISTRY_HTTP
+  TINY="$REG#gantry-test/tiny"
+  DEBIAN="$REG#gantry-test/debian"
+  U=$GANTRY_TEST_USER
+  WORK=$(mktemp -d "$GANTRY_TEST_FSX/plugin-test.XXXXXX")
+  chown "$U" "$WORK"
+}
+
+teardown() {
+  rm -rf "$WORK"
+}
+
+# as_user CMD...: run as the test user from the shared directory (a cwd every node has).
+as_user() {
+  runuser -u "$U" -- env -C "$WORK" "$@"
+}
+
+@test "srun -n4 runs every rank in the image" {
+  run as_user srun -n4 --container-image="$TINY" cat /work/README
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^tiny work dir$')" -eq 4 ]
+}
+
+@test "the debian image's os-release is what the ranks see" {
+  run as_user srun -n2 --container-image="$DEBIAN" bash -c '. /etc/os-release; echo "$ID $VERSION_CODENAME"; test ! -e /usr/bin/cmake && echo no-host-cmake'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^debian bookworm$')" -eq 2 ]
+  [ "$(echo "$output" | grep -c '^no-host-cmake$')" -eq 2 ]
+}
+
+@test "all local ranks share one container (same mount namespace)" {
+  run as_user srun -N1 -n4 --container-image="$TINY" readlink /proc/self/ns/mnt
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | sort -u | wc -l)" -eq 1 ]
+  host_ns=$(readlink /proc/self/ns/mnt)
+  ! echo "$output" | grep -qx "$host_ns"
+}
+
+@test "image environment and WorkingDir apply; --container-workdir overrides" {
+  run as_user srun -n1 --container-image="$TINY" sh -c 'echo "$GANTRY_TINY $(pwd)"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "1 /work" ]
+  run as_user srun -n1 --container-image="$TINY" --container-workdir=/tmp pwd
+  [ "$output" = "/tmp" ]
+}
+
+@test "--container-mounts: read-write, read-only and missing source" {
+  echo hello > "$WORK/in.txt"
+  chown "$U" "$WORK/in.txt"
+  run as_user srun -n1 --container-image="$TINY" --container-mounts="$WORK:/data" sh -c 'cat /data/in.txt; echo out > /data/out.txt'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "hello" ]
+  [ "$(cat "$WORK/out.txt")" = "out" ]
+  run as_user srun -n1 --container-image="$TINY" --container-mounts="$WORK:/data:ro" sh -c 'echo x > /data/ro.txt'
+  [ "$status" -ne 0 ]
+  [ ! -e "$WORK/ro.txt" ]
+  run as_user srun -n1 --container-image="$TINY" --container-mounts=/does/not/exist:/data true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "source path does not exist"
+}
+
+@test "--container-writable allows writes to /, the default does not" {
+  run as_user srun -n1 --container-image="$TINY" sh -c 'echo x > /written'
+  [ "$status" -ne 0 ]
+  run as_user srun -n1 --container-image="$TINY" --container-writable sh -c 'echo x > /written && cat /written'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "x" ]
+}
+
+@test "--container-remap-root makes the user root inside" {
+  run as_user srun -n1 --container-image="$TINY" --container-remap-root id -u
+  [ "$status" -eq 0 ]
+  [ "$output" = "0" ]
+  run as_user srun -n1 --container-image="$TINY" id -u
+  [ "$output" = "$(id -u "$U")" ]
+}
+
+@test "--container-env: the host value wins for named variables" {
+  run as_user env GANTRY_TINY=host srun -n1 --container-image="$TINY" sh -c 'echo $GANTRY_TINY'
+  [ "$output" = "1" ]
+  run as_user env GANTRY_TINY=host srun -n1 --container-image="$TINY" --container-env=GANTRY_TINY sh -c 'echo $GANTRY_TINY'
+  [ "$output" = "host" ]
+}
+
+@test "PYXIS_CONTAINER_IMAGE in the environment selects the image; the command line wins" {
+  run as_user env PYXIS_CONTAINER_IMAGE="$TINY" srun -n1 cat /work/README
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "tiny work dir" ]
+}
+
+@test "--container-name keeps the container for later steps of the job" {
+  cat > "$WORK/job.sh" <<JOB
+#!/bin/bash
+srun -n1 --container-image="$TINY" --container-name=keep --container-writable sh -c 'echo first > /state'
+srun -n1 --container-name=keep cat /state
+JOB
+  chown "$U" "$WORK/job.sh"
+  run as_user salloc -N1 bash "$WORK/job.sh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx first
+}
+
+@test "a bad image name fails the step with one clear line and the node stays up" {
+  run as_user srun -n1 --container-image="$REG#gantry-test/no-such-image" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "failed to import docker image"
+  run sinfo -h -o '%t' 
+  ! echo "$output" | grep -Eq 'drain|down'
+}
+
+@test "--container-image specified twice with different values is refused" {
+  run as_user srun -n1 --container-image="$TINY" --container-image="$DEBIAN" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q -- "--container-image specified multiple times"
+}
+
+@test "multi-node: srun -N3 -n12 on a new image pulls each blob once and every rank runs one digest" {
+  # A fresh copy of tiny under a new name: nobody has pulled it yet.
+  fresh="gantry-test/fresh-$RANDOM$RANDOM"
+  skopeo copy -q --src-tls-verify=false --dest-tls-verify=false \
+    "docker://$REG/gantry-test/tiny:latest" "docker://$REG/$fresh:latest"
+  digest=$(curl -fsS -o /dev/null -w '%header{docker-content-digest}' \
+    -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/$fresh/manifests/latest")
+  blob=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/$fresh/manifests/latest" | jq -r '.layers[0].digest')
+  before=$("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$blob")
+  run as_user srun -N3 -n12 --container-image="$REG#$fresh" sh -c 'echo "$(hostname) $GANTRY_CONTAINER_IMAGE_DIGEST"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | wc -l)" -eq 12 ]
+  [ "$(echo "$output" | awk '{print $1}' | sort -u | wc -l)" -eq 3 ]
+  after=$("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$blob")
+  [ $((after - before)) -eq 1 ]
+  [ "$(echo "$output" | awk '{print $2}' | sort -u)" = "$digest" ]
+}
