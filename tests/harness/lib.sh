@@ -1,0 +1,139 @@
+# Shared shell helpers for Gantry's test harness scripts (registry, images, Slurm): error reporting,
+# loopback port handling, background daemons tracked by pid files, and small preconditions.
+# Source it; it defines functions only and changes no shell options of the caller.
+# shellcheck shell=bash
+
+# Where the harness keeps state, logs and data. CTest sets it to <build>/harness.
+GANTRY_HARNESS_DIR="${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}"
+
+# gantry_die MESSAGE...: print "gantry-harness: MESSAGE" on stderr and exit 1.
+gantry_die() {
+  echo "gantry-harness: $*" >&2
+  exit 1
+}
+
+# gantry_note MESSAGE...: progress line on stderr (stdout stays free for values a caller captures).
+gantry_note() {
+  echo "gantry-harness: $*" >&2
+}
+
+# gantry_require_cmd CMD [PACKAGE]: die with an install hint when CMD is not on PATH.
+gantry_require_cmd() {
+  local cmd=$1 pkg=${2:-}
+  command -v "$cmd" >/dev/null 2>&1 && return 0
+  if [ -n "$pkg" ]; then
+    gantry_die "$cmd not found (Debian package $pkg); run scripts/install-deps"
+  fi
+  gantry_die "$cmd not found; run scripts/install-deps"
+}
+
+# gantry_require_root WHAT: die unless running as uid 0, naming what needs root.
+gantry_require_root() {
+  [ "$(id -u)" -eq 0 ] && return 0
+  gantry_die "$1 needs root (running as uid $(id -u)); rerun with sudo"
+}
+
+# gantry_port_in_use PORT: true when something listens on 127.0.0.1:PORT (or on the wildcard address).
+gantry_port_in_use() {
+  local port=$1
+  # ss prints a header line and then one line per listening socket that matches the filter.
+  [ "$(ss -Htln "sport = :$port" 2>/dev/null | wc -l)" -gt 0 ]
+}
+
+# gantry_free_port: print a TCP port on 127.0.0.1 that nothing listens on right now. The kernel picks
+# it (bind to port 0), so parallel harnesses do not collide on a fixed list; the small race between
+# closing the probe socket and the daemon binding is caught by gantry_wait_* and the daemon's own log.
+gantry_free_port() {
+  python3 - <<'EOF'
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+EOF
+}
+
+# gantry_wait_for_port PORT [TIMEOUT_S]: wait until 127.0.0.1:PORT accepts TCP connections.
+gantry_wait_for_port() {
+  local port=$1 timeout=${2:-20} i
+  for ((i = 0; i < timeout * 10; i++)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# gantry_wait_for_url URL [TIMEOUT_S] [CURL_ARGS...]: wait until curl gets any HTTP answer from URL
+# (a 401 counts: the server is up). Prints nothing; returns 1 on timeout.
+gantry_wait_for_url() {
+  local url=$1 timeout=${2:-20} i code
+  shift 2 || shift $#
+  for ((i = 0; i < timeout * 10; i++)); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$@" "$url" 2>/dev/null) || code=000
+    if [ "$code" != 000 ]; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# gantry_pid_alive PIDFILE: true when PIDFILE names a running process.
+gantry_pid_alive() {
+  local pidfile=$1 pid
+  [ -s "$pidfile" ] || return 1
+  pid=$(cat "$pidfile")
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
+# gantry_pid_start PIDFILE LOGFILE CMD [ARGS...]: start CMD in the background in its own session,
+# stdout and stderr appended to LOGFILE, and record its pid in PIDFILE.
+gantry_pid_start() {
+  local pidfile=$1 logfile=$2
+  shift 2
+  setsid "$@" >>"$logfile" 2>&1 </dev/null &
+  echo $! >"$pidfile"
+}
+
+# gantry_pid_stop PIDFILE [NAME] [TIMEOUT_S]: stop the process named in PIDFILE with SIGTERM, then
+# SIGKILL after TIMEOUT_S, wait for it to be gone and remove PIDFILE. Succeeds when nothing runs.
+gantry_pid_stop() {
+  local pidfile=$1 name=${2:-process} timeout=${3:-10} pid i
+  [ -f "$pidfile" ] || return 0
+  pid=$(cat "$pidfile")
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < timeout * 10; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      gantry_note "$name (pid $pid) ignored SIGTERM for ${timeout}s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+    fi
+    if kill -0 "$pid" 2>/dev/null; then
+      gantry_note "$name (pid $pid) is still running"
+      return 1
+    fi
+  fi
+  rm -f "$pidfile"
+}
+
+# gantry_registry_blob_gets LOGFILE DIGEST_OR_PATTERN: print how many GET requests for
+# /v2/<repo>/blobs/<digest> the registry's access log (LOGFILE) records. The second argument is an
+# extended regular expression matched against the digest part, so a full "sha256:..." digest counts
+# one blob and e.g. "sha256:[0-9a-f]+" counts every blob GET. Only access-log lines (combined log
+# format, `"GET /v2/... HTTP/x"`) are counted, not the registry's own debug/info lines about them.
+gantry_registry_blob_gets() {
+  local logfile=$1 pattern=$2
+  [ -r "$logfile" ] || gantry_die "registry log $logfile not readable"
+  grep -cE "\"GET /v2/[^ \"]+/blobs/(${pattern})(\\?[^ \"]*)? HTTP/[0-9.]+\"" "$logfile" || true
+}
+
+# The Accept header every manifest request to the harness registries must send: registry 2.8 hides
+# OCI manifests from clients that do not list the OCI types, and downgrades manifest lists to schema1
+# when no Accept header is sent (docs/testing.md).
+# shellcheck disable=SC2034  # used by the scripts that source this file
+GANTRY_MANIFEST_ACCEPT="application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json"

@@ -1,0 +1,75 @@
+# Shared bats helpers for integration tests that use the registry harness and the test images:
+# load the env files that tests/harness/registry.sh and tests/images/build.sh write, and fetch
+# manifests and blobs the way a registry client must (full Accept list, TLS through the test CA).
+# Use: `load helpers` then `gantry_load_env registry images` in setup(). A missing env file fails
+# the test with the command to run; nothing is skipped silently.
+
+GANTRY_HARNESS_DIR=${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}
+
+# Same list as tests/harness/lib.sh: registry 2.8 hides OCI manifests from clients that omit them.
+GANTRY_MANIFEST_ACCEPT="application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json"
+
+# gantry_load_env registry|images...: source $GANTRY_HARNESS_DIR/<name>.env for each name.
+gantry_load_env() {
+  local what file hint
+  for what in "$@"; do
+    file=$GANTRY_HARNESS_DIR/$what.env
+    case $what in
+      registry) hint="tests/harness/registry.sh start" ;;
+      images) hint="tests/images/build.sh" ;;
+      slurm) hint="tests/harness/slurm.sh start" ;;
+      *) hint="the harness script that writes it" ;;
+    esac
+    if [ ! -r "$file" ]; then
+      echo "missing $file (GANTRY_HARNESS_DIR=$GANTRY_HARNESS_DIR): run $hint first" >&2
+      return 1
+    fi
+    # shellcheck disable=SC1090
+    . "$file"
+  done
+}
+
+# gantry_registry_url http|tls: base URL of one harness registry.
+gantry_registry_url() {
+  case $1 in
+    http) echo "http://$GANTRY_TEST_REGISTRY_HTTP" ;;
+    tls) echo "https://$GANTRY_TEST_REGISTRY_TLS" ;;
+    *) echo "gantry_registry_url: unknown registry '$1'" >&2; return 1 ;;
+  esac
+}
+
+# gantry_curl http|tls [CURL ARGS...]: curl against one registry, with the test CA and credentials
+# for the TLS one. Paths are relative to the registry root, e.g. /v2/.
+gantry_curl() {
+  local kind=$1 path=$2 base
+  shift 2
+  base=$(gantry_registry_url "$kind") || return 1
+  if [ "$kind" = tls ]; then
+    curl -sS --cacert "$GANTRY_TEST_REGISTRY_CA" \
+      -u "$GANTRY_TEST_REGISTRY_USER:$GANTRY_TEST_REGISTRY_PASSWORD" "$@" "$base$path"
+  else
+    curl -sS "$@" "$base$path"
+  fi
+}
+
+# gantry_fetch_manifest http|tls REPO REF: GET the manifest with the full Accept list into
+# $BATS_TEST_TMPDIR/manifest.body and .headers (header names lower-cased, CRs removed); prints the
+# HTTP status code.
+gantry_fetch_manifest() {
+  local kind=$1 repo=$2 ref=$3 dir=${BATS_TEST_TMPDIR:-/tmp} code
+  code=$(gantry_curl "$kind" "/v2/$repo/manifests/$ref" -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
+    -D "$dir/manifest.rawheaders" -o "$dir/manifest.body" -w '%{http_code}') || return 1
+  tr -d '\r' <"$dir/manifest.rawheaders" | awk -F': ' 'NF > 1 { $1 = tolower($1) } 1' OFS=': ' \
+    >"$dir/manifest.headers"
+  echo "$code"
+}
+
+# gantry_header NAME: value of a header of the last gantry_fetch_manifest (NAME in lower case).
+gantry_header() {
+  sed -n "s/^$1: //p" "${BATS_TEST_TMPDIR:-/tmp}/manifest.headers" | tail -1
+}
+
+# gantry_sha256 FILE: "sha256:<hex>" of a file.
+gantry_sha256() {
+  echo "sha256:$(sha256sum "$1" | cut -d' ' -f1)"
+}
