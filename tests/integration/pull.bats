@@ -1,0 +1,228 @@
+# fixtures: registry images
+# `gantry pull` end to end against the real harness registries: every test image compared with the
+# umoci reference tree, platform selection, one producer per digest (16 concurrent pulls, a producer
+# killed with SIGKILL), and failures that publish nothing: corrupt blob, 404, 500s, disk full.
+
+load helpers
+
+setup() {
+  gantry_load_env registry images
+  GANTRY=$GANTRY_BUILD_DIR/runtime/gantry
+  REG=$GANTRY_TEST_REGISTRY_HTTP
+  T=$(mktemp -d /tmp/gantry-pull-test.XXXXXX)
+  STORE=$T/store
+  TREECMP=$GANTRY_SOURCE_DIR/tests/integration/treecmp.py
+  OCI=$GANTRY_SOURCE_DIR/tests/images/oci.py
+  COUNT=$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh
+}
+
+teardown() {
+  for pid in ${KILL_PIDS:-}; do kill -9 "$pid" 2>/dev/null || true; done
+  mountpoint -q "$T/small" 2>/dev/null && umount "$T/small"
+  rm -rf "$T"
+}
+
+# fresh_image NAME: pushes tiny plus one layer holding a unique file as gantry-test/NAME; prints the
+# manifest digest. A new digest means no store has it yet.
+fresh_image() {
+  local name=$1 layout=$T/layout-$1
+  cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
+  mkdir -p "$T/uniq-$name/unique"
+  echo "$name $RANDOM $(date +%s%N)" > "$T/uniq-$name/unique/id"
+  if [ -n "${2:-}" ]; then head -c "$2" /dev/urandom > "$T/uniq-$name/unique/payload"; fi
+  tar -C "$T/uniq-$name" -cf "$T/uniq-$name.tar" unique
+  python3 "$OCI" add-layer "$layout" latest "$T/uniq-$name.tar" --compress gzip >/dev/null
+  skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$REG/gantry-test/$name:latest"
+  curl -fsS -o /dev/null -w '%header{docker-content-digest}' -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
+    "http://$REG/v2/gantry-test/$name/manifests/latest"
+}
+
+# compare_with_reference SQSH REF_ROOTFS
+compare_with_reference() {
+  rm -rf "$T/ours"
+  unsquashfs -q -n -d "$T/ours" "$1" >/dev/null
+  python3 "$TREECMP" --ignore-dir-mtime "$2" "$T/ours"
+}
+
+@test "pull prints '<digest> <path>' and the squashfs equals umoci's tree: tiny" {
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$GANTRY_TEST_DIGEST_TINY" ]
+  sqsh=$(echo "$output" | tail -n1 | awk '{print $2}')
+  [ -f "$sqsh" ]
+  compare_with_reference "$sqsh" "$GANTRY_TEST_REF_TINY"
+}
+
+@test "layers image: whiteouts, opaque dirs, links, xattrs, owners, long and UTF-8 names match umoci" {
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG#$GANTRY_TEST_IMAGE_LAYERS"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  compare_with_reference "$(echo "$output" | tail -n1 | awk '{print $2}')" "$GANTRY_TEST_REF_LAYERS"
+}
+
+@test "zstd layers, Docker schema2 and the debian image match their references" {
+  for img in ZSTD TINY_DOCKER DEBIAN; do
+    ref_var=GANTRY_TEST_IMAGE_$img; tree_var=GANTRY_TEST_REF_$img; digest_var=GANTRY_TEST_DIGEST_$img
+    run "$GANTRY" pull --quiet --store "$STORE" "$REG/${!ref_var}"
+    echo "$img: $output"
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "${!digest_var}" ]
+    compare_with_reference "$(echo "$output" | tail -n1 | awk '{print $2}')" "${!tree_var}"
+  done
+}
+
+@test "the kernel mounts the image and reads the same files" {
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
+  [ "$status" -eq 0 ]
+  sqsh=$(echo "$output" | tail -n1 | awk '{print $2}')
+  mkdir -p "$T/mnt"
+  mount -t squashfs -o loop,ro "$sqsh" "$T/mnt"
+  run python3 "$TREECMP" --ignore-dir-mtime "$GANTRY_TEST_REF_LAYERS" "$T/mnt"
+  umount "$T/mnt"
+  echo "$output"
+  [ "$status" -eq 0 ]
+}
+
+@test "platform selection from an OCI index" {
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_MULTIARCH"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$GANTRY_TEST_DIGEST_MULTIARCH_AMD64" ]
+  [ "$(unsquashfs -cat "$(echo "$output" | tail -n1 | awk '{print $2}')" arch)" = "amd64" ]
+  run "$GANTRY" pull --quiet --store "$STORE" --platform linux/arm64 "$REG/$GANTRY_TEST_IMAGE_MULTIARCH"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$GANTRY_TEST_DIGEST_MULTIARCH_ARM64" ]
+  [ "$(unsquashfs -cat "$(echo "$output" | tail -n1 | awk '{print $2}')" arch)" = "arm64" ]
+  run "$GANTRY" pull --quiet --store "$STORE" --platform linux/s390x "$REG/$GANTRY_TEST_IMAGE_MULTIARCH"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "s390x"
+}
+
+@test "images, inspect, rm and gc" {
+  "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  run "$GANTRY" images --store "$STORE"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "gantry-test/tiny"
+  run "$GANTRY" inspect --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -r .digest)" = "$GANTRY_TEST_DIGEST_TINY" ]
+  [ "$(echo "$output" | jq -r '.config.WorkingDir')" = "/work" ]
+  [ "$(echo "$output" | jq -r '.layers | length')" -eq 1 ]
+  run "$GANTRY" rm --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  run "$GANTRY" inspect --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "not in the store"
+  "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  run "$GANTRY" gc --store "$STORE" --max-bytes 1
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "removed $GANTRY_TEST_DIGEST_TINY"
+  [ -z "$(ls "$STORE/images")" ]
+}
+
+@test "16 concurrent pulls of a new image: all succeed and each blob is downloaded once" {
+  digest=$(fresh_image "conc-$RANDOM$RANDOM" 3000000)
+  name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
+  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[].digest')
+  declare -A before
+  for b in $blobs; do before[$b]=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
+  for i in $(seq 16); do
+    "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name" > "$T/out.$i" 2> "$T/err.$i" &
+  done
+  fails=0
+  for job in $(jobs -p); do wait "$job" || fails=$((fails + 1)); done
+  cat "$T"/err.* || true
+  [ "$fails" -eq 0 ]
+  [ "$(cat "$T"/out.* | sort -u | wc -l)" -eq 1 ]
+  [ "$(cat "$T"/out.* | sort -u | awk '{print $1}')" = "$digest" ]
+  for b in $blobs; do
+    after=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")
+    echo "blob $b: $((after - ${before[$b]})) GETs"
+    [ $((after - ${before[$b]})) -eq 1 ]
+  done
+}
+
+@test "a producer killed with SIGKILL is taken over by a waiting pull" {
+  digest=$(fresh_image "kill-$RANDOM$RANDOM" 2000000)
+  name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
+  # The producer goes through a front whose blob GETs fail with 500 and Retry-After: it holds the
+  # producer lock while it backs off, until we kill it.
+  python3 "$GANTRY_SOURCE_DIR/tests/integration/fake_upstream.py" --upstream "$REG" --port-file "$T/port" \
+    --log "$T/front.log" --fail-status 500 --retry-after 30 &
+  KILL_PIDS="$!"
+  for _ in $(seq 50); do [ -s "$T/port" ] && break; sleep 0.1; done
+  front="127.0.0.1:$(awk '{print $1}' "$T/port")"
+  "$GANTRY" pull --quiet --store "$STORE" "$front/gantry-test/$name" 2> "$T/producer.err" &
+  producer=$!
+  KILL_PIDS="$KILL_PIDS $producer"
+  lock=$STORE/locks/${digest#sha256:}.lock
+  for _ in $(seq 100); do grep -q ":$producer\$" "$lock" 2>/dev/null && break; sleep 0.1; done
+  grep -q ":$producer\$" "$lock"
+  # A second pull straight from the registry waits for the producer...
+  "$GANTRY" pull --store "$STORE" "$REG/gantry-test/$name" > "$T/taker.out" 2> "$T/taker.err" &
+  taker=$!
+  sleep 3
+  kill -0 "$taker"
+  grep -q "waiting for" "$T/taker.err"
+  # ...and takes over as soon as the producer dies, with nobody cleaning up.
+  kill -9 "$producer"
+  wait "$taker"
+  [ "$(awk '{print $1}' "$T/taker.out")" = "$digest" ]
+  [ "$(ls "$STORE/images" | grep -c '\.sqsh$')" -eq 1 ]
+}
+
+@test "a corrupted blob aborts the pull, names the blob and publishes nothing" {
+  digest=$(fresh_image "corrupt-$RANDOM$RANDOM")
+  name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
+  blob=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].digest')
+  hex=${blob#sha256:}
+  data=$GANTRY_TEST_REGISTRY_HTTP_STORAGE/docker/registry/v2/blobs/sha256/${hex:0:2}/$hex/data
+  [ -f "$data" ]
+  printf 'X' | dd of="$data" bs=1 seek=20 conv=notrunc 2>/dev/null
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "$blob"
+  [ "$(echo "$output" | wc -l)" -eq 1 ]
+  [ -z "$(ls "$STORE/images")" ]
+}
+
+@test "a missing repository is a clear 404 error" {
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/does-not-exist:latest"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$(echo "$output" | wc -l)" -eq 1 ]
+  echo "$output" | grep -q "gantry-test/does-not-exist"
+}
+
+@test "500s and a truncated download are retried and the pull succeeds" {
+  digest=$(fresh_image "flaky-$RANDOM$RANDOM" 500000)
+  name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
+  python3 "$GANTRY_SOURCE_DIR/tests/integration/fake_upstream.py" --upstream "$REG" --port-file "$T/port" \
+    --log "$T/front.log" --fail-status 500 --fail-count 2 --truncate-blobs 1 &
+  KILL_PIDS="$!"
+  for _ in $(seq 50); do [ -s "$T/port" ] && break; sleep 0.1; done
+  front="127.0.0.1:$(awk '{print $1}' "$T/port")"
+  run "$GANTRY" pull --quiet --store "$STORE" "$front/gantry-test/$name"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$digest" ]
+}
+
+@test "a full disk fails cleanly: one error line, no image, and the next pull works" {
+  mkdir -p "$T/small"
+  mount -t tmpfs -o size=600k tmpfs "$T/small"
+  digest=$(fresh_image "full-$RANDOM$RANDOM" 2000000)
+  name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
+  run "$GANTRY" pull --quiet --store "$T/small/store" "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -qi "no space left on device"
+  [ -z "$(ls "$T/small/store/images")" ]
+  umount "$T/small"
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
+  [ "$status" -eq 0 ]
+}
