@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# bench/srun: the latency a container adds to a Slurm step, side by side in one run:
+#   srun -N3 -n12 --container-image=<cached image> true   vs   srun -N3 -n12 true
+# and the cold start (image not yet in the store) with the number of registry blob requests.
+# Run as root with the harness up (tests/harness/registry.sh start; tests/images/build.sh [--big];
+# tests/harness/slurm.sh start). Usage: bench/srun.sh [IMAGE] [RUNS]   (IMAGE default gantry-test/tiny)
+set -euo pipefail
+harness=${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}
+# shellcheck disable=SC1091
+. "$harness/registry.env"; . "$harness/slurm.env"
+image=${1:-gantry-test/tiny}
+runs=${2:-10}
+reg=$GANTRY_TEST_REGISTRY_HTTP
+here=$(cd "$(dirname "$0")/.." && pwd)
+as_user() { runuser -u "$GANTRY_TEST_USER" -- env -C "$GANTRY_TEST_FSX" "$@"; }
+now() { date +%s%N; }
+
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+time_runs() {
+  local i t0
+  for i in $(seq "$runs"); do
+    t0=$(now); "$@" > /dev/null; echo $(( ($(now) - t0) / 1000000 ))
+  done
+}
+
+echo "bench/srun: $runs runs each, image $reg/$image, nodes: $GANTRY_TEST_NODES"
+as_user srun -N3 -n12 --container-image="$reg#$image" true  # make sure it is cached
+plain=$(time_runs as_user srun -N3 -n12 true | median)
+cont=$(time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true | median)
+printf '%-52s %8s ms\n' "srun -N3 -n12 true (median)" "$plain"
+printf '%-52s %8s ms\n' "srun -N3 -n12 --container-image=... true (median)" "$cont"
+printf '%-52s %8s ms (target < 150)\n' "added per step" "$((cont - plain))"
+printf 'ratio container/plain: %.2fx\n' "$(echo "$cont / $plain" | bc -l)"
+
+# Cold start: a copy of the image under a new name has the same digest, so pull it by a new tag of a
+# rebuilt image instead when IMAGE is big; here we remove it from the store and count blob GETs.
+store=$(awk -F= '/^store_path/ {gsub(/ /,"",$2); print $2}' /etc/gantry/gantry.conf 2>/dev/null || true)
+if [ -n "$store" ]; then
+  digest=$(curl -fsS -o /dev/null -w '%header{docker-content-digest}' \
+    -H 'Accept: application/vnd.oci.image.manifest.v1+json,application/vnd.docker.distribution.manifest.v2+json' \
+    "http://$reg/v2/$image/manifests/latest")
+  "$here/build/runtime/gantry" rm --store "$store" "$digest" > /dev/null 2>&1 || true
+fi
+before=$(grep -c '"GET /v2/.*/blobs/' "$GANTRY_TEST_REGISTRY_HTTP_LOG" || true)
+t0=$(now)
+as_user srun -N3 -n12 --container-image="$reg#$image" true
+cold=$(( ($(now) - t0) / 1000000 ))
+after=$(grep -c '"GET /v2/.*/blobs/' "$GANTRY_TEST_REGISTRY_HTTP_LOG" || true)
+printf '%-52s %8s ms, %d blob GETs\n' "cold start (3 nodes)" "$cold" "$((after - before))"
