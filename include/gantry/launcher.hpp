@@ -1,0 +1,150 @@
+// The container launcher: starts a container from a squashfs image and runs processes in it.
+//
+// A container is one user + mount namespace (plus net/ipc/uts on request) held open by a small
+// *holder* process. `Container::create` builds the root filesystem and starts the holder; every
+// process that should run in the container then *joins* it (setns into the holder's namespaces) —
+// `gantry run` joins its own container once, `gantry exec` joins a named one, and the SPANK plugin
+// has the first local task create the container and every local task join it, so all ranks of a
+// node share one namespace set (needed for CMA/shared-memory transports, BRIEF §5).
+//
+// Nothing here throws; failures come back as gantry::Error with a one-line message.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gantry/config.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/mounts.hpp"
+#include "gantry/result.hpp"
+
+namespace gantry {
+
+// How the squashfs image becomes a directory. `auto`: kernel when privileged and trusted, else fuse
+// when /dev/fuse is usable, else extract.
+enum class MountBackend { auto_, kernel, fuse, extract };
+Result<MountBackend> parse_mount_backend(std::string_view name);
+const char* to_string(MountBackend backend);
+
+// Optional extra namespaces (`--unshare net,ipc,uts`).
+struct ExtraNamespaces {
+    bool net = false;
+    bool ipc = false;
+    bool uts = false;
+};
+// "net,ipc" -> {net, ipc}; anything else: "unknown namespace 'pid' (valid: net, ipc, uts)".
+Result<ExtraNamespaces> parse_unshare(std::string_view list);
+
+// What a process sees when it runs in the container; shared by the creator and every joiner.
+struct ProcessDefaults {
+    std::vector<std::string> image_env;  // the image config's Env
+    std::vector<std::string> env_names;  // --env NAME: the host value wins for these
+    std::string workdir;                 // absolute path inside the container; "" -> "/"
+    std::string home;                    // HOME inside the container
+    bool remap_root = false;             // uid/gid 0 inside
+};
+
+// Everything `Container::create` needs.
+struct ContainerSpec {
+    std::string image_path;   // the squashfs file
+    bool image_trusted = false;  // the file lies in the trusted store: may be kernel-mounted when root.
+                                 // NEVER set for a file a user supplied (see privileged.cpp).
+    ImageConfig image_config;
+    MountBackend backend = MountBackend::auto_;
+    std::vector<MountSpec> mounts;
+    bool writable = false;     // writes to / land in a tmpfs upper layer and vanish with the container
+    bool remap_root = false;
+    bool mount_home = true;
+    ExtraNamespaces unshare;
+    std::string workdir;       // --workdir; "" -> image WorkingDir, else "/"
+    std::vector<std::string> env_names;
+    // The identity inside (mapped 1:1, or to 0 with remap_root). -1: the caller's real ids. A root
+    // caller (the plugin's privileged hook) may name the job user: the holder switches to it right
+    // after the privileged image mount.
+    uid_t uid = static_cast<uid_t>(-1);
+    gid_t gid = static_cast<gid_t>(-1);
+    std::string name;          // non-empty: record state under runtime_dir() so others can join by name
+    bool detach = false;       // the holder outlives the caller; stop it with Container::stop
+    Config config;             // runtime_path, scratch_path, host_dev
+};
+
+// The holder of a running container, as recorded in its state file.
+struct ContainerState {
+    std::string name;
+    pid_t holder_pid = -1;
+    unsigned long long holder_start_time = 0;  // /proc/PID/stat starttime: guards against pid reuse
+    uid_t uid = 0;                             // owner on the host
+    ExtraNamespaces unshare;
+    std::string backend;
+    ProcessDefaults defaults;
+};
+
+// A command to run inside: argv empty -> the image's Cmd (with entrypoint rules), else /bin/sh.
+struct ProcessSpec {
+    std::vector<std::string> argv;
+    bool use_entrypoint = false;
+    std::vector<std::string> entrypoint;  // the image's (used when use_entrypoint)
+    std::vector<std::string> cmd;         // the image's
+};
+
+class Container {
+public:
+    // Builds the root filesystem and starts the holder. Returns once the container is ready.
+    static Result<Container> create(const ContainerSpec& spec);
+    // Finds a named container's holder through its state file; fails when it is gone.
+    static Result<Container> open(const std::string& name, const Config& config);
+
+    Container(Container&& other) noexcept;
+    Container& operator=(Container&& other) noexcept;
+    Container(const Container&) = delete;
+    Container& operator=(const Container&) = delete;
+    // An attached (non-detached) container is stopped when its handle goes away.
+    ~Container();
+
+    [[nodiscard]] const ContainerState& state() const { return state_; }
+    [[nodiscard]] pid_t pid() const { return state_.holder_pid; }
+
+    // Tells the holder to exit (SIGTERM), waits for it, removes the state file.
+    Status stop();
+    // Keeps the holder running after this handle is destroyed.
+    void release() { owned_ = false; }
+
+private:
+    Container() = default;
+    ContainerState state_;
+    std::string state_file_;
+    bool owned_ = false;   // this handle stops the holder on destruction
+    bool is_child_ = false;  // the holder is our child: reap it with waitpid
+};
+
+// Enters the container in the CALLING process: setns into the holder's namespaces, chdir to the
+// workdir, PR_SET_NO_NEW_PRIVS, capabilities dropped (kept with remap_root). For the SPANK plugin's
+// task_init: Slurm then execs the task's command. Must be called single-threaded.
+Status join(const ContainerState& state);
+
+// The environment for a process in the container, from the container defaults and the caller's
+// environment (`host_env`, "NAME=value" entries): image Env; then SLURM_*, PMI*, PMIX_* from the
+// host; then the --env names from the host (host wins). PATH from the image (or a default);
+// LANG/LC_ALL only from the image unless named in --env; HOME for the user.
+std::vector<std::string> container_environment(const ProcessDefaults& defaults,
+                                               const std::vector<std::string>& host_env);
+
+// The argv to execute per the OCI rules: with the entrypoint, ENTRYPOINT + (argv or CMD); without,
+// argv or CMD; falling back to /bin/sh when that is empty.
+std::vector<std::string> resolve_command(const ProcessSpec& process);
+
+// Runs `process` in the container: fork, join, exec with a PATH lookup inside the container. Forwards
+// SIGINT/TERM/HUP/QUIT/USR1/USR2 to it and returns its exit status (128+N when killed by signal N).
+Result<int> run_in(const ContainerState& container, const ProcessSpec& process);
+
+// Where container state lives: Config::runtime_path for root, $XDG_RUNTIME_DIR/gantry (or
+// /tmp/gantry-UID) otherwise.
+std::string runtime_dir(const Config& config);
+
+// Names of the containers with state files in runtime_dir(config).
+std::vector<std::string> list_containers(const Config& config);
+
+}  // namespace gantry

@@ -1,0 +1,247 @@
+// The container verbs of the CLI: `run`, `exec`, `stop`, `ps` — argument parsing over the launcher
+// library (include/gantry/launcher.hpp).
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "common.hpp"
+#include "gantry/config.hpp"
+#include "gantry/launcher.hpp"
+#include "gantry/log.hpp"
+#include "gantry/strings.hpp"
+
+namespace gantry::cli {
+namespace {
+
+// Exit status when gantry itself fails before the command runs (like docker/podman).
+constexpr int kSetupFailed = 125;
+
+int setup_failed(const Error& e) {
+    log::error(e.message);
+    return kSetupFailed;
+}
+
+// Walks options of the form --name, --name VALUE and --name=VALUE up to the first operand or "--".
+class OptionReader {
+public:
+    explicit OptionReader(const std::vector<std::string>& args) : args_(args) {}
+    bool done() const { return i_ >= args_.size() || args_[i_] == "--" || args_[i_].empty() || args_[i_][0] != '-'; }
+    // Returns the option name ("--mount") of the current argument and moves past it.
+    std::string next() {
+        std::string a = args_[i_++];
+        auto eq = a.find('=');
+        inline_value_.reset();
+        if (eq != std::string::npos) {
+            inline_value_ = a.substr(eq + 1);
+            a.resize(eq);
+        }
+        return a;
+    }
+    Result<std::string> value(const std::string& opt) {
+        if (inline_value_) return *std::exchange(inline_value_, std::nullopt);
+        if (i_ >= args_.size()) return make_error(opt + " needs a value");
+        return args_[i_++];
+    }
+    bool has_inline_value() const { return inline_value_.has_value(); }
+    // The remaining operands, with a leading "--" dropped.
+    std::vector<std::string> rest() {
+        if (i_ < args_.size() && args_[i_] == "--") ++i_;
+        return {args_.begin() + static_cast<long>(std::min(i_, args_.size())), args_.end()};
+    }
+
+private:
+    const std::vector<std::string>& args_;
+    size_t i_ = 0;
+    std::optional<std::string> inline_value_;
+};
+
+Result<std::string> read_text(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) return system_error("reading " + path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+int run_verb(const std::vector<std::string>& args) {
+    auto config = load_default_config();
+    if (!config) return setup_failed(config.error());
+    ContainerSpec spec;
+    spec.config = *config;
+    ProcessSpec process;
+    std::string image_file, config_file, store_option;
+    OptionReader opts(args);
+    while (!opts.done()) {
+        std::string o = opts.next();
+        Status st;
+        auto take = [&](auto&& apply) -> Status {
+            auto v = opts.value(o);
+            if (!v) return v.error();
+            return apply(*v);
+        };
+        if (o == "--mount" || o == "-m")
+            st = take([&](const std::string& v) { return parse_mounts(v, spec.mounts); });
+        else if (o == "--workdir" || o == "-w")
+            st = take([&](const std::string& v) -> Status { spec.workdir = v; return {}; });
+        else if (o == "--env" || o == "-e")
+            st = take([&](const std::string& v) -> Status {
+                for (auto& n : split_list(v, ',')) spec.env_names.push_back(n);
+                return {};
+            });
+        else if (o == "--writable") spec.writable = true;
+        else if (o == "--readonly") spec.writable = false;
+        else if (o == "--remap-root") spec.remap_root = true;
+        else if (o == "--no-remap-root") spec.remap_root = false;
+        else if (o == "--entrypoint") process.use_entrypoint = true;
+        else if (o == "--no-entrypoint") process.use_entrypoint = false;
+        else if (o == "--mount-home") spec.mount_home = true;
+        else if (o == "--no-mount-home") spec.mount_home = false;
+        else if (o == "--unshare")
+            st = take([&](const std::string& v) -> Status {
+                auto ns = parse_unshare(v);
+                if (!ns) return ns.error();
+                spec.unshare = *ns;
+                return {};
+            });
+        else if (o == "--backend")
+            st = take([&](const std::string& v) -> Status {
+                auto b = parse_mount_backend(v);
+                if (!b) return b.error();
+                spec.backend = *b;
+                return {};
+            });
+        else if (o == "--name")
+            st = take([&](const std::string& v) -> Status { spec.name = v; return {}; });
+        else if (o == "--detach" || o == "-d") spec.detach = true;
+        else if (o == "--store")
+            st = take([&](const std::string& v) -> Status { store_option = v; return {}; });
+        else if (o == "--image-file")
+            st = take([&](const std::string& v) -> Status { image_file = v; return {}; });
+        else if (o == "--config-file")
+            st = take([&](const std::string& v) -> Status { config_file = v; return {}; });
+        else
+            st = make_error("run: unknown option " + o + " (see gantry run --help)");
+        if (!st) return setup_failed(st.error());
+    }
+    auto rest = opts.rest();
+    std::string image = image_file;
+    if (image.empty()) {
+        if (rest.empty()) return setup_failed(make_error("run: no image given (gantry run [options] IMAGE [--] [COMMAND...])"));
+        image = rest.front();
+        rest.erase(rest.begin());
+        if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    } else if (image[0] != '/' && image[0] != '.') {
+        image = "./" + image;
+    }
+    auto resolved = resolve_runnable_image(spec.config, store_option, image, false);
+    if (!resolved) return setup_failed(resolved.error());
+    spec.image_path = resolved->squashfs_path;
+    // A store image is trusted when the store is; a local file only when it is root-owned all the way
+    // up, which Container::create checks again before any kernel mount.
+    spec.image_trusted = resolved->in_trusted_store || resolved->digest.empty();
+    spec.image_config = resolved->config;
+    if (!config_file.empty()) {
+        auto text = read_text(config_file);
+        if (!text) return setup_failed(text.error());
+        auto ic = parse_image_config(*text);
+        if (!ic) return setup_failed(ic.error().wrap("image config " + config_file));
+        spec.image_config = *ic;
+    }
+    process.argv = rest;
+    process.entrypoint = spec.image_config.entrypoint;
+    process.cmd = spec.image_config.cmd;
+    if (spec.detach && spec.name.empty()) return setup_failed(make_error("run: --detach needs --name"));
+    if (spec.detach && !rest.empty()) return setup_failed(make_error("run: --detach takes no command (use gantry exec)"));
+
+    auto container = Container::create(spec);
+    if (!container) return setup_failed(container.error());
+    if (spec.detach) {
+        std::printf("%s %d\n", spec.name.c_str(), static_cast<int>(container->pid()));
+        return 0;
+    }
+    auto status = run_in(container->state(), process);
+    auto stopped = container->stop();
+    if (!status) return setup_failed(status.error());
+    if (!stopped) log::warning(stopped.error().message);
+    return *status;
+}
+
+int exec_verb(const std::vector<std::string>& args) {
+    auto config = load_default_config();
+    if (!config) return setup_failed(config.error());
+    std::string workdir;
+    std::vector<std::string> env_names;
+    OptionReader opts(args);
+    while (!opts.done()) {
+        std::string o = opts.next();
+        auto v = (o == "--workdir" || o == "-w" || o == "--env" || o == "-e") ? opts.value(o)
+                                                                            : Result<std::string>(make_error("exec: unknown option " + o));
+        if (!v) return setup_failed(v.error());
+        if (o == "--workdir" || o == "-w") workdir = *v;
+        else for (auto& n : split_list(*v, ',')) env_names.push_back(n);
+    }
+    auto rest = opts.rest();
+    if (rest.empty()) return setup_failed(make_error("exec: no container name (gantry exec NAME [--] [COMMAND...])"));
+    auto container = Container::open(rest.front(), *config);
+    if (!container) return setup_failed(container.error());
+    rest.erase(rest.begin());
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    // exec may override what the creator chose; the holder's state stays as it was.
+    auto state = container->state();
+    if (!workdir.empty()) {
+        auto w = normalize_container_path(workdir, "working directory");
+        if (!w) return setup_failed(w.error());
+        state.defaults.workdir = *w;
+    }
+    for (auto& n : env_names) state.defaults.env_names.push_back(n);
+    ProcessSpec process;
+    process.argv = rest;
+    auto status = run_in(state, process);
+    if (!status) return setup_failed(status.error());
+    return *status;
+}
+
+int stop_verb(const std::vector<std::string>& args) {
+    auto config = load_default_config();
+    if (!config) return setup_failed(config.error());
+    if (args.empty()) return setup_failed(make_error("stop: no container name (gantry stop NAME...)"));
+    int rc = 0;
+    for (const auto& name : args) {
+        auto c = Container::open(name, *config);
+        if (!c) {
+            log::error(c.error().message);
+            rc = 1;
+            continue;
+        }
+        auto st = c->stop();
+        if (!st) {
+            log::error(st.error().message);
+            rc = 1;
+        }
+    }
+    return rc;
+}
+
+int ps_verb(const std::vector<std::string>&) {
+    auto config = load_default_config();
+    if (!config) return setup_failed(config.error());
+    for (const auto& name : list_containers(*config)) {
+        auto c = Container::open(name, *config);
+        if (c) std::printf("%s\t%d\t%s\n", name.c_str(), static_cast<int>(c->pid()), c->state().backend.c_str());
+    }
+    return 0;
+}
+
+const Registration run_registration({"run", "run [OPTIONS] IMAGE [--] [CMD...]  run a command in a new container", run_verb});
+const Registration exec_registration({"exec", "exec NAME [CMD...]      run a command in a running named container", exec_verb});
+const Registration stop_registration({"stop", "stop NAME...            stop named containers", stop_verb});
+const Registration ps_registration({"ps", "ps                      list named containers", ps_verb});
+
+}  // namespace
+}  // namespace gantry::cli

@@ -1,0 +1,411 @@
+// Container lifecycle: create (the launch sequence, run by the holder process), the holder's wait
+// loop, state files for named containers, open and stop.
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gantry/log.hpp"
+#include "gantry/strings.hpp"
+#include "internal.hpp"
+
+namespace gantry {
+
+using launcher::Setup;
+
+Result<MountBackend> parse_mount_backend(std::string_view name) {
+    if (name == "auto") return MountBackend::auto_;
+    if (name == "kernel") return MountBackend::kernel;
+    if (name == "fuse") return MountBackend::fuse;
+    if (name == "extract") return MountBackend::extract;
+    return make_error("unknown mount backend '" + std::string(name) + "' (valid: auto, kernel, fuse, extract)");
+}
+
+const char* to_string(MountBackend b) {
+    switch (b) {
+        case MountBackend::kernel: return "kernel";
+        case MountBackend::fuse: return "fuse";
+        case MountBackend::extract: return "extract";
+        case MountBackend::auto_: break;
+    }
+    return "auto";
+}
+
+Result<ExtraNamespaces> parse_unshare(std::string_view list) {
+    ExtraNamespaces ns;
+    for (const auto& n : split_list(list, ',')) {
+        if (n == "net") ns.net = true;
+        else if (n == "ipc") ns.ipc = true;
+        else if (n == "uts") ns.uts = true;
+        else return make_error("unknown namespace '" + n + "' (valid: net, ipc, uts)");
+    }
+    return ns;
+}
+
+std::string runtime_dir(const Config& config) {
+    if (::geteuid() == 0) return config.runtime_path;
+    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+    if (xdg != nullptr && *xdg == '/' && ::access(xdg, W_OK) == 0) return std::string(xdg) + "/gantry";
+    return "/tmp/gantry-" + std::to_string(::geteuid());
+}
+
+namespace {
+
+Status ensure_private_dir(const std::string& dir) {
+    if (::mkdir(dir.c_str(), ::geteuid() == 0 ? 0755 : 0700) != 0 && errno != EEXIST)
+        return system_error("creating runtime directory " + dir);
+    struct stat st {};
+    // In a shared /tmp somebody else could have made the directory first: it must be ours.
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+        return make_error("runtime directory " + dir + " is not a directory owned by uid " + std::to_string(::geteuid()));
+    return {};
+}
+
+bool valid_name(const std::string& n) {
+    if (n.empty() || n.size() > 200 || n[0] == '.') return false;
+    for (char c : n)
+        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
+    return true;
+}
+
+std::string state_path(const Config& config, const std::string& name) {
+    return runtime_dir(config) + "/containers/" + name + ".json";
+}
+
+Status write_state(const std::string& path, const ContainerState& st) {
+    nlohmann::json j = {
+        {"name", st.name},
+        {"holder_pid", st.holder_pid},
+        {"holder_start_time", st.holder_start_time},
+        {"uid", st.uid},
+        {"unshare", {{"net", st.unshare.net}, {"ipc", st.unshare.ipc}, {"uts", st.unshare.uts}}},
+        {"backend", st.backend},
+        {"image_env", st.defaults.image_env},
+        {"env_names", st.defaults.env_names},
+        {"workdir", st.defaults.workdir},
+        {"home", st.defaults.home},
+        {"remap_root", st.defaults.remap_root},
+    };
+    std::string tmp = path + ".tmp";
+    {
+        std::ofstream f(tmp);
+        f << j.dump(2) << "\n";
+        if (!f) return system_error("writing container state " + tmp);
+    }
+    ::chmod(tmp.c_str(), 0644);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) return system_error("publishing container state " + path);
+    return {};
+}
+
+Result<ContainerState> read_state(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) return system_error("reading container state " + path);
+    try {
+        auto j = nlohmann::json::parse(f);
+        ContainerState st;
+        st.name = j.at("name").get<std::string>();
+        st.holder_pid = j.at("holder_pid").get<pid_t>();
+        st.holder_start_time = j.at("holder_start_time").get<unsigned long long>();
+        st.uid = j.at("uid").get<uid_t>();
+        st.unshare.net = j.at("unshare").at("net").get<bool>();
+        st.unshare.ipc = j.at("unshare").at("ipc").get<bool>();
+        st.unshare.uts = j.at("unshare").at("uts").get<bool>();
+        st.backend = j.at("backend").get<std::string>();
+        st.defaults.image_env = j.at("image_env").get<std::vector<std::string>>();
+        st.defaults.env_names = j.at("env_names").get<std::vector<std::string>>();
+        st.defaults.workdir = j.at("workdir").get<std::string>();
+        st.defaults.home = j.at("home").get<std::string>();
+        st.defaults.remap_root = j.at("remap_root").get<bool>();
+        return st;
+    } catch (const std::exception& e) {
+        return make_error("reading container state " + path + ": " + e.what());
+    }
+}
+
+Status resolve_identity(const ContainerSpec& spec, launcher::Identity& id) {
+    id.uid = spec.uid == static_cast<uid_t>(-1) ? ::getuid() : spec.uid;
+    id.gid = spec.gid == static_cast<gid_t>(-1) ? ::getgid() : spec.gid;
+    if (::getuid() != 0 && (id.uid != ::getuid() || id.gid != ::getgid()))
+        return make_error("only root may start a container for another user");
+    id.inner_uid = spec.remap_root ? 0 : id.uid;
+    id.inner_gid = spec.remap_root ? 0 : id.gid;
+    if (struct passwd* pw = ::getpwuid(id.uid)) {
+        id.name = pw->pw_name;
+        id.home = pw->pw_dir;
+    } else {
+        id.name = "user" + std::to_string(id.uid);
+    }
+    if (struct group* gr = ::getgrgid(id.gid)) id.group_name = gr->gr_name;
+    else id.group_name = id.name;
+    if (spec.remap_root) {
+        id.name = "root";
+        id.group_name = "root";
+    }
+    return {};
+}
+
+// The launch sequence, run by the holder. Each step is one verb; see rootfs.cpp for the mounts.
+Status set_up_container(Setup& s) {
+    using namespace launcher;
+    const ContainerSpec& spec = *s.spec;
+    if (s.backend == MountBackend::kernel) GANTRY_TRY(mount_image_kernel(s));  // privileged: see privileged.cpp
+    GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
+    if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
+    GANTRY_TRY(enter_user_namespace(s.id, spec.unshare));
+    GANTRY_TRY(make_mounts_private());
+    GANTRY_TRY(mount_staging_area(s));
+    if (s.backend == MountBackend::fuse) GANTRY_TRY(mount_image_fuse(s));
+    if (s.backend == MountBackend::extract) GANTRY_TRY(bind_extracted_image(s));
+    GANTRY_TRY(prepare_writable_layer(s));
+    GANTRY_TRY(write_identity_files(s));
+    GANTRY_TRY(mount_overlay_root(s));
+    GANTRY_TRY(mount_proc_and_sys(s));
+    GANTRY_TRY(set_up_dev(s));
+    GANTRY_TRY(mount_tmp_and_run(s));
+    GANTRY_TRY(bind_host_network_files(s));
+    GANTRY_TRY(mount_home(s));
+    GANTRY_TRY(perform_user_mounts(s));
+    GANTRY_TRY(check_workdir(s));
+    GANTRY_TRY(pivot_into_root(s));
+    GANTRY_TRY(finish_root_flags(s));
+    return {};
+}
+
+void send_line(int fd, const std::string& line) {
+    std::string l = line + "\n";
+    (void)!::write(fd, l.data(), l.size());
+}
+
+// The holder: sets the container up, reports on `ready`, then keeps the namespaces alive until
+// SIGTERM (or its parent's death when attached), reaping the fuse daemon.
+[[noreturn]] void holder_main(Setup& s, int ready, pid_t parent) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGQUIT}) sigaddset(&set, sig);
+    ::sigprocmask(SIG_BLOCK, &set, nullptr);
+    auto watch_parent = [&] {
+        if (s.spec->detach) return;
+        ::prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);  // reset by every credential change: set again
+        if (::getppid() != parent) ::kill(::getpid(), SIGTERM);
+    };
+    watch_parent();
+    ::prctl(PR_SET_NAME, "gantry-holder", 0, 0, 0);  // tell it apart from `gantry run` in ps/pkill
+    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    ::dup2(null, 0);
+    // A detached holder (and the fuse daemon it starts) must not keep the caller's output open:
+    // whoever reads it would wait for EOF until the container stops. Errors go through `ready`.
+    if (s.spec->detach) {
+        ::dup2(null, 1);
+        ::dup2(null, 2);
+    }
+
+    auto st = set_up_container(s);
+    watch_parent();
+    if (!st) {
+        send_line(ready, "error " + st.error().message);
+        if (s.fuse_daemon > 0) ::kill(s.fuse_daemon, SIGKILL);
+        if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
+        ::_exit(1);
+    }
+    send_line(ready, "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid())));
+    ::close(ready);
+    while (true) {
+        siginfo_t info{};
+        if (::sigwaitinfo(&set, &info) < 0) continue;
+        if (info.si_signo != SIGCHLD) break;
+        bool daemon_gone = false;
+        pid_t p;
+        while ((p = ::waitpid(-1, nullptr, WNOHANG)) > 0)
+            if (p == s.fuse_daemon) daemon_gone = true;
+        if (daemon_gone) {
+            s.fuse_daemon = -1;
+            break;  // the image is gone: the container is of no use any more
+        }
+    }
+    if (s.fuse_daemon > 0) {
+        ::kill(s.fuse_daemon, SIGTERM);
+        ::waitpid(s.fuse_daemon, nullptr, 0);
+    }
+    if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
+    ::_exit(0);
+}
+
+}  // namespace
+
+Result<Container> Container::create(const ContainerSpec& spec) {
+    Setup s;
+    s.spec = &spec;
+    GANTRY_TRY(resolve_identity(spec, s.id));
+    GANTRY_TRY(launcher::check_squashfs(spec.image_path));
+    GANTRY_TRY(check_mount_sources(spec.mounts));
+    bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted && launcher::is_trusted_path(spec.image_path);
+    auto backend = launcher::choose_backend(spec, privileged_ok);
+    if (!backend) return backend.error();
+    s.backend = *backend;
+
+    if (!spec.workdir.empty()) {
+        auto w = normalize_container_path(spec.workdir, "working directory");
+        if (!w) return w.error();
+        s.workdir = *w;
+    } else if (!spec.image_config.working_dir.empty()) {
+        auto w = normalize_container_path(spec.image_config.working_dir, "image WorkingDir");
+        s.workdir = w ? *w : "/";
+    } else {
+        s.workdir = "/";
+    }
+    s.home = spec.mount_home || !spec.remap_root ? s.id.home : "/root";
+    if (s.home.empty()) s.home = "/";
+
+    std::string rdir = runtime_dir(spec.config);
+    GANTRY_TRY(ensure_private_dir(rdir));
+    std::string state_file;
+    if (!spec.name.empty()) {
+        if (!valid_name(spec.name)) return make_error("invalid container name '" + spec.name + "' (letters, digits, _ - .)");
+        GANTRY_TRY(ensure_private_dir(rdir + "/containers"));
+        state_file = state_path(spec.config, spec.name);
+        if (Container::open(spec.name, spec.config)) return make_error("container " + spec.name + " already exists");
+    }
+    std::string tmpl = rdir + "/staging.XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (::mkdtemp(buf.data()) == nullptr) return system_error("creating a staging directory in " + rdir);
+    s.staging = buf.data();
+    Defer remove_staging([&] { ::rmdir(s.staging.c_str()); });
+    if (::getuid() == 0 && s.id.uid != 0) (void)!::chown(s.staging.c_str(), s.id.uid, s.id.gid);
+    s.image_dir = s.staging + "/image";
+
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return system_error("creating a pipe");
+    UniqueFd rd(fds[0]), wr(fds[1]);
+    pid_t parent = ::getpid();
+    pid_t pid = ::fork();
+    if (pid < 0) return system_error("starting the container holder");
+    if (pid == 0) {
+        rd.reset();
+        ::setsid();  // out of the terminal's process group: Ctrl-C is for the command, not the holder
+        if (spec.detach) {
+            pid_t again = ::fork();
+            if (again != 0) ::_exit(again < 0 ? 1 : 0);
+        }
+        holder_main(s, wr.get(), parent);
+    }
+    wr.reset();
+    std::string reply;
+    char chunk[512];
+    ssize_t n;
+    while ((n = ::read(rd.get(), chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR))
+        if (n > 0) reply.append(chunk, static_cast<size_t>(n));
+    if (spec.detach) ::waitpid(pid, nullptr, 0);
+    reply = trim(reply);
+    if (!starts_with(reply, "ok ")) {
+        if (!spec.detach) ::waitpid(pid, nullptr, 0);
+        if (starts_with(reply, "error ")) return make_error(reply.substr(6));
+        return make_error("container set-up failed (the holder exited without a report)");
+    }
+    Container c;
+    std::istringstream in(reply.substr(3));
+    in >> c.state_.holder_pid >> c.state_.holder_start_time;
+    c.state_.name = spec.name;
+    c.state_.uid = s.id.uid;
+    c.state_.unshare = spec.unshare;
+    c.state_.backend = to_string(s.backend);
+    c.state_.defaults = ProcessDefaults{spec.image_config.env, spec.env_names, s.workdir, s.home, spec.remap_root};
+    c.owned_ = !spec.detach;
+    c.is_child_ = !spec.detach;
+    if (!state_file.empty()) {
+        c.state_file_ = state_file;
+        auto w = write_state(state_file, c.state_);
+        if (!w) return w.error();
+    }
+    log::debug("container " + spec.name + " ready: holder pid " + std::to_string(c.state_.holder_pid) + ", backend " +
+               c.state_.backend);
+    return c;
+}
+
+Result<Container> Container::open(const std::string& name, const Config& config) {
+    if (!valid_name(name)) return make_error("invalid container name '" + name + "'");
+    std::string path = state_path(config, name);
+    if (::access(path.c_str(), F_OK) != 0) return make_error("no container named " + name);
+    auto st = read_state(path);
+    if (!st) return st.error();
+    if (launcher::process_start_time(st->holder_pid) != st->holder_start_time) {
+        ::unlink(path.c_str());  // stale: the holder is gone (node reboot, kill -9)
+        return make_error("container " + name + " is not running");
+    }
+    Container c;
+    c.state_ = *st;
+    c.state_file_ = path;
+    return c;
+}
+
+Container::Container(Container&& o) noexcept
+    : state_(std::move(o.state_)), state_file_(std::move(o.state_file_)), owned_(o.owned_), is_child_(o.is_child_) {
+    o.owned_ = false;
+    o.state_.holder_pid = -1;
+}
+
+Container& Container::operator=(Container&& o) noexcept {
+    if (this != &o) {
+        if (owned_) (void)stop();
+        state_ = std::move(o.state_);
+        state_file_ = std::move(o.state_file_);
+        owned_ = o.owned_;
+        is_child_ = o.is_child_;
+        o.owned_ = false;
+        o.state_.holder_pid = -1;
+    }
+    return *this;
+}
+
+Container::~Container() {
+    if (owned_) (void)stop();
+}
+
+Status Container::stop() {
+    owned_ = false;
+    pid_t pid = state_.holder_pid;
+    if (pid <= 0) return {};
+    if (!state_file_.empty()) ::unlink(state_file_.c_str());
+    if (is_child_) {
+        ::kill(pid, SIGTERM);
+        ::waitpid(pid, nullptr, 0);
+        state_.holder_pid = -1;
+        return {};
+    }
+    if (launcher::process_start_time(pid) != state_.holder_start_time) return {};
+    UniqueFd pidfd(launcher::open_pidfd(pid));
+    if (!pidfd) return system_error("stopping container " + state_.name);
+    if (launcher::signal_pidfd(pidfd.get(), SIGTERM) != 0 && errno != ESRCH)
+        return system_error("stopping container " + state_.name);
+    struct pollfd p {pidfd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 10000) == 0) launcher::signal_pidfd(pidfd.get(), SIGKILL);
+    state_.holder_pid = -1;
+    return {};
+}
+
+std::vector<std::string> list_containers(const Config& config) {
+    std::vector<std::string> out;
+    std::string dir = runtime_dir(config) + "/containers";
+    if (DIR* d = ::opendir(dir.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+            std::string n = e->d_name;
+            if (ends_with(n, ".json")) out.push_back(n.substr(0, n.size() - 5));
+        }
+        ::closedir(d);
+    }
+    return out;
+}
+
+}  // namespace gantry

@@ -1,0 +1,186 @@
+// The unprivileged image backends: squashfuse_ll serving the squashfs inside the container's user
+// namespace (`fuse`), and unpacking to node-local scratch (`extract`). The kernel backend is in
+// privileged.cpp. Each leaves the image as a directory at Setup::image_dir.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gantry/strings.hpp"
+#include "internal.hpp"
+
+namespace gantry::launcher {
+namespace {
+
+std::string find_program(const std::string& name) {
+    const char* path = std::getenv("PATH");
+    for (const auto& dir : split_list(path != nullptr ? path : "", ':')) {
+        std::string p = dir + "/" + name;
+        if (::access(p.c_str(), X_OK) == 0) return p;
+    }
+    for (const char* dir : {"/usr/bin", "/usr/local/bin", "/bin"}) {
+        std::string p = std::string(dir) + "/" + name;
+        if (::access(p.c_str(), X_OK) == 0) return p;
+    }
+    return {};
+}
+
+// fork + exec with every descriptor but stdio closed; stdout/stdin to /dev/null.
+Result<pid_t> spawn(const std::vector<std::string>& argv, int keep_fd, bool die_with_parent) {
+    pid_t pid = ::fork();
+    if (pid < 0) return system_error("starting " + argv[0]);
+    if (pid == 0) {
+        if (die_with_parent) ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        int null = ::open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            ::dup2(null, 0);
+            ::dup2(null, 1);
+        }
+        sigset_t all;
+        sigemptyset(&all);
+        ::sigprocmask(SIG_SETMASK, &all, nullptr);
+        ::close_range(3, keep_fd > 3 ? keep_fd - 1 : 2, 0);
+        if (keep_fd >= 3) ::close_range(keep_fd + 1, ~0U, 0);
+        std::vector<char*> args;
+        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+        args.push_back(nullptr);
+        ::execv(args[0], args.data());
+        ::_exit(127);
+    }
+    return pid;
+}
+
+}  // namespace
+
+Status check_squashfs(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return system_error("opening image " + path);
+    char magic[4] = {};
+    if (::read(fd.get(), magic, 4) != 4 || std::memcmp(magic, "hsqs", 4) != 0)
+        return make_error("opening image " + path + ": not a squashfs file");
+    return {};
+}
+
+Status fuse_accessible() {
+    if (::access("/dev/fuse", R_OK | W_OK) != 0)
+        return make_error(std::string("/dev/fuse not accessible: ") + std::strerror(errno) +
+                          " (use the kernel backend from Slurm, or ask the admin for fuse access)");
+    if (find_program("squashfuse_ll").empty())
+        return make_error("squashfuse_ll not found (Debian package squashfuse; or use --backend extract)");
+    return {};
+}
+
+Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok) {
+    MountBackend b = spec.backend;
+    if (b == MountBackend::auto_) {
+        auto conf = parse_mount_backend(spec.config.mount_backend);
+        b = conf ? *conf : MountBackend::auto_;
+    }
+    if (b == MountBackend::kernel && !privileged_ok)
+        return make_error("the kernel backend needs root and an image in the trusted store (" + spec.image_path +
+                          " is not); use --backend fuse");
+    if (b != MountBackend::auto_) return b;
+    if (privileged_ok) return MountBackend::kernel;
+    if (fuse_accessible()) return MountBackend::fuse;
+    return MountBackend::extract;
+}
+
+Status mount_image_fuse(Setup& s) {
+    GANTRY_TRY(fuse_accessible());
+    std::string daemon = find_program("squashfuse_ll");
+    // We mount the FUSE filesystem ourselves (allowed with the user namespace's CAP_SYS_ADMIN) and
+    // hand squashfuse_ll the connected /dev/fuse descriptor as "/dev/fd/N" (libfuse3 then serves it
+    // without mounting): no fusermount, no setuid helper, and the mount exists before we go on.
+    UniqueFd fuse(::open("/dev/fuse", O_RDWR));  // inherited by the daemon: not O_CLOEXEC
+    if (!fuse)
+        return make_error(std::string("/dev/fuse not accessible: ") + std::strerror(errno) +
+                          " (use the kernel backend from Slurm, or ask the admin for fuse access)");
+    std::string opts = "fd=" + std::to_string(fuse.get()) + ",rootmode=40000,user_id=" +
+                       std::to_string(s.id.inner_uid) + ",group_id=" + std::to_string(s.id.inner_gid) +
+                       ",allow_other";
+    if (::mount(s.spec->image_path.c_str(), s.image_dir.c_str(), "fuse.squashfuse_ll",
+                MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+        return system_error("mounting " + s.spec->image_path + " with fuse");
+    auto pid = spawn({daemon, "-f", s.spec->image_path, "/dev/fd/" + std::to_string(fuse.get())}, fuse.get(), true);
+    if (!pid) return pid.error();
+    s.fuse_daemon = *pid;
+    // Our copy must go: if the daemon dies, the connection then aborts and the probe below fails
+    // with ENOTCONN instead of hanging.
+    fuse.reset();
+    // The first stat waits for the daemon's INIT and GETATTR answers: once it returns, the daemon
+    // has opened the image and serves it, and we may pivot away from the host paths it used.
+    struct stat st {};
+    if (::stat(s.image_dir.c_str(), &st) != 0) {
+        int err = errno;
+        int status = 0;
+        ::waitpid(s.fuse_daemon, &status, 0);
+        s.fuse_daemon = -1;
+        return make_error("mounting " + s.spec->image_path + " with squashfuse_ll: " + std::strerror(err) +
+                          " (daemon exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) + ")");
+    }
+    return {};
+}
+
+Status extract_image(Setup& s) {
+    // Runs on the host side as the user, before the namespaces exist: the tree is the user's files.
+    std::string tmpl = s.spec->config.scratch_path + "/gantry-extract-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (::mkdtemp(buf.data()) == nullptr) return system_error("creating scratch directory in " + s.spec->config.scratch_path);
+    std::string dir = buf.data();
+    s.scratch_dir = UniqueFd(::open(s.spec->config.scratch_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    s.scratch_name = dir.substr(dir.rfind('/') + 1);
+    std::string tool = find_program("unsquashfs");
+    if (tool.empty()) return make_error("unsquashfs not found (Debian package squashfs-tools)");
+    // Device nodes and ownership cannot be recreated by a user: -ignore-errors keeps the rest.
+    auto pid = spawn({tool, "-no-xattrs", "-ignore-errors", "-no-progress", "-quiet", "-d", dir + "/root",
+                      s.spec->image_path},
+                     -1, true);
+    if (!pid) return pid.error();
+    int status = 0;
+    ::waitpid(*pid, &status, 0);
+    if (!WIFEXITED(status) || (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 2))
+        return make_error("extracting " + s.spec->image_path + " to " + dir + ": unsquashfs failed");
+    return {};
+}
+
+Status bind_extracted_image(Setup& s) {
+    std::string src = s.spec->config.scratch_path + "/" + s.scratch_name + "/root";
+    if (::mount(src.c_str(), s.image_dir.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
+        return system_error("mounting the extracted image " + src);
+    return {};
+}
+
+void remove_tree(int dirfd, const std::string& name) {
+    int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        DIR* d = ::fdopendir(fd);
+        if (d != nullptr) {
+            std::vector<std::string> entries;
+            while (dirent* e = ::readdir(d)) {
+                std::string n = e->d_name;
+                if (n != "." && n != "..") entries.push_back(n);
+            }
+            for (const auto& n : entries) {
+                // Directories we cannot enter (unsquashfs keeps 0555 modes) are opened up first.
+                ::fchmodat(::dirfd(d), n.c_str(), 0700, AT_SYMLINK_NOFOLLOW);
+                if (::unlinkat(::dirfd(d), n.c_str(), 0) != 0) remove_tree(::dirfd(d), n);
+            }
+            ::closedir(d);
+        } else {
+            ::close(fd);
+        }
+    }
+    ::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR);
+}
+
+}  // namespace gantry::launcher

@@ -1,0 +1,95 @@
+// Private to the launcher module: the state carried through container set-up and the steps each
+// file implements (namespaces.cpp, image.cpp, privileged.cpp, rootfs.cpp, container.cpp).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gantry/fd.hpp"
+#include "gantry/launcher.hpp"
+#include "gantry/result.hpp"
+
+namespace gantry::launcher {
+
+// Host facts about the user the container runs as, looked up before any namespace change.
+struct Identity {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::string name;
+    std::string home;   // host home directory (bound at the same path with --mount-home)
+    uid_t inner_uid = 0;  // uid/gid seen inside (0 with remap_root)
+    gid_t inner_gid = 0;
+    std::string group_name;
+};
+
+// Everything the holder builds up while it sets the container up.
+struct Setup {
+    const ContainerSpec* spec = nullptr;
+    Identity id;
+    MountBackend backend = MountBackend::fuse;
+    std::string staging;         // host directory the staging tmpfs is mounted on
+    bool staging_mounted = false;
+    std::string image_dir;       // staging/image: the image as a directory
+    std::string rootfs;          // staging/rw/root: the overlay that becomes "/"
+    UniqueFd root;               // O_PATH fd of rootfs once mounted
+    UniqueFd image;              // O_PATH fd of image_dir (the lower layer)
+    UniqueFd upper;              // O_PATH fd of the overlay's upper layer
+    std::string home;            // HOME inside
+    std::string workdir;         // working directory inside
+    pid_t fuse_daemon = -1;
+    UniqueFd scratch_dir;        // extract backend: directory holding the unpacked tree
+    std::string scratch_name;    // its entry in scratch_dir, removed when the holder exits
+};
+
+// namespaces.cpp
+Status switch_to_user(uid_t uid, gid_t gid);
+Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra);
+Status make_mounts_private();
+int namespace_flags(const ExtraNamespaces& extra);
+Status drop_capabilities();
+
+// image.cpp
+Status check_squashfs(const std::string& path);
+Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok);
+Status fuse_accessible();
+Status mount_image_fuse(Setup& s);
+Status extract_image(Setup& s);
+Status bind_extracted_image(Setup& s);
+void remove_tree(int dirfd, const std::string& name);
+
+// privileged.cpp
+bool running_as_real_root();
+bool is_trusted_path(const std::string& path);
+Status mount_image_kernel(Setup& s);
+
+// rootfs.cpp: the steps that assemble "/" (see Container::create for their order)
+Status mount_staging_area(Setup& s);
+Status prepare_writable_layer(Setup& s);
+Status write_identity_files(Setup& s);
+Status mount_overlay_root(Setup& s);
+Status mount_proc_and_sys(Setup& s);
+Status set_up_dev(Setup& s);
+Status mount_tmp_and_run(Setup& s);
+Status bind_host_network_files(Setup& s);
+Status mount_home(Setup& s);
+Status perform_user_mounts(Setup& s);
+Status check_workdir(Setup& s);
+Status pivot_into_root(Setup& s);
+Status finish_root_flags(Setup& s);
+
+// Mount helpers (rootfs.cpp), all fd-relative to the container root.
+Status bind_into(Setup& s, const std::string& source, const std::string& dst, bool recursive, uint64_t attr_set,
+                 Propagation propagation = Propagation::private_, bool propagation_recursive = true);
+Status tmpfs_into(Setup& s, const std::string& dst, const std::string& options, uint64_t attr_set);
+
+// pidfd system calls (glibc 2.36's <sys/pidfd.h> lacks C linkage for C++, so call them directly).
+int open_pidfd(pid_t pid);
+int signal_pidfd(int pidfd, int sig);
+
+// Process helpers (process.cpp)
+unsigned long long process_start_time(pid_t pid);
+
+}  // namespace gantry::launcher

@@ -1,0 +1,141 @@
+// Running processes in a container: join (setns into the holder's namespaces, used by `gantry exec`,
+// `gantry run` and the SPANK plugin's tasks) and run_in (fork + join + exec, with signal forwarding
+// and the command's exit status).
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "internal.hpp"
+
+extern char** environ;
+
+namespace gantry {
+namespace launcher {
+
+int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+int signal_pidfd(int pidfd, int sig) { return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0)); }
+
+unsigned long long process_start_time(pid_t pid) {
+    if (pid <= 0) return 0;
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat;
+    if (!std::getline(f, stat)) return 0;
+    // Field 22; the command name (field 2) may hold spaces, so count from its closing parenthesis.
+    auto paren = stat.rfind(')');
+    if (paren == std::string::npos) return 0;
+    std::istringstream in(stat.substr(paren + 2));
+    std::string field;
+    for (int i = 3; i <= 22 && (in >> field); ++i) {
+        if (i == 22) return std::stoull(field);
+    }
+    return 0;
+}
+
+}  // namespace launcher
+
+Status join(const ContainerState& state) {
+    std::string what = "joining container " + (state.name.empty() ? std::to_string(state.holder_pid) : state.name);
+    if (launcher::process_start_time(state.holder_pid) != state.holder_start_time)
+        return make_error(what + ": the container is not running");
+    UniqueFd pidfd(launcher::open_pidfd(state.holder_pid));
+    if (!pidfd) return system_error(what);
+    // The holder's root, opened from the host side before we switch namespaces.
+    UniqueFd root(::open(("/proc/" + std::to_string(state.holder_pid) + "/root").c_str(),
+                         O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root) return system_error(what + ": opening its root");
+    if (launcher::process_start_time(state.holder_pid) != state.holder_start_time)
+        return make_error(what + ": the container is not running");
+    if (::setns(pidfd.get(), launcher::namespace_flags(state.unshare)) != 0) return system_error(what);
+    if (::fchdir(root.get()) != 0 || ::chroot(".") != 0) return system_error(what + ": entering its root");
+    std::string workdir = state.defaults.workdir.empty() ? "/" : state.defaults.workdir;
+    if (::chdir(workdir.c_str()) != 0) return system_error("changing to working directory " + workdir);
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return system_error("setting no_new_privs");
+    // With --remap-root the user is root of the container and keeps the namespace's capabilities
+    // (package managers need them); otherwise nothing is left to gain.
+    if (!state.defaults.remap_root) GANTRY_TRY(launcher::drop_capabilities());
+    return {};
+}
+
+namespace {
+
+std::vector<std::string> host_environment() {
+    std::vector<std::string> env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+    return env;
+}
+
+const int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+[[noreturn]] void exec_in_container(const ContainerState& container, const std::vector<std::string>& argv,
+                                    const std::vector<std::string>& env, const sigset_t& old_mask) {
+    for (int sig : kForwarded) ::signal(sig, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    auto st = join(container);
+    if (!st) {
+        std::fprintf(stderr, "gantry: %s\n", st.error().message.c_str());
+        ::_exit(125);
+    }
+    std::vector<char*> args, envp;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    // execvp looks PATH up in the current environment: install the container's first, so the search
+    // runs inside the container with the image's PATH.
+    environ = envp.data();
+    ::execvp(args[0], args.data());
+    int err = errno;
+    std::fprintf(stderr, "gantry: executing %s: %s\n", argv[0].c_str(), std::strerror(err));
+    ::_exit(err == ENOENT ? 127 : 126);
+}
+
+}  // namespace
+
+Result<int> run_in(const ContainerState& container, const ProcessSpec& process) {
+    auto argv = resolve_command(process);
+    auto env = container_environment(container.defaults, host_environment());
+
+    sigset_t set, old;
+    sigemptyset(&set);
+    for (int sig : kForwarded) sigaddset(&set, sig);
+    sigaddset(&set, SIGCHLD);
+    ::sigprocmask(SIG_BLOCK, &set, &old);
+    Defer restore([&] { ::sigprocmask(SIG_SETMASK, &old, nullptr); });
+
+    pid_t child = ::fork();
+    if (child < 0) return system_error("starting the command");
+    if (child == 0) exec_in_container(container, argv, env, old);
+
+    while (true) {
+        siginfo_t info{};
+        if (::sigwaitinfo(&set, &info) < 0) {
+            if (errno == EINTR) continue;
+            return system_error("waiting for the command");
+        }
+        if (info.si_signo == SIGCHLD) {
+            int status = 0;
+            pid_t p = ::waitpid(child, &status, WNOHANG);
+            if (p == child) {
+                if (WIFEXITED(status)) return WEXITSTATUS(status);
+                if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+            }
+            continue;
+        }
+        // Terminal-generated signals (SI_KERNEL) already reached the command: it shares our process
+        // group. Signals somebody sent to us (kill, Slurm) are passed on.
+        if (info.si_code != SI_KERNEL) ::kill(child, info.si_signo);
+    }
+}
+
+}  // namespace gantry

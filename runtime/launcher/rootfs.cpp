@@ -1,0 +1,379 @@
+// Assembling the container's "/": an overlay over the image (tmpfs upper layer, so mount points and
+// generated /etc files can be added even to a read-only image), the standard mounts (/proc, /sys,
+// /dev, /tmp, /run, host network files, home), the user's mounts, then pivot_root.
+//
+// Where new mount points are created matters: under the image they go into the overlay's upper
+// layer *before* the overlay is mounted (the image's directories belong to ids that are unmapped in
+// our user namespace, so we could not create entries through the overlay); under one of our tmpfs
+// mounts they are created in place; under a host bind mount they must already exist (we never
+// create files on the host).
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gantry/log.hpp"
+#include "gantry/strings.hpp"
+#include "internal.hpp"
+
+namespace gantry::launcher {
+namespace {
+
+struct PlannedMount {
+    std::string destination;
+    bool ours;  // a tmpfs we create: mount points below it may be created
+};
+
+// The standard mounts, in order (user mounts follow).
+std::vector<PlannedMount> planned_mounts(const Setup& s) {
+    std::vector<PlannedMount> p = {{"/proc", false}, {"/sys", false}};
+    p.push_back({"/dev", !s.spec->config.host_dev});
+    for (const char* d : {"/tmp", "/run"}) p.push_back({d, true});
+    for (const char* f : {"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}) p.push_back({f, false});
+    if (s.spec->mount_home && !s.id.home.empty()) p.push_back({s.id.home, false});
+    for (const auto& m : s.spec->mounts)
+        if (m.kind != MountKind::umount) p.push_back({m.destination, m.kind == MountKind::tmpfs});
+    return p;
+}
+
+bool is_below(const std::string& path, const std::string& dir) {
+    return dir == "/" || path == dir || starts_with(path, dir + "/");
+}
+
+Status write_file_at(int dirfd, const std::string& name, const std::string& content, const std::string& what) {
+    ::unlinkat(dirfd, name.c_str(), 0);
+    UniqueFd fd(::openat(dirfd, name.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!fd) return system_error("creating " + what);
+    if (::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size()))
+        return system_error("writing " + what);
+    return {};
+}
+
+std::string read_in_root(int root, const std::string& path) {
+    auto fd = open_in_root(root, path);
+    if (!fd) return {};
+    std::ifstream f(fd_path(fd->get()));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// Creates `path` (a mount point on the image level) in the upper layer unless the image has it.
+Status precreate_in_upper(int image, int upper, const std::string& path, NodeType type) {
+    if (open_in_root(image, path)) return {};
+    // Walk the literal components: every existing one must be a real directory in the image, so the
+    // upper-layer copy we create merges with it rather than shadowing a symlink the image relies on.
+    std::string prefix;
+    for (const auto& part : split_list(path, '/')) {
+        prefix += "/" + part;
+        struct stat st {};
+        if (::fstatat(image, prefix.c_str() + 1, &st, AT_SYMLINK_NOFOLLOW) != 0) break;
+        if (prefix == path) break;
+        if (!S_ISDIR(st.st_mode))
+            return make_error("creating mount point " + path + ": " + prefix + " in the image is not a directory");
+    }
+    auto fd = ensure_in_root(upper, path, type);
+    if (!fd) return fd.error();
+    return {};
+}
+
+uint64_t propagation_flag(Propagation p) {
+    switch (p) {
+        case Propagation::slave: return MS_SLAVE;
+        case Propagation::shared: return MS_SHARED;
+        case Propagation::unbindable: return MS_UNBINDABLE;
+        case Propagation::private_: break;
+    }
+    return MS_PRIVATE;
+}
+
+// The mount point for `dst`: opened in the root, or created when it lies below one of our tmpfs.
+Result<UniqueFd> mount_point(Setup& s, const std::string& dst, NodeType type) {
+    auto fd = open_in_root(s.root.get(), dst);
+    if (fd || fd.error().errnum != ENOENT) return fd;
+    // Below which mount? Only our own tmpfs mounts may grow new entries; image-level ones were made
+    // in the upper layer already; host binds are never written to.
+    std::string owner;
+    bool ours = false;
+    for (const auto& p : planned_mounts(s)) {
+        if (p.destination != dst && is_below(dst, p.destination) && p.destination.size() > owner.size()) {
+            owner = p.destination;
+            ours = p.ours;
+        }
+    }
+    if (!ours) return make_error("mount destination " + dst + " does not exist" + (owner.empty() ? "" : " in " + owner));
+    return ensure_in_root(s.root.get(), dst, type);
+}
+
+Status open_upper_etc(Setup& s, UniqueFd& out) {
+    auto etc = ensure_in_root(s.upper.get(), "/etc", NodeType::directory);
+    if (!etc) return etc.error();
+    out = UniqueFd(::openat(etc->get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!out) return system_error("opening /etc in the upper layer");
+    return {};
+}
+
+}  // namespace
+
+Status bind_into(Setup& s, const std::string& source, const std::string& dst, bool recursive, uint64_t attr_set,
+                 Propagation propagation, bool propagation_recursive) {
+    std::string what = "mounting " + source + " at " + dst;
+    int tree = static_cast<int>(::open_tree(AT_FDCWD, source.c_str(),
+                                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0)));
+    if (tree < 0) return system_error(what);
+    UniqueFd tree_fd(tree);
+    struct stat st {};
+    if (::fstat(tree, &st) != 0) return system_error(what);
+    if (attr_set != 0) {
+        struct mount_attr attr {};
+        attr.attr_set = attr_set;
+        if (::mount_setattr(tree, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr) != 0)
+            return system_error(what);
+    }
+    auto target = mount_point(s, dst, S_ISDIR(st.st_mode) ? NodeType::directory : NodeType::file);
+    if (!target) return target.error().wrap(what);
+    if (::move_mount(tree, "", target->get(), "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0)
+        return system_error(what);
+    struct mount_attr prop {};
+    prop.propagation = propagation_flag(propagation);
+    if (::mount_setattr(tree, "", AT_EMPTY_PATH | (propagation_recursive ? AT_RECURSIVE : 0), &prop, sizeof prop) != 0)
+        return system_error(what + " (propagation)");
+    return {};
+}
+
+Status tmpfs_into(Setup& s, const std::string& dst, const std::string& options, uint64_t attr_set) {
+    std::string what = "mounting tmpfs at " + dst;
+    UniqueFd fs(::fsopen("tmpfs", FSOPEN_CLOEXEC));
+    if (!fs) return system_error(what);
+    for (const auto& opt : split_list(options, ',')) {
+        auto eq = opt.find('=');
+        std::string key = opt.substr(0, eq);
+        int rc = eq == std::string::npos
+                     ? ::fsconfig(fs.get(), FSCONFIG_SET_FLAG, key.c_str(), nullptr, 0)
+                     : ::fsconfig(fs.get(), FSCONFIG_SET_STRING, key.c_str(), opt.c_str() + eq + 1, 0);
+        if (rc != 0) return system_error(what + ": option " + opt);
+    }
+    if (::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0) return system_error(what);
+    UniqueFd mnt(::fsmount(fs.get(), FSMOUNT_CLOEXEC, static_cast<unsigned>(attr_set)));
+    if (!mnt) return system_error(what);
+    auto target = mount_point(s, dst, NodeType::directory);
+    if (!target) return target.error().wrap(what);
+    if (::move_mount(mnt.get(), "", target->get(), "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0)
+        return system_error(what);
+    return {};
+}
+
+Status mount_staging_area(Setup& s) {
+    if (s.staging_mounted) return {};
+    if (::mount("tmpfs", s.staging.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") != 0)
+        return system_error("mounting the staging tmpfs on " + s.staging);
+    s.staging_mounted = true;
+    for (const char* d : {"/image", "/rw"})
+        if (::mkdir((s.staging + d).c_str(), 0755) != 0) return system_error("creating " + s.staging + d);
+    return {};
+}
+
+Status prepare_writable_layer(Setup& s) {
+    std::string rw = s.staging + "/rw";
+    if (::mount("tmpfs", rw.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") != 0)
+        return system_error("mounting the writable layer on " + rw);
+    for (const char* d : {"/upper", "/work", "/root"})
+        if (::mkdir((rw + d).c_str(), 0755) != 0) return system_error("creating " + rw + d);
+
+    // Offline edits of the upper layer, before the overlay exists: mount points and generated files.
+    s.image = UniqueFd(::open(s.image_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    s.upper = UniqueFd(::open((rw + "/upper").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!s.image || !s.upper) return system_error("opening the image layers");
+    const auto planned = planned_mounts(s);
+    for (const auto& p : planned) {
+        bool ancestor_planned = false;
+        for (const auto& q : planned)
+            if (q.destination != p.destination && is_below(p.destination, q.destination)) ancestor_planned = true;
+        if (ancestor_planned) continue;
+        bool is_file = starts_with(p.destination, "/etc/");
+        for (const auto& m : s.spec->mounts) {
+            struct stat st {};
+            if (m.destination == p.destination && m.kind == MountKind::bind && ::stat(m.source.c_str(), &st) == 0)
+                is_file = !S_ISDIR(st.st_mode);
+        }
+        GANTRY_TRY(precreate_in_upper(s.image.get(), s.upper.get(), p.destination,
+                                      is_file ? NodeType::file : NodeType::directory));
+    }
+    // The host's network files replace whatever the image has there (often a dangling symlink).
+    UniqueFd etc;
+    GANTRY_TRY(open_upper_etc(s, etc));
+    for (const char* f : {"hosts", "hostname", "resolv.conf"})
+        GANTRY_TRY(write_file_at(etc.get(), f, "", std::string("/etc/") + f));
+    return {};
+}
+
+Status write_identity_files(Setup& s) {
+    // The image's entries minus those clashing with the user, plus root and the user, written into
+    // the upper layer so they shadow the image's files.
+    UniqueFd etc;
+    GANTRY_TRY(open_upper_etc(s, etc));
+    const Identity& id = s.id;
+    auto rebuild = [&](const std::string& file, const std::string& name, unsigned num, const std::string& root_line,
+                       const std::string& user_line) -> Status {
+        std::string out;
+        bool have_root = false;
+        std::istringstream in(read_in_root(s.image.get(), "/etc/" + file));
+        std::string line;
+        while (std::getline(in, line)) {
+            std::vector<std::string> fields;
+            size_t start = 0;
+            while (true) {
+                auto c = line.find(':', start);
+                fields.push_back(line.substr(start, c == std::string::npos ? std::string::npos : c - start));
+                if (c == std::string::npos) break;
+                start = c + 1;
+            }
+            if (fields.size() < 3) continue;
+            if (fields[2] == "0") have_root = true;
+            if (num != 0 && (fields[0] == name || fields[2] == std::to_string(num))) continue;
+            out += line + "\n";
+        }
+        if (!have_root) out = root_line + out;
+        if (num != 0) out += user_line;
+        return write_file_at(etc.get(), file, out, "/etc/" + file);
+    };
+    std::string uid = std::to_string(id.inner_uid), gid = std::to_string(id.inner_gid);
+    GANTRY_TRY(rebuild("passwd", id.name, id.inner_uid, "root:x:0:0:root:/root:/bin/sh\n",
+                       id.name + ":x:" + uid + ":" + gid + ":" + id.name + ":" + s.home + ":/bin/sh\n"));
+    GANTRY_TRY(rebuild("group", id.group_name, id.inner_gid, "root:x:0:\n", id.group_name + ":x:" + gid + ":\n"));
+    return {};
+}
+
+Status mount_overlay_root(Setup& s) {
+    std::string rw = s.staging + "/rw";
+    std::string opts = "lowerdir=" + s.image_dir + ",upperdir=" + rw + "/upper,workdir=" + rw + "/work,userxattr";
+    s.rootfs = rw + "/root";
+    if (::mount("overlay", s.rootfs.c_str(), "overlay", MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+        return system_error("mounting the container root (overlay over " + s.spec->image_path + ")");
+    s.root = UniqueFd(::open(s.rootfs.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!s.root) return system_error("opening the container root");
+    return {};
+}
+
+Status mount_proc_and_sys(Setup& s) {
+    // No pid namespace of our own, so a fresh proc mount is not allowed: the host's /proc, recursively
+    // (its submounts are locked to us anyway).
+    GANTRY_TRY(bind_into(s, "/proc", "/proc", true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+    GANTRY_TRY(bind_into(s, "/sys", "/sys", true,
+                         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+    return {};
+}
+
+Status set_up_dev(Setup& s) {
+    if (s.spec->config.host_dev)
+        return bind_into(s, "/dev", "/dev", true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
+    GANTRY_TRY(tmpfs_into(s, "/dev", "mode=0755,size=65536k", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
+    for (const char* node : {"null", "zero", "full", "random", "urandom", "tty"}) {
+        std::string host = std::string("/dev/") + node;
+        if (::access(host.c_str(), F_OK) != 0) continue;
+        GANTRY_TRY(bind_into(s, host, host, false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
+    }
+    // The host's pts instance, so the caller's terminal (/dev/pts/N) stays valid inside.
+    GANTRY_TRY(bind_into(s, "/dev/pts", "/dev/pts", false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
+    GANTRY_TRY(tmpfs_into(s, "/dev/shm", "mode=1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+    if (::access("/dev/mqueue", F_OK) == 0)
+        GANTRY_TRY(bind_into(s, "/dev/mqueue", "/dev/mqueue", false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+    auto dev = open_in_root(s.root.get(), "/dev");
+    if (!dev) return dev.error();
+    UniqueFd dir(::openat(dev->get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    for (auto [name, target] : {std::pair{"ptmx", "pts/ptmx"}, {"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
+                                {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}, {"core", "/proc/kcore"}}) {
+        if (::symlinkat(target, dir.get(), name) != 0) return system_error(std::string("creating /dev/") + name);
+    }
+    return {};
+}
+
+Status mount_tmp_and_run(Setup& s) {
+    GANTRY_TRY(tmpfs_into(s, "/tmp", "mode=1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+    GANTRY_TRY(tmpfs_into(s, "/run", "mode=0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+    return {};
+}
+
+Status bind_host_network_files(Setup& s) {
+    for (const char* f : {"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}) {
+        if (::access(f, R_OK) != 0) continue;
+        GANTRY_TRY(bind_into(s, f, f, false, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+    }
+    return {};
+}
+
+Status mount_home(Setup& s) {
+    if (!s.spec->mount_home || s.id.home.empty() || s.id.home == "/") return {};
+    struct stat st {};
+    if (::stat(s.id.home.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        log::debug("home " + s.id.home + " not found on the host; not mounted");
+        return {};
+    }
+    return bind_into(s, s.id.home, s.id.home, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+}
+
+Status perform_user_mounts(Setup& s) {
+    for (const auto& m : s.spec->mounts) {
+        if (m.kind == MountKind::umount) {
+            auto fd = open_in_root(s.root.get(), m.destination);
+            if (!fd) return fd.error().wrap("unmounting " + m.destination);
+            if (::umount2(fd_path(fd->get()).c_str(), MNT_DETACH) != 0)
+                return system_error("unmounting " + m.destination);
+            continue;
+        }
+        uint64_t attrs = (m.read_only ? MOUNT_ATTR_RDONLY : 0) | (m.nosuid ? MOUNT_ATTR_NOSUID : 0) |
+                         (m.nodev ? MOUNT_ATTR_NODEV : 0) | (m.noexec ? MOUNT_ATTR_NOEXEC : 0);
+        if (m.kind == MountKind::tmpfs) {
+            GANTRY_TRY(tmpfs_into(s, m.destination, m.data.empty() ? "mode=1777" : m.data, attrs | MOUNT_ATTR_NODEV));
+            continue;
+        }
+        std::string what = "mounting " + m.source + " at " + m.destination;
+        struct stat st {};
+        if (::stat(m.source.c_str(), &st) != 0) {
+            if (errno == ENOENT || errno == ENOTDIR) return make_error(what + ": source path does not exist");
+            return system_error(what);
+        }
+        // The user's own permissions (not our namespace capabilities) decide: we only hold
+        // capabilities over files the user owns anyway, so this check is the user's.
+        if (::access(m.source.c_str(), S_ISDIR(st.st_mode) ? (R_OK | X_OK) : R_OK) != 0)
+            return system_error(what + ": source not readable");
+        GANTRY_TRY(bind_into(s, m.source, m.destination, m.recursive, attrs, m.propagation, m.propagation_recursive));
+    }
+    return {};
+}
+
+Status check_workdir(Setup& s) {
+    if (s.workdir.empty() || s.workdir == "/") return {};
+    auto fd = open_in_root(s.root.get(), s.workdir);
+    if (!fd) return fd.error().wrap("working directory " + s.workdir);
+    return {};
+}
+
+Status pivot_into_root(Setup& s) {
+    s.image.reset();
+    s.upper.reset();
+    s.root.reset();
+    if (::chdir(s.rootfs.c_str()) != 0) return system_error("entering " + s.rootfs);
+    // pivot_root(".", "."): the old root ends up stacked on the new one and is detached right away.
+    if (::syscall(SYS_pivot_root, ".", ".") != 0) return system_error("pivot_root into the container");
+    if (::umount2(".", MNT_DETACH) != 0) return system_error("detaching the host root");
+    if (::chdir("/") != 0) return system_error("entering the container root");
+    return {};
+}
+
+Status finish_root_flags(Setup& s) {
+    struct mount_attr attr {};
+    attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (s.spec->writable ? 0 : MOUNT_ATTR_RDONLY);
+    if (::mount_setattr(AT_FDCWD, "/", 0, &attr, sizeof attr) != 0)
+        return system_error("remounting the container root " + std::string(s.spec->writable ? "nosuid" : "read-only"));
+    return {};
+}
+
+}  // namespace gantry::launcher

@@ -1,0 +1,241 @@
+// Unit tests for the launcher module: mount-spec parsing, container paths, environment assembly,
+// entrypoint/cmd resolution and fd-relative resolution inside a root full of hostile symlinks.
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gantry/launcher.hpp"
+#include "gantry/mounts.hpp"
+
+using namespace gantry;
+
+TEST_CASE("mounts: SRC, SRC:DST and flags") {
+    auto m = parse_mount("/fsx");
+    REQUIRE(m.ok());
+    CHECK(m->kind == MountKind::bind);
+    CHECK(m->source == "/fsx");
+    CHECK(m->destination == "/fsx");
+    CHECK(m->recursive);
+    CHECK_FALSE(m->read_only);
+    CHECK(m->propagation == Propagation::private_);
+
+    m = parse_mount("/data:/mnt/data:ro+nosuid+nodev+noexec+bind+slave");
+    REQUIRE(m.ok());
+    CHECK(m->destination == "/mnt/data");
+    CHECK(m->read_only);
+    CHECK(m->nosuid);
+    CHECK(m->nodev);
+    CHECK(m->noexec);
+    CHECK_FALSE(m->recursive);
+    CHECK(m->propagation == Propagation::slave);
+    CHECK_FALSE(m->propagation_recursive);
+
+    m = parse_mount("/a:/b:ro+rw+rshared");
+    REQUIRE(m.ok());
+    CHECK_FALSE(m->read_only);  // the last of ro/rw wins
+    CHECK(m->propagation == Propagation::shared);
+    CHECK(m->propagation_recursive);
+
+    m = parse_mount("/dev/infiniband:/dev/infiniband");
+    REQUIRE(m.ok());
+    CHECK(m->destination == "/dev/infiniband");
+}
+
+TEST_CASE("mounts: tmpfs, umount and relative destinations") {
+    auto m = parse_mount("tmpfs:/scratch:size=1G+mode=1777+nosuid");
+    REQUIRE(m.ok());
+    CHECK(m->kind == MountKind::tmpfs);
+    CHECK(m->destination == "/scratch");
+    CHECK(m->data == "size=1G,mode=1777");
+    CHECK(m->nosuid);
+
+    m = parse_mount("umount:/dev/shm");
+    REQUIRE(m.ok());
+    CHECK(m->kind == MountKind::umount);
+    CHECK(m->destination == "/dev/shm");
+
+    m = parse_mount("/data:./work//sub/");
+    REQUIRE(m.ok());
+    CHECK(m->destination == "/work/sub");
+
+    m = parse_mount("./relative-src:/x");
+    REQUIRE(m.ok());
+    CHECK(m->source == "./relative-src");
+}
+
+TEST_CASE("mounts: malformed entries are errors that name the entry") {
+    CHECK_FALSE(parse_mount("").ok());
+    CHECK_FALSE(parse_mount("tmpfs").ok());              // tmpfs needs a destination
+    CHECK_FALSE(parse_mount("umount").ok());
+    CHECK_FALSE(parse_mount("relative:/x").ok());        // source neither absolute nor ./
+    CHECK_FALSE(parse_mount("/a:relative").ok());        // destination neither absolute nor ./
+    CHECK_FALSE(parse_mount("/a:/b:c:d").ok());
+    CHECK_FALSE(parse_mount("/a:/b:").ok());
+    CHECK_FALSE(parse_mount("/a:/").ok());               // over the root
+    CHECK_FALSE(parse_mount("umount:/x:ro").ok());
+    auto bad = parse_mount("/a:/b:ro+frobnicate");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message.find("unknown mount flag 'frobnicate'") != std::string::npos);
+    auto bind_opt = parse_mount("/a:/b:size=1G");  // key=value only for tmpfs
+    CHECK_FALSE(bind_opt.ok());
+    auto esc = parse_mount("/a:/x/../../etc");
+    REQUIRE_FALSE(esc.ok());
+    CHECK(esc.error().message == "mount destination /x/../../etc: '..' is not allowed");
+}
+
+TEST_CASE("mounts: lists, duplicates dropped") {
+    std::vector<MountSpec> out;
+    REQUIRE(parse_mounts("/a:/a, /b:/c:ro,/a:/a", out).ok());
+    REQUIRE(out.size() == 2);
+    REQUIRE(parse_mounts("/b:/c:ro,/a", out).ok());  // the option given twice: no new entries
+    CHECK(out.size() == 2);
+    REQUIRE(parse_mounts("/b:/c", out).ok());        // same paths, other flags: kept
+    CHECK(out.size() == 3);
+    CHECK_FALSE(parse_mounts("/a,bad", out).ok());
+}
+
+TEST_CASE("mounts: missing sources") {
+    std::vector<MountSpec> out;
+    REQUIRE(parse_mounts("/nonexistent-gantry-src:/x,tmpfs:/t", out).ok());
+    auto st = check_mount_sources(out);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.error().message == "mounting /nonexistent-gantry-src at /x: source path does not exist");
+    out.clear();
+    REQUIRE(parse_mounts("/tmp:/x,tmpfs:/t,umount:/u", out).ok());
+    CHECK(check_mount_sources(out).ok());
+}
+
+TEST_CASE("container paths are normalized and confined") {
+    CHECK(*normalize_container_path("/", "p") == "/");
+    CHECK(*normalize_container_path(".", "p") == "/");
+    CHECK(*normalize_container_path("./a/./b//", "p") == "/a/b");
+    CHECK_FALSE(normalize_container_path("a/b", "p").ok());
+    CHECK_FALSE(normalize_container_path("", "p").ok());
+    CHECK_FALSE(normalize_container_path("/a/..", "working directory").ok());
+}
+
+TEST_CASE("unshare and backend names") {
+    auto ns = parse_unshare("net, uts");
+    REQUIRE(ns.ok());
+    CHECK(ns->net);
+    CHECK(ns->uts);
+    CHECK_FALSE(ns->ipc);
+    auto bad = parse_unshare("net,pid");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message.find("unknown namespace 'pid'") != std::string::npos);
+    CHECK(*parse_mount_backend("fuse") == MountBackend::fuse);
+    CHECK_FALSE(parse_mount_backend("loop").ok());
+}
+
+TEST_CASE("environment: image env, job variables, --env names, LANG, HOME") {
+    ProcessDefaults d;
+    d.image_env = {"PATH=/opt/bin:/usr/bin", "LANG=C.UTF-8", "FOO=image", "BAR=image", "HOME=/image-home"};
+    d.env_names = {"BAR", "MISSING"};
+    d.home = "/home/u";
+    std::vector<std::string> host = {"PATH=/host/bin", "LANG=de_DE.UTF-8", "LC_ALL=de_DE.UTF-8", "FOO=host",
+                                     "BAR=host", "SLURM_PROCID=3", "PMIX_RANK=3", "PMI_FD=7", "SECRET=x", "TERM=xterm"};
+    auto env = container_environment(d, host);
+    auto has = [&](const std::string& e) { return std::find(env.begin(), env.end(), e) != env.end(); };
+    CHECK(has("PATH=/opt/bin:/usr/bin"));  // PATH from the image
+    CHECK(has("LANG=C.UTF-8"));            // LANG from the image, not the host
+    CHECK_FALSE(has("LC_ALL=de_DE.UTF-8"));
+    CHECK(has("FOO=image"));               // not named: image wins
+    CHECK(has("BAR=host"));                // named: host wins
+    CHECK(has("SLURM_PROCID=3"));
+    CHECK(has("PMIX_RANK=3"));
+    CHECK(has("PMI_FD=7"));
+    CHECK(has("HOME=/home/u"));
+    CHECK(has("TERM=xterm"));
+    CHECK_FALSE(has("SECRET=x"));
+    CHECK(std::none_of(env.begin(), env.end(), [](const std::string& e) { return e.rfind("MISSING=", 0) == 0; }));
+
+    d.env_names = {"LANG", "PATH"};
+    env = container_environment(d, host);
+    CHECK(has("LANG=de_DE.UTF-8"));
+    CHECK(has("PATH=/host/bin"));
+
+    ProcessDefaults bare;
+    env = container_environment(bare, {});
+    CHECK(has("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+    CHECK(has("HOME=/"));
+}
+
+TEST_CASE("command: OCI entrypoint and cmd rules") {
+    ProcessSpec p;
+    p.entrypoint = {"/entry.sh", "-x"};
+    p.cmd = {"serve", "--port=1"};
+    CHECK(resolve_command(p) == std::vector<std::string>{"serve", "--port=1"});  // entrypoint off (default)
+    p.argv = {"echo", "hi"};
+    CHECK(resolve_command(p) == std::vector<std::string>{"echo", "hi"});
+    p.use_entrypoint = true;
+    CHECK(resolve_command(p) == std::vector<std::string>{"/entry.sh", "-x", "echo", "hi"});  // args replace CMD
+    p.argv.clear();
+    CHECK(resolve_command(p) == std::vector<std::string>{"/entry.sh", "-x", "serve", "--port=1"});
+    p.entrypoint.clear();
+    CHECK(resolve_command(p) == std::vector<std::string>{"serve", "--port=1"});
+    ProcessSpec none;
+    CHECK(resolve_command(none) == std::vector<std::string>{"/bin/sh"});
+}
+
+namespace {
+
+struct TempTree {
+    std::string dir;
+    TempTree() {
+        char t[] = "/tmp/gantry-launcher-test-XXXXXX";
+        dir = ::mkdtemp(t);
+    }
+    ~TempTree() { (void)!std::system(("rm -rf '" + dir + "'").c_str()); }
+    void mkdir(const std::string& p) const { ::mkdir((dir + p).c_str(), 0755); }
+    void link(const std::string& target, const std::string& p) const { (void)!::symlink(target.c_str(), (dir + p).c_str()); }
+    [[nodiscard]] std::string where(int fd) const {
+        char buf[4096] = {};
+        auto n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), buf, sizeof buf - 1);
+        return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+    }
+};
+
+}  // namespace
+
+TEST_CASE("paths: resolution stays inside the root") {
+    TempTree t;
+    t.mkdir("/etc");
+    t.mkdir("/data");
+    t.link("/etc", "/abs");                 // absolute: the root's /etc, not the host's
+    t.link("../../../../../etc", "/up");    // climbing out: clamped at the root
+    t.link("/proc/self/root/etc", "/magic");
+    UniqueFd root(::open(t.dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    REQUIRE(root);
+
+    auto fd = open_in_root(root.get(), "/abs");
+    REQUIRE(fd.ok());
+    CHECK(t.where(fd->get()) == t.dir + "/etc");
+    fd = open_in_root(root.get(), "/up");
+    REQUIRE(fd.ok());
+    CHECK(t.where(fd->get()) == t.dir + "/etc");
+    CHECK_FALSE(open_in_root(root.get(), "/magic").ok());  // magic links refused (or missing in root)
+    CHECK_FALSE(open_in_root(root.get(), "/missing").ok());
+    CHECK(open_in_root(root.get(), "/missing").error().errnum == ENOENT);
+
+    // Creating below a symlink creates inside the root.
+    auto made = ensure_in_root(root.get(), "/abs/new/dir", NodeType::directory);
+    REQUIRE(made.ok());
+    CHECK(t.where(made->get()) == t.dir + "/etc/new/dir");
+    made = ensure_in_root(root.get(), "/data/file", NodeType::file);
+    REQUIRE(made.ok());
+    struct stat st {};
+    REQUIRE(::stat((t.dir + "/data/file").c_str(), &st) == 0);
+    CHECK(S_ISREG(st.st_mode));
+    CHECK(::access("/etc/new", F_OK) != 0);  // nothing on the host
+
+    // A dangling symlink is not followed to create its target outside.
+    t.link("/nowhere-gantry-test", "/dangling");
+    auto d = ensure_in_root(root.get(), "/dangling", NodeType::file);
+    CHECK(::access("/nowhere-gantry-test", F_OK) != 0);
+    (void)d;
+}
