@@ -1,0 +1,751 @@
+#!/usr/bin/env bash
+# Gantry's Slurm test cluster: Debian's munged, slurmctld and slurmd started without systemd, with
+# PlugStackConfig pointing at the freshly built spank_gantry.so, and everything stopped by PID again.
+#
+#   slurm.sh start [--nodes N]   N>=2: one slurmd per node, each in its own network, UTS and mount
+#                                namespace with hostname gnode1..gnodeN, wired to a bridge that lives in
+#                                a namespace of its own (no uplink); slurmctld, srun and sbatch stay on
+#                                the host ("login node"). N=1: one slurmd on the host itself.
+#                                Default N=3 (or $GANTRY_SLURM_NODES).
+#   slurm.sh stop                stop every daemon by PID, remove namespaces and links, restore
+#                                /etc/hosts and /etc/slurm/slurm.conf. Logs stay in the state dir.
+#   slurm.sh status              print the daemons and sinfo; exit 1 unless all are up.
+#   slurm.sh exec NODE -- CMD    run CMD inside NODE's namespaces (hostname, mounts, network).
+#   slurm.sh stop-node NODE      stop NODE's slurmd only (node-failure tests); start-node NODE restarts it.
+#
+# State, logs and data: ${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}/slurm; the variables tests need are
+# written to $GANTRY_HARNESS_DIR/slurm.env. See docs/testing.md, section "Slurm cluster".
+set -euo pipefail
+
+self=$(readlink -f "${BASH_SOURCE[0]}")
+here=$(dirname "$self")
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+
+hdir=$(readlink -m "${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}")
+state=$hdir/slurm
+fsx=$hdir/fsx
+# Same path on every node; each node's mount namespace binds its own directory over it.
+scratch=$hdir/scratch
+envfile=$hdir/slurm.env
+
+# Host-global things: only one harness cluster can own /etc/slurm/slurm.conf at a time. Its PIDs
+# live outside the harness dir, so that `stop` still finds every daemon when the build dir holding
+# the harness dir was deleted under a running cluster.
+run_dir=/run/gantry-harness-slurm
+owner_file=$run_dir/owner
+lock_file=$run_dir/lock
+etc_conf=/etc/slurm/slurm.conf
+etc_backup=/etc/slurm/slurm.conf.gantry-orig
+conf_marker="# Written by Gantry's tests/harness/slurm.sh"
+hosts_begin="# BEGIN gantry-harness slurm nodes (tests/harness/slurm.sh; removed by 'slurm.sh stop')"
+hosts_end="# END gantry-harness slurm nodes"
+
+# Names of the network plumbing. Interface names must stay within 15 characters.
+br_ns=gantry-slurm-br
+node_ns_prefix=gantry-slurm-
+host_link=gslurm0
+node_prefix=gnode
+partition=gantry
+
+munge_dir=$state/munge
+munge_socket=$munge_dir/munge.socket
+
+# ---------------------------------------------------------------------------------------------------
+# Small helpers
+
+note() { gantry_note "$*"; }
+die() { gantry_die "$*"; }
+
+require_root() {
+  [ "$(id -u)" -eq 0 ] || die "slurm.sh must run as root (it starts munged/slurmctld/slurmd)"
+}
+
+require_tools() {
+  local pair cmd pkg
+  for pair in munged:munge munge:munge unmunge:munge slurmctld:slurmctld slurmd:slurmd \
+    srun:slurm-client sinfo:slurm-client scontrol:slurm-client squeue:slurm-client \
+    scancel:slurm-client ip:iproute2 ss:iproute2 nsenter:util-linux unshare:util-linux \
+    setsid:util-linux runuser:util-linux flock:util-linux python3:python3; do
+    cmd=${pair%%:*} pkg=${pair#*:}
+    command -v "$cmd" >/dev/null 2>&1 || die "$cmd not found (Debian package $pkg); run scripts/install-deps"
+  done
+  getent passwd munge >/dev/null || die "user munge not found (Debian package munge); run scripts/install-deps"
+  # Slurm's mpi/pmix dlopens the unversioned libpmix.so, which only the -dev package ships.
+  dpkg-query -W -f='${Status}' libpmix-dev 2>/dev/null | grep -q 'install ok installed' ||
+    note "WARNING: libpmix-dev not installed: srun --mpi=pmix will fail; run scripts/install-deps"
+}
+
+# pid_of NAME: the pid recorded for NAME (munged, slurmctld, <node>.slurmd, <node>.holder), or nothing.
+pid_of() {
+  local f=$run_dir/$1.pid
+  [ -s "$f" ] && cat "$f"
+  return 0
+}
+
+# running PID: PID exists and is not a zombie. Daemons we started in an earlier call are reparented
+# to pid 1, which may take seconds to reap them; an exited daemon must not look alive meanwhile.
+running() {
+  local stat
+  [ -n "$1" ] && stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+# pid_is PID COMM: true when PID runs and its command name is COMM (guards against reused pids).
+pid_is() {
+  local pid=$1 comm=$2
+  running "$pid" && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ]
+}
+
+# alive NAME COMM: the recorded pid of NAME runs as COMM.
+alive() { pid_is "$(pid_of "$1")" "$2"; }
+
+# stop_pid NAME COMM: SIGTERM the recorded pid, SIGKILL after 10 s, wait until it is gone.
+stop_pid() {
+  local name=$1 comm=$2 pid i
+  pid=$(pid_of "$name")
+  if pid_is "$pid" "$comm"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+      pid_is "$pid" "$comm" || break
+      sleep 0.1
+    done
+    if pid_is "$pid" "$comm"; then
+      note "$name (pid $pid) ignored SIGTERM for 10s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      for ((i = 0; i < 50; i++)); do
+        pid_is "$pid" "$comm" || break
+        sleep 0.1
+      done
+    fi
+    pid_is "$pid" "$comm" && die "$name (pid $pid) does not exit"
+    note "stopped $name (pid $pid)"
+  fi
+  rm -f "$run_dir/$name.pid"
+}
+
+# wait_for_pidfile FILE TIMEOUT_S [WATCH_PID]: wait until a daemon has written FILE; print the pid.
+# Gives up early when WATCH_PID (the foreground daemon we spawned) has already exited.
+wait_for_pidfile() {
+  local f=$1 timeout=$2 watch=${3:-} i
+  for ((i = 0; i < timeout * 10; i++)); do
+    if [ -s "$f" ]; then
+      cat "$f"
+      return 0
+    fi
+    if [ -n "$watch" ] && ! running "$watch"; then
+      return 1
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# spawn CMD...: start a daemon detached from us: own session, no inherited lock fd, no stdio of
+# ours (CTest waits for its child's pipes to close, so a daemon holding them would hang the run).
+# Sets spawned_pid.
+spawn() {
+  setsid "$@" </dev/null 9>&- &
+  spawned_pid=$!
+}
+
+# last_errors FILE...: the last few error lines of daemon logs, on one line, for a failure message.
+last_errors() {
+  cat "$@" 2>/dev/null | grep -iE 'error|fatal' | tail -4 | tr '\n' ' '
+}
+
+node_names() {
+  local i
+  for ((i = 1; i <= nodes; i++)); do printf '%s%d ' "$node_prefix" "$i"; done
+}
+
+node_addr() { echo "$subnet.$((10 + ${1#"$node_prefix"}))"; }
+
+# owned: the cluster recorded in $run_dir is the one of this harness dir.
+owned() { [ -f "$owner_file" ] && [ "$(cat "$owner_file")" = "$state" ]; }
+
+take_lock() {
+  mkdir -p "$run_dir"
+  exec 9>"$lock_file"
+  flock -w 120 9 || die "another slurm.sh start/stop holds $lock_file"
+}
+
+load_cluster_state() {
+  local st=$run_dir/cluster.state
+  owned && [ -r "$st" ] || return 1
+  # shellcheck disable=SC1090
+  . "$st"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Stopping (also used to clean up after a failed start or a crashed earlier run)
+
+# kill_in_node_namespaces HOLDER_PID: kill every process that shares the holder's UTS namespace
+# (slurmstepd, job tasks), except the holder itself.
+kill_in_node_namespaces() {
+  local holder=$1 uts sig i pids
+  uts=$(readlink "/proc/$holder/ns/uts" 2>/dev/null) || return 0
+  [ "$uts" != "$(readlink /proc/1/ns/uts)" ] || return 0
+  in_ns() {
+    local p
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/uts" 2>/dev/null)" = "$uts" ] && echo "$p"
+    done
+    return 0
+  }
+  for sig in TERM KILL; do
+    pids=$(in_ns)
+    [ -n "$pids" ] || return 0
+    note "sending SIG$sig to leftover process(es) in a node namespace: $(echo $pids)"
+    kill -"$sig" $pids 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+      [ -n "$(in_ns)" ] || return 0
+      sleep 0.1
+    done
+  done
+}
+
+cancel_all_jobs() {
+  local i
+  alive slurmctld slurmctld || return 0
+  [ -f "$etc_conf" ] && grep -qF "$conf_marker for $state" "$etc_conf" || return 0
+  [ -n "$(squeue -h -o %i 2>/dev/null)" ] || return 0
+  note "cancelling the jobs that are still in the queue"
+  squeue -h -o %i | xargs -r scancel --quiet 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    [ -n "$(squeue -h -o %i 2>/dev/null)" ] || return 0
+    sleep 0.1
+  done
+  note "jobs still listed after 10s: $(squeue -h -o '%i %T' | tr '\n' ' ')"
+}
+
+remove_network() {
+  local ns
+  # The host end first: deleting the bridge namespace also removes it, but asynchronously.
+  if ip link show "$host_link" >/dev/null 2>&1; then
+    ip link delete "$host_link" 2>/dev/null || note "could not delete link $host_link"
+  fi
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    case $ns in
+      "$node_ns_prefix"*) ip netns delete "$ns" 2>/dev/null || note "could not delete network namespace $ns" ;;
+    esac
+  done
+}
+
+# restore_hosts: drop our block from /etc/hosts. Rewritten in place (not renamed over), because
+# /etc/hosts is often a bind mount that a rename would break.
+restore_hosts() {
+  grep -qF "$hosts_begin" /etc/hosts 2>/dev/null || return 0
+  local kept
+  kept=$(awk -v b="$hosts_begin" -v e="$hosts_end" '$0 == b {skip = 1; next} $0 == e {skip = 0; next} !skip' /etc/hosts)
+  printf '%s\n' "$kept" >/etc/hosts
+}
+
+restore_etc_conf() {
+  if [ -f "$etc_conf" ] && grep -qF "$conf_marker" "$etc_conf"; then
+    rm -f "$etc_conf"
+  fi
+  if [ -f "$etc_backup" ] && [ ! -e "$etc_conf" ]; then
+    mv "$etc_backup" "$etc_conf"
+    note "restored the original $etc_conf"
+  fi
+}
+
+# stop_cluster: stop whatever $run_dir records as running, in reverse start order, and undo the
+# host changes. $state and $envfile name the cluster's harness dir (maybe gone by now).
+stop_cluster() {
+  local node pid
+  cancel_all_jobs
+  for pid in "$run_dir"/*.slurmd.pid; do
+    [ -e "$pid" ] || continue
+    node=$(basename "$pid" .slurmd.pid)
+    stop_pid "$node.slurmd" slurmd
+  done
+  for pid in "$run_dir"/*.holder.pid; do
+    [ -e "$pid" ] || continue
+    node=$(basename "$pid" .holder.pid)
+    if alive "$node.holder" sleep; then
+      kill_in_node_namespaces "$(pid_of "$node.holder")"
+    fi
+    stop_pid "$node.holder" sleep
+  done
+  stop_pid slurmctld slurmctld
+  stop_pid munged munged
+  remove_network
+  restore_hosts
+  restore_etc_conf
+  rm -f "$owner_file" "$run_dir/cluster.state" "$envfile"
+}
+
+# stop_recorded: stop the cluster recorded in $run_dir. When it belongs to another harness dir,
+# refuse if any of its daemons still runs, else clean up after it.
+stop_recorded() {
+  local other
+  [ -f "$owner_file" ] || [ -n "$(ls "$run_dir"/*.pid 2>/dev/null)" ] || return 0
+  other=$(cat "$owner_file" 2>/dev/null || echo "$state")
+  if [ "$other" = "$state" ]; then
+    stop_cluster
+    return 0
+  fi
+  if healthy_pids; then
+    die "another Gantry Slurm harness is running from $other; stop it first: GANTRY_HARNESS_DIR=$(dirname "$other") $self stop"
+  fi
+  note "cleaning up after an earlier harness in $other"
+  (state=$other envfile=$(dirname "$other")/slurm.env stop_cluster)
+}
+
+cmd_stop() {
+  require_root
+  take_lock
+  if [ ! -f "$owner_file" ] && [ -z "$(ls "$run_dir"/*.pid 2>/dev/null)" ]; then
+    note "no Slurm harness running; nothing to stop"
+    restore_hosts
+    return 0
+  fi
+  stop_recorded
+  if [ -d "$state" ]; then note "Slurm harness stopped (logs kept in $state)"; else note "Slurm harness stopped"; fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Starting
+
+# healthy: every recorded daemon of the cluster in $state runs and all nodes are idle or in use.
+healthy() {
+  local node bad
+  load_cluster_state || return 1
+  alive munged munged && alive slurmctld slurmctld || return 1
+  for node in $node_list; do
+    alive "$node.slurmd" slurmd || return 1
+    [ "$mode" = single ] || alive "$node.holder" sleep || return 1
+  done
+  bad=$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 !~ /^(idle|mix|alloc|comp)$/' | head -1)
+  [ -z "$bad" ] && [ -n "$(sinfo -h -N -o %N 2>/dev/null)" ]
+}
+
+# claim_host: stop what is left of an earlier cluster (refusing if another harness dir's cluster
+# runs) and save a foreign /etc/slurm/slurm.conf.
+claim_host() {
+  if owned && healthy_pids; then note "restarting: stopping the previous cluster in $state"; fi
+  stop_recorded
+  if [ -f "$etc_conf" ] && ! grep -qF "$conf_marker" "$etc_conf"; then
+    [ -e "$etc_backup" ] && die "$etc_conf is not ours and a backup $etc_backup already exists; sort them out by hand"
+    cp -p "$etc_conf" "$etc_backup"
+    note "saved the existing $etc_conf as $etc_backup (restored by 'slurm.sh stop')"
+  fi
+}
+
+# healthy_pids: any daemon recorded in $run_dir still runs.
+healthy_pids() {
+  local f comm
+  for f in "$run_dir"/*.pid; do
+    [ -e "$f" ] || continue
+    case $f in
+      *.slurmd.pid) comm=slurmd ;; *.holder.pid) comm="sleep" ;; */munged.pid) comm=munged ;;
+      */slurmctld.pid) comm=slurmctld ;; *) continue ;;
+    esac
+    pid_is "$(cat "$f")" "$comm" && return 0
+  done
+  return 1
+}
+
+choose_port() {
+  local var=$1 default=$2 explicit=${!1:-} port
+  if [ -n "$explicit" ]; then
+    gantry_port_in_use "$explicit" && die "$var=$explicit: port $explicit is in use ($(ss -Htlnp "sport = :$explicit" | awk '{print $NF}' | head -1)); pick another or stop that service"
+    echo "$explicit"
+    return 0
+  fi
+  port=$default
+  if gantry_port_in_use "$port"; then
+    port=$(gantry_free_port)
+    note "port $default is in use ($(ss -Htlnp "sport = :$default" | awk '{print $NF}' | head -1)); using $port instead (set $var to choose)"
+  fi
+  echo "$port"
+}
+
+start_munged() {
+  mkdir -p "$munge_dir"
+  chown munge:munge "$munge_dir"
+  # munged insists on a socket/key directory nobody else can write; clients need to traverse it.
+  chmod 0755 "$munge_dir"
+  if [ ! -s "$munge_dir/munge.key" ]; then
+    dd if=/dev/urandom of="$munge_dir/munge.key" bs=1024 count=1 status=none
+  fi
+  chown munge:munge "$munge_dir/munge.key"
+  chmod 0400 "$munge_dir/munge.key"
+  rm -f "$munge_socket" "$munge_socket.lock" "$munge_dir/munged.pid"
+  [ ${#munge_socket} -lt 100 ] || die "munge socket path $munge_socket is too long for a unix socket; use a shorter GANTRY_HARNESS_DIR"
+  spawn runuser -u munge -- munged --key-file="$munge_dir/munge.key" --socket="$munge_socket" \
+    --pid-file="$munge_dir/munged.pid" --log-file="$munge_dir/munged.log" \
+    --seed-file="$munge_dir/munged.seed" --num-threads=4 >>"$munge_dir/munged.out" 2>&1
+  local pid
+  pid=$(wait_for_pidfile "$munge_dir/munged.pid" 10) ||
+    die "munged did not start; see $munge_dir/munged.out and $munge_dir/munged.log: $(tail -3 "$munge_dir/munged.out" "$munge_dir/munged.log" 2>/dev/null | tr '\n' ' ')"
+  echo "$pid" >"$run_dir/munged.pid"
+  munge -n --socket="$munge_socket" | unmunge --socket="$munge_socket" >/dev/null ||
+    die "munged runs (pid $pid) but a credential round trip failed; see $munge_dir/munged.log"
+  note "munged running (pid $pid, socket $munge_socket)"
+}
+
+write_hosts_files() {
+  local node block
+  block="$subnet.1 $ctl_host gantry-login"$'\n'
+  for node in $node_list; do block+="$(node_addr "$node") $node"$'\n'; done
+  for node in $node_list; do
+    printf '# /etc/hosts of harness node %s (bind-mounted in its mount namespace)\n127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s' \
+      "$node" "$block" >"$state/nodes/$node/hosts"
+  done
+  restore_hosts
+  {
+    echo "$hosts_begin"
+    for node in $node_list; do echo "$(node_addr "$node") $node"; done
+    echo "$hosts_end"
+  } >>/etc/hosts
+}
+
+setup_network() {
+  local node ns
+  ip route show | grep -q "^$subnet\.0/24" &&
+    die "subnet $subnet.0/24 is already routed on this host ($(ip route show | grep "^$subnet\.0/24")); set GANTRY_SLURM_SUBNET to another private /24 prefix, e.g. 10.213.78"
+  ip netns add "$br_ns"
+  ip -n "$br_ns" link set lo up
+  ip -n "$br_ns" link add br0 type bridge
+  ip -n "$br_ns" link set br0 up
+  # The host ("login node": slurmctld, srun, sbatch) joins the bridge through its own veth.
+  ip link add "$host_link" type veth peer name host netns "$br_ns"
+  ip -n "$br_ns" link set host master br0 up
+  ip addr add "$subnet.1/24" dev "$host_link"
+  ip link set "$host_link" up
+  for node in $node_list; do
+    ns=$node_ns_prefix$node
+    ip netns add "$ns"
+    ip -n "$br_ns" link add "v$node" type veth peer name eth0 netns "$ns"
+    ip -n "$br_ns" link set "v$node" master br0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "$(node_addr "$node")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+}
+
+# start_holder NODE: a sleeping process that owns NODE's UTS and mount namespace (its network
+# namespace is the named one). slurmd is started inside it, so a test can kill and restart slurmd
+# without losing the node. Not `ip netns exec`: that remounts /sys and hides the cgroup tree.
+start_holder() {
+  local node=$1 dir=$state/nodes/$1 pid
+  rm -f "$dir/holder.pid"
+  spawn nsenter --net="/run/netns/$node_ns_prefix$node" -- \
+    unshare --uts --mount --propagation slave -- /bin/sh -ec '
+      hostname "$1"
+      mount --bind "$2/hosts" /etc/hosts
+      mount --bind "$2/scratch" "$3"
+      echo $$ > "$2/holder.pid"
+      exec sleep infinity' holder "$node" "$dir" "$scratch" >>"$dir/holder.log" 2>&1
+  pid=$(wait_for_pidfile "$dir/holder.pid" 10 "$spawned_pid") || die "namespaces of $node could not be set up; see $dir/holder.log: $(tail -3 "$dir/holder.log" | tr '\n' ' ')"
+  echo "$pid" >"$run_dir/$node.holder.pid"
+}
+
+# start_slurmd NODE: start NODE's slurmd (inside its namespaces unless single-node) and wait for
+# its pid file.
+start_slurmd() {
+  local node=$1 dir=$state/nodes/$1 pid
+  rm -f "$dir/slurmd.pid"
+  if [ "$mode" = single ]; then
+    spawn slurmd -D -N "$node" >>"$dir/slurmd.out" 2>&1
+  else
+    spawn nsenter --target "$(pid_of "$node.holder")" --net --uts --mount -- \
+      slurmd -D -N "$node" >>"$dir/slurmd.out" 2>&1
+  fi
+  pid=$(wait_for_pidfile "$dir/slurmd.pid" 20 "$spawned_pid") ||
+    die "slurmd of $node did not start; see $dir/slurmd.log and $dir/slurmd.out. Last errors: $(last_errors "$dir/slurmd.out" "$dir/slurmd.log")"
+  echo "$pid" >"$run_dir/$node.slurmd.pid"
+}
+
+write_plugstack() {
+  plugin=${GANTRY_PLUGIN:-${GANTRY_BUILD_DIR:+$GANTRY_BUILD_DIR/plugin/spank_gantry.so}}
+  {
+    echo "# SPANK plugins of the Gantry Slurm harness (written by tests/harness/slurm.sh start)."
+    if [ -n "$plugin" ] && [ -f "$plugin" ]; then
+      plugin=$(readlink -f "$plugin")
+      echo "required $plugin ${GANTRY_PLUGSTACK_ARGS:-}"
+    else
+      echo "# no plugin: ${plugin:-GANTRY_PLUGIN and GANTRY_BUILD_DIR unset} not found; build target spank_gantry"
+    fi
+  } >"$state/plugstack.conf"
+  if [ -n "$plugin" ] && [ -f "$plugin" ]; then
+    note "plugstack: required $plugin ${GANTRY_PLUGSTACK_ARGS:-}"
+  else
+    note "WARNING: no SPANK plugin loaded (${plugin:-set GANTRY_BUILD_DIR or GANTRY_PLUGIN}: not found); build the spank_gantry target"
+    plugin=
+  fi
+}
+
+write_slurm_conf() {
+  local node mem conf=$state/slurm.conf
+  # Memory is not a consumable here (CR_CPU), so each node simply claims an equal share.
+  mem=$(slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -1)
+  mem=$(((${mem:-4096} / nodes) > 256 ? ${mem:-4096} / nodes : 256))
+  {
+    echo "$conf_marker for $state; 'slurm.sh stop' removes it."
+    cat <<EOF
+ClusterName=gantry
+SlurmctldHost=$ctl_host($ctl_addr)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$munge_socket
+StateSaveLocation=$state/ctld
+SlurmctldPidFile=$state/ctld/slurmctld.pid
+SlurmctldLogFile=$state/slurmctld.log
+SlurmctldDebug=$debug
+SlurmdSpoolDir=$state/nodes/%n/spool
+SlurmdPidFile=$state/nodes/%n/slurmd.pid
+SlurmdLogFile=$state/nodes/%n/slurmd.log
+SlurmdDebug=$debug
+# The VM has fewer cores than the nodes claim; make slurmd report the configured resources.
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+ReturnToService=2
+SlurmdTimeout=60
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+PlugStackConfig=$state/plugstack.conf
+EOF
+    # Node-local temporary storage: the scratch path, private to each node in multi-node mode.
+    # PMIx puts its per-step client directories there; a /tmp shared by all nodes makes them clash.
+    [ "$mode" = single ] || echo "TmpFS=$scratch"
+    for node in $node_list; do
+      echo "NodeName=$node NodeAddr=$(node_addr "$node") NodeHostname=$node CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN"
+    done
+    echo "PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  } >"$conf"
+  chmod 0644 "$conf"
+  mkdir -p /etc/slurm
+  # Non-root srun reads only the default path, so the config goes there too.
+  cp "$conf" "$etc_conf"
+  chmod 0644 "$etc_conf"
+}
+
+wait_for_idle() {
+  local timeout=$1 i out idle
+  for ((i = 0; i < timeout * 5; i++)); do
+    out=$(sinfo -h -N -o '%N %t' 2>/dev/null || true)
+    idle=$(awk '$2 == "idle"' <<<"$out" | wc -l)
+    [ "$idle" -eq "$nodes" ] && return 0
+    sleep 0.2
+  done
+  die "nodes not idle after ${timeout}s (sinfo: $(tr '\n' ' ' <<<"$out")); see $state/slurmctld.log and $state/nodes/*/slurmd.log"
+}
+
+write_env() {
+  local scratch_value=$scratch
+  [ "$mode" = single ] && scratch_value=$state/nodes/$ctl_host/scratch
+  cat >"$envfile" <<EOF
+# Written by tests/harness/slurm.sh start; source it to talk to the harness cluster.
+export SLURM_CONF=$etc_conf
+export GANTRY_HARNESS_DIR=$hdir
+export GANTRY_SLURM_HARNESS=$self
+export GANTRY_SLURM_STATE=$state
+export GANTRY_TEST_MODE=$mode
+export GANTRY_TEST_USER=$test_user
+export GANTRY_TEST_NODES="${node_list% }"
+export GANTRY_TEST_NODE_COUNT=$nodes
+export GANTRY_TEST_CPUS_PER_NODE=$cpus
+export GANTRY_TEST_PARTITION=$partition
+export GANTRY_TEST_PLUGIN=$plugin
+# Shared by all nodes and the host (stand-in for FSx for Lustre); world-writable, sticky.
+export GANTRY_TEST_FSX=$fsx
+# Node-local scratch (stand-in for local NVMe): this path on a node shows only that node's files.
+export GANTRY_TEST_SCRATCH=$scratch_value
+# Where node %n's scratch lives as seen from the host.
+export GANTRY_TEST_SCRATCH_PATTERN=$state/nodes/%n/scratch
+export GANTRY_SLURMCTLD_LOG=$state/slurmctld.log
+export GANTRY_SLURMD_LOG_PATTERN=$state/nodes/%n/slurmd.log
+export GANTRY_MUNGED_LOG=$munge_dir/munged.log
+# Run a command inside a node: \$GANTRY_SLURM_EXEC gnode2 -- hostname
+export GANTRY_SLURM_EXEC="env GANTRY_HARNESS_DIR=$hdir $self exec"
+EOF
+}
+
+start_failed() {
+  local rc=$?
+  [ "$rc" -ne 0 ] || return 0
+  note "start failed; stopping what was started (logs: $state/slurmctld.log, $state/nodes/*/slurmd.log, $munge_dir/munged.log)"
+  stop_cluster || true
+  exit "$rc"
+}
+
+cmd_start() {
+  nodes=${GANTRY_SLURM_NODES:-3}
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) [ $# -ge 2 ] || die "--nodes needs a number"; nodes=$2; shift 2 ;;
+      --nodes=*) nodes=${1#--nodes=}; shift ;;
+      *) die "start: unknown argument '$1' (usage: slurm.sh start [--nodes N])" ;;
+    esac
+  done
+  [[ $nodes =~ ^[1-9][0-9]*$ ]] && [ "$nodes" -le 200 ] || die "--nodes must be a number from 1 to 200, got '$nodes'"
+  require_root
+  require_tools
+  take_lock
+
+  # shellcheck disable=SC2154 # node_count comes from cluster.state, loaded by healthy
+  if [ -d "$state" ] && healthy && [ "$node_count" = "$nodes" ]; then
+    # The plugin may have been built since: plugstack.conf is read by every srun and slurmstepd,
+    # so refreshing it takes effect without a restart.
+    write_plugstack
+    write_env
+    note "Slurm harness already running in $state with $nodes node(s); plugstack.conf and $envfile refreshed"
+    return 0
+  fi
+  claim_host
+
+  # Everything below is undone by stop_cluster if any step fails.
+  trap start_failed EXIT
+  mkdir -p "$state/ctld" "$fsx" "$scratch"
+  echo "$state" >"$owner_file"
+  chmod 0755 "$hdir" "$state"
+  chmod 1777 "$fsx"
+  # Fresh state and logs per start: the previous run's logs stay until the next start.
+  rm -rf "${state:?}/ctld/"* "$state/nodes" "$state/slurmctld.log" "$state/slurmctld.out"
+
+  debug=${GANTRY_SLURM_DEBUG:-verbose}
+  # Far more CPUs than the VM has (slurmd reports the configured ones, see config_overrides), so
+  # that several multi-rank jobs fit side by side, as on real many-core nodes.
+  cpus=${GANTRY_SLURM_CPUS:-32}
+  ctl_host=$(hostname -s)
+  if [ "$nodes" -eq 1 ]; then
+    mode=single
+    node_list="$ctl_host "
+    subnet=
+    ctl_addr=127.0.0.1
+    node_addr() { echo 127.0.0.1; }
+    ctld_port=$(choose_port GANTRY_SLURMCTLD_PORT 6817)
+    slurmd_port=$(choose_port GANTRY_SLURMD_PORT 6818)
+    [ "$ctld_port" != "$slurmd_port" ] || slurmd_port=$(gantry_free_port)
+  else
+    mode=multi
+    node_list=$(node_names)
+    subnet=${GANTRY_SLURM_SUBNET:-10.213.77}
+    [[ $subnet =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "GANTRY_SLURM_SUBNET must be the first three octets of a /24, e.g. 10.213.77"
+    ctl_addr=$subnet.1
+    ctld_port=$(choose_port GANTRY_SLURMCTLD_PORT 6817)
+    # Each slurmd listens inside its own network namespace, where nothing else runs.
+    slurmd_port=${GANTRY_SLURMD_PORT:-6818}
+  fi
+  test_user=$("$here/user.sh")
+  cat >"$run_dir/cluster.state" <<EOF
+mode=$mode
+node_count=$nodes
+node_list="$node_list"
+cpus=$cpus
+ctl_host=$ctl_host
+test_user=$test_user
+EOF
+  runuser -u "$test_user" -- test -x "$fsx" -a -w "$fsx" ||
+    die "the test user $test_user cannot reach $fsx (a parent directory of $hdir lacks o+x?)"
+  local node
+  for node in $node_list; do
+    mkdir -p "$state/nodes/$node/spool" "$state/nodes/$node/scratch"
+    chmod 1777 "$state/nodes/$node/scratch"
+  done
+
+  start_munged
+  write_plugstack
+  if [ "$mode" = multi ]; then
+    setup_network
+    write_hosts_files
+    for node in $node_list; do start_holder "$node"; done
+  fi
+  write_slurm_conf
+
+  rm -f "$state/ctld/slurmctld.pid"
+  spawn slurmctld -D -c >>"$state/slurmctld.out" 2>&1
+  local pid
+  pid=$(wait_for_pidfile "$state/ctld/slurmctld.pid" 20 "$spawned_pid") ||
+    die "slurmctld did not start; see $state/slurmctld.log. Last errors: $(last_errors "$state/slurmctld.out" "$state/slurmctld.log")"
+  echo "$pid" >"$run_dir/slurmctld.pid"
+  note "slurmctld running (pid $pid, $ctl_host $ctl_addr:$ctld_port)"
+
+  for node in $node_list; do start_slurmd "$node"; done
+  wait_for_idle "${GANTRY_SLURM_START_TIMEOUT:-60}"
+  write_env
+  trap - EXIT
+  note "Slurm harness up: $mode, nodes ${node_list% }, partition $partition; env in $envfile"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Inspecting
+
+cmd_status() {
+  local node rc=0 st
+  load_cluster_state || { echo "no Slurm harness of $state is running"; return 1; }
+  report() {
+    if alive "$1" "$2"; then echo "$1: running (pid $(pid_of "$1"))"; else echo "$1: NOT running"; rc=1; fi
+  }
+  report munged munged
+  report slurmctld slurmctld
+  for node in $node_list; do
+    [ "$mode" = single ] || report "$node.holder" sleep
+    report "$node.slurmd" slurmd
+  done
+  alive slurmctld slurmctld || return 1
+  sinfo -N -o '%N %t %c %P' || return 1
+  for st in $(sinfo -h -N -o %t); do
+    case $st in idle | mix | alloc | comp) ;; *) rc=1 ;; esac
+  done
+  return $rc
+}
+
+cmd_exec() {
+  local node=${1:-}
+  [ -n "$node" ] || die "usage: slurm.sh exec NODE -- CMD [ARGS...]"
+  shift
+  [ "${1:-}" = -- ] && shift
+  [ $# -gt 0 ] || die "usage: slurm.sh exec NODE -- CMD [ARGS...]"
+  require_root
+  load_cluster_state || die "no Slurm harness running in $state"
+  case " $node_list " in *" $node "*) ;; *) die "unknown node '$node' (nodes: ${node_list% })" ;; esac
+  if [ "$mode" = single ]; then exec "$@"; fi
+  alive "$node.holder" sleep || die "the namespaces of $node are gone (holder not running)"
+  exec nsenter --target "$(pid_of "$node.holder")" --net --uts --mount --wd=/ -- "$@"
+}
+
+cmd_node() {
+  local action=$1 node=${2:-}
+  require_root
+  load_cluster_state || die "no Slurm harness running in $state"
+  case " $node_list " in *" $node "*) ;; *) die "unknown node '$node' (nodes: ${node_list% })" ;; esac
+  if [ "$action" = stop ]; then
+    stop_pid "$node.slurmd" slurmd
+  else
+    alive "$node.slurmd" slurmd && { note "slurmd of $node already running"; return 0; }
+    [ "$mode" = single ] || alive "$node.holder" sleep || die "the namespaces of $node are gone; restart the cluster"
+    start_slurmd "$node"
+    note "slurmd of $node running (pid $(pid_of "$node.slurmd"))"
+  fi
+}
+
+case ${1:-} in
+  start) shift; cmd_start "$@" ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  exec) shift; cmd_exec "$@" ;;
+  stop-node) cmd_node stop "${2:-}" ;;
+  start-node) cmd_node start "${2:-}" ;;
+  *) echo "usage: $0 start [--nodes N] | stop | status | exec NODE -- CMD | stop-node NODE | start-node NODE" >&2; exit 2 ;;
+esac
