@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gantry/config.hpp"
+#include "gantry/digest.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/mounts.hpp"

@@ -3,6 +3,7 @@
 #pragma once
 
 extern "C" {
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 }
 
