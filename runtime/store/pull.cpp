@@ -85,9 +85,11 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     ropts.on_progress = [&](uint64_t done) { bytes_done = done; };
     RegistryClient client(config, ropts);
 
-    auto image = client.resolve(ref, options.platform);
-    if (!image) return image.error();
-    const std::string& digest = image->manifest_digest;
+    // Only the manifest (never a blob) is fetched before the store and the producer lock are
+    // consulted: waiters and cache hits cost the registry one manifest request each.
+    auto resolved = client.resolve_digest(ref, options.platform);
+    if (!resolved) return resolved.error();
+    const std::string digest = *resolved;
     (void)store.record_tag(ref, digest);  // best effort: the image itself is what matters
 
     PullResult result;
@@ -112,6 +114,14 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
     }
+
+    ImageReference pinned = ref;
+    pinned.digest = digest;
+    auto image = client.resolve(pinned, options.platform);
+    if (!image) return image.error();
+    if (image->manifest_digest != digest)
+        return make_error("pulling " + ref.str() + ": the registry served manifest " + image->manifest_digest +
+                          " for " + digest);
 
     auto cfg = parse_image_config(image->config_json);
     if (!cfg) return cfg.error().wrap("pulling " + ref.str());

@@ -123,10 +123,10 @@ compare_with_reference() {
   [ -z "$(ls "$STORE/images")" ]
 }
 
-@test "16 concurrent pulls of a new image: all succeed and each blob is downloaded once" {
+@test "16 concurrent pulls of a new image: all succeed and each blob (config too) is downloaded once" {
   digest=$(fresh_image "conc-$RANDOM$RANDOM" 3000000)
   name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
-  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[].digest')
+  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.config.digest, .layers[].digest')
   declare -A before
   for b in $blobs; do before[$b]=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
   for i in $(seq 16); do
