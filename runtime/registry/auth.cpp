@@ -1,0 +1,309 @@
+// Registry authentication: WWW-Authenticate parsing, Bearer tokens from the challenge's realm
+// (fetched with Basic credentials when we have some, reused until they expire), and Basic auth.
+// Nothing here logs a credential, a token or an Authorization value.
+#include "registry/auth.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "gantry/log.hpp"
+
+namespace gantry {
+namespace {
+
+bool is_tchar(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+bool is_token68_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::string_view("-._~+/").find(c) != std::string_view::npos;
+}
+
+std::string lower(std::string s) {
+    for (char& c : s)
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    return s;
+}
+
+// A cursor over one header value.
+struct Cursor {
+    std::string_view s;
+    size_t i = 0;
+    [[nodiscard]] bool done() const { return i >= s.size(); }
+    [[nodiscard]] char peek() const { return done() ? '\0' : s[i]; }
+    void skip_ws() {
+        while (!done() && (s[i] == ' ' || s[i] == '\t')) ++i;
+    }
+    void skip_ws_commas() {
+        while (!done() && (s[i] == ' ' || s[i] == '\t' || s[i] == ',')) ++i;
+    }
+    std::string token() {
+        size_t b = i;
+        while (!done() && is_tchar(s[i])) ++i;
+        return std::string(s.substr(b, i - b));
+    }
+    // A quoted-string with backslash escapes; tolerates a missing closing quote.
+    std::string quoted() {
+        std::string out;
+        ++i;  // opening quote
+        while (!done() && s[i] != '"') {
+            if (s[i] == '\\' && i + 1 < s.size()) ++i;
+            out.push_back(s[i++]);
+        }
+        if (!done()) ++i;  // closing quote
+        return out;
+    }
+};
+
+}  // namespace
+
+std::vector<AuthChallenge> parse_www_authenticate(std::string_view header) {
+    std::vector<AuthChallenge> out;
+    Cursor c{header};
+    c.skip_ws_commas();
+    while (!c.done()) {
+        std::string scheme = c.token();
+        if (scheme.empty()) {  // garbage: skip one character and look for the next challenge
+            ++c.i;
+            c.skip_ws_commas();
+            continue;
+        }
+        AuthChallenge ch;
+        ch.scheme = lower(scheme);
+        c.skip_ws();
+        // token68 ("Negotiate abc==") is a run of token68 characters ending in '='* and then ',' or the end.
+        {
+            size_t save = c.i;
+            while (!c.done() && is_token68_char(c.peek())) ++c.i;
+            size_t body_end = c.i;
+            while (!c.done() && c.peek() == '=') ++c.i;
+            size_t after = c.i;
+            c.skip_ws();
+            if (body_end > save && (c.done() || c.peek() == ',')) {
+                ch.token68 = std::string(header.substr(save, after - save));
+                out.push_back(std::move(ch));
+                c.skip_ws_commas();
+                continue;
+            }
+            c.i = save;
+        }
+        // auth-params: name = (token | quoted-string), separated by commas. A name that is not followed
+        // by '=' starts the next challenge.
+        while (!c.done()) {
+            c.skip_ws_commas();
+            size_t save = c.i;
+            std::string name = c.token();
+            c.skip_ws();
+            if (name.empty() || c.peek() != '=') {
+                c.i = save;
+                break;
+            }
+            ++c.i;  // '='
+            c.skip_ws();
+            std::string value;
+            if (c.peek() == '"') {
+                value = c.quoted();
+            } else {
+                size_t b = c.i;
+                while (!c.done() && c.peek() != ',' && c.peek() != ' ' && c.peek() != '\t') ++c.i;
+                value = std::string(header.substr(b, c.i - b));
+            }
+            ch.params[lower(name)] = value;
+            c.skip_ws();
+            if (!c.done() && c.peek() != ',') break;  // malformed; stop this challenge here
+        }
+        out.push_back(std::move(ch));
+        c.skip_ws_commas();
+    }
+    return out;
+}
+
+std::string base64_encode(std::string_view data) {
+    static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((data.size() + 2) / 3 * 4);
+    size_t i = 0;
+    for (; i + 2 < data.size(); i += 3) {
+        uint32_t v = (uint32_t(uint8_t(data[i])) << 16) | (uint32_t(uint8_t(data[i + 1])) << 8) | uint8_t(data[i + 2]);
+        out += a[(v >> 18) & 63];
+        out += a[(v >> 12) & 63];
+        out += a[(v >> 6) & 63];
+        out += a[v & 63];
+    }
+    if (i < data.size()) {
+        uint32_t v = uint32_t(uint8_t(data[i])) << 16;
+        if (i + 1 < data.size()) v |= uint32_t(uint8_t(data[i + 1])) << 8;
+        out += a[(v >> 18) & 63];
+        out += a[(v >> 12) & 63];
+        out += i + 1 < data.size() ? a[(v >> 6) & 63] : '=';
+        out += '=';
+    }
+    return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view text) {
+    while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+    std::string out;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char ch : text) {
+        int v;
+        if (ch >= 'A' && ch <= 'Z') v = ch - 'A';
+        else if (ch >= 'a' && ch <= 'z') v = ch - 'a' + 26;
+        else if (ch >= '0' && ch <= '9') v = ch - '0' + 52;
+        else if (ch == '+' || ch == '-') v = 62;
+        else if (ch == '/' || ch == '_') v = 63;
+        else return std::nullopt;
+        acc = (acc << 6) | static_cast<uint32_t>(v);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out.push_back(static_cast<char>((acc >> bits) & 0xff));
+        }
+    }
+    if (bits >= 6) return std::nullopt;  // a lone trailing character
+    return out;
+}
+
+Authenticator::Authenticator(CredentialLookup lookup, std::string sources,
+                             std::function<bool(const std::string&)> plain_http_ok)
+    : lookup_(std::move(lookup)), sources_(std::move(sources)), plain_http_ok_(std::move(plain_http_ok)) {}
+
+std::string Authenticator::scope_of(const ImageReference& ref) { return "repository:" + ref.repository + ":pull"; }
+
+const std::optional<Credentials>& Authenticator::credentials_locked(const ImageReference& ref) {
+    std::string key = ref.user + "@" + ref.registry;
+    auto it = credentials_.find(key);
+    if (it == credentials_.end()) {
+        std::optional<Credentials> found;
+        if (lookup_) found = lookup_(ref);
+        if (found) log::debug("using credentials for " + ref.registry + " from " + found->source);
+        it = credentials_.emplace(key, std::move(found)).first;
+    }
+    return it->second;
+}
+
+std::string Authenticator::authorization(const ImageReference& ref) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto reg = registries_.find(ref.registry);
+    if (reg == registries_.end()) return {};
+    if (reg->second.scheme == RegistryState::Scheme::basic) {
+        const auto& creds = credentials_locked(ref);
+        return creds ? "Basic " + base64_encode(creds->username + ":" + creds->password) : std::string();
+    }
+    if (reg->second.scheme == RegistryState::Scheme::bearer) {
+        auto t = tokens_.find(ref.registry + " " + scope_of(ref));
+        if (t != tokens_.end() && std::chrono::steady_clock::now() < t->second.expires) return t->second.value;
+    }
+    return {};
+}
+
+Error Authenticator::no_credentials(const ImageReference& ref) const {
+    return make_error("no credentials found for " + ref.registry + "; tried " + sources_);
+}
+
+Error Authenticator::failure(const ImageReference& ref) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto& creds = credentials_locked(ref);
+    if (!creds) return no_credentials(ref);
+    return make_error("authentication to " + ref.registry + " failed (tried: " + creds->source + ")");
+}
+
+Status Authenticator::fetch_token_locked(http::HttpConnection& conn, const ImageReference& ref,
+                                         const AuthChallenge& c) {
+    auto realm_it = c.params.find("realm");
+    if (realm_it == c.params.end() || realm_it->second.empty())
+        return make_error(ref.registry + " asked for a Bearer token but named no realm to get it from");
+    const std::string& realm = realm_it->second;
+    std::string origin = http::origin_of(realm);
+    if (origin.rfind("https://", 0) != 0) {
+        // Plain HTTP where the registry itself may use it: a loopback or listed realm, or one on the
+        // same host as a registry that is.
+        std::string realm_host = http::host_of(realm);
+        std::string realm_hostport = origin.substr(origin.find("://") + 3);
+        std::string registry_host = ref.registry.substr(0, ref.registry.rfind(':'));
+        bool plain_ok = plain_http_ok_(realm_host) || plain_http_ok_(realm_hostport) ||
+                        (realm_host == registry_host && plain_http_ok_(ref.registry));
+        if (origin.rfind("http://", 0) != 0 || !plain_ok)
+            return make_error("refusing the token service " + http::redact_url(realm) + " of " + ref.registry +
+                              ": not an https URL (plain HTTP only on loopback or insecure_registries)");
+    }
+    std::string url = realm + (realm.find('?') == std::string::npos ? "?" : "&");
+    auto svc = c.params.find("service");
+    if (svc != c.params.end()) url += "service=" + http::escape(svc->second) + "&";
+    url += "scope=" + http::escape(scope_of(ref));
+
+    http::Request req;
+    req.url = url;
+    req.timeout_s = 60;
+    req.headers.push_back("Accept: application/json");
+    const auto& creds = credentials_locked(ref);
+    if (creds) req.authorization = "Basic " + base64_encode(creds->username + ":" + creds->password);
+    auto resp = conn.perform(req);
+    const std::string what = "getting a token for " + ref.registry + "/" + ref.repository + " from " +
+                             http::redact_url(realm);
+    if (!resp) return resp.error().wrap(what);
+    if (resp->curl_code != 0) return make_error(what + ": " + resp->curl_error);
+    if (resp->status == 401 || resp->status == 403) {
+        if (!creds) return no_credentials(ref);
+        return make_error("authentication to " + ref.registry + " failed (tried: " + creds->source + ")");
+    }
+    if (resp->status != 200) return make_error(what + ": HTTP " + std::to_string(resp->status));
+    auto j = nlohmann::json::parse(resp->body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return make_error(what + ": the answer is not JSON");
+    std::string token;
+    for (const char* key : {"token", "access_token"}) {
+        auto it = j.find(key);
+        if (it != j.end() && it->is_string() && !it->get<std::string>().empty()) {
+            token = it->get<std::string>();
+            break;
+        }
+    }
+    if (token.empty()) return make_error(what + ": the answer holds no token");
+    int64_t lifetime = 60;
+    auto exp = j.find("expires_in");
+    if (exp != j.end() && exp->is_number() && exp->get<double>() > 0) lifetime = static_cast<int64_t>(exp->get<double>());
+    // Stop using a token a little before it expires, so that it does not run out in flight.
+    int64_t margin = std::min<int64_t>(10, lifetime / 10);
+    tokens_[ref.registry + " " + scope_of(ref)] =
+        Token{"Bearer " + token, std::chrono::steady_clock::now() + std::chrono::seconds(lifetime - margin)};
+    log::debug("got a token for " + ref.registry + "/" + ref.repository + " valid for " + std::to_string(lifetime) +
+               " s" + (creds ? " (authenticated)" : " (anonymous)"));
+    return {};
+}
+
+Status Authenticator::on_unauthorized(http::HttpConnection& conn, const ImageReference& ref,
+                                      const http::Response& response, const std::string& sent) {
+    auto challenges = parse_www_authenticate(response.header("www-authenticate"));
+    const AuthChallenge* bearer = nullptr;
+    const AuthChallenge* basic = nullptr;
+    for (const auto& c : challenges) {
+        if (c.scheme == "bearer" && bearer == nullptr) bearer = &c;
+        if (c.scheme == "basic" && basic == nullptr) basic = &c;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& state = registries_[ref.registry];
+    if (bearer != nullptr) {
+        state.scheme = RegistryState::Scheme::bearer;
+        std::string key = ref.registry + " " + scope_of(ref);
+        auto t = tokens_.find(key);
+        // Another thread may have fetched a fresh token while this request was refused.
+        if (t != tokens_.end() && t->second.value != sent && std::chrono::steady_clock::now() < t->second.expires)
+            return {};
+        tokens_.erase(key);
+        return fetch_token_locked(conn, ref, *bearer);
+    }
+    if (basic != nullptr) {
+        const auto& creds = credentials_locked(ref);
+        if (!creds) return no_credentials(ref);
+        if (state.scheme == RegistryState::Scheme::basic && !sent.empty())
+            return make_error("authentication to " + ref.registry + " failed (tried: " + creds->source + ")");
+        state.scheme = RegistryState::Scheme::basic;
+        return {};
+    }
+    return make_error(ref.registry + " answered HTTP 401 without an authentication scheme Gantry supports" +
+                      (challenges.empty() ? std::string(" (no WWW-Authenticate header)")
+                                          : " (WWW-Authenticate: " + challenges.front().scheme + ")"));
+}
+
+}  // namespace gantry

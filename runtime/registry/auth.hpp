@@ -1,0 +1,60 @@
+// Internal: registry authentication for one client: anonymous first, then what the registry's
+// WWW-Authenticate challenge asks for: a Bearer token from its realm (reused for its lifetime) or
+// Basic credentials. Thread-safe: blob workers share one Authenticator.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "gantry/registry.hpp"
+#include "registry/http.hpp"
+
+namespace gantry {
+
+std::string base64_encode(std::string_view data);
+// Standard alphabet, padding optional, whitespace not allowed; nullopt when malformed.
+std::optional<std::string> base64_decode(std::string_view text);
+
+class Authenticator {
+public:
+    // `plain_http_ok(host)`: whether a token realm on that host may be reached without TLS.
+    Authenticator(CredentialLookup lookup, std::string sources, std::function<bool(const std::string&)> plain_http_ok);
+
+    // The Authorization value to send for ref's repository now; empty: anonymous.
+    std::string authorization(const ImageReference& ref);
+
+    // After a 401 to a request that carried `sent` (empty: anonymous): gets a token or credentials
+    // so the request can be repeated, or says why that is impossible.
+    Status on_unauthorized(http::HttpConnection& conn, const ImageReference& ref, const http::Response& response,
+                           const std::string& sent);
+
+    // The error for a request that is still refused after authenticating.
+    Error failure(const ImageReference& ref);
+
+private:
+    struct Token {
+        std::string value;  // "Bearer ..."
+        std::chrono::steady_clock::time_point expires;
+    };
+    struct RegistryState {
+        enum class Scheme { none, basic, bearer } scheme = Scheme::none;
+    };
+
+    const std::optional<Credentials>& credentials_locked(const ImageReference& ref);
+    Status fetch_token_locked(http::HttpConnection& conn, const ImageReference& ref, const AuthChallenge& c);
+    Error no_credentials(const ImageReference& ref) const;
+    static std::string scope_of(const ImageReference& ref);
+
+    std::mutex mutex_;
+    CredentialLookup lookup_;
+    std::string sources_;
+    std::function<bool(const std::string&)> plain_http_ok_;
+    std::map<std::string, RegistryState> registries_;
+    std::map<std::string, Token> tokens_;  // by registry + " " + scope
+    std::map<std::string, std::optional<Credentials>> credentials_;  // by user@registry
+};
+
+}  // namespace gantry
