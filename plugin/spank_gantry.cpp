@@ -1,8 +1,11 @@
 // The SPANK entry points of spank_gantry.so: Slurm glue only. Every callback catches everything, so
 // nothing unwinds into srun or slurmstepd.
 extern "C" {
+#include <slurm/slurm_version.h>
 #include <slurm/spank.h>
 }
+
+#include <cstdio>
 
 #include <exception>
 #include <string>
@@ -38,12 +41,14 @@ void route_log_to_slurm() {
     });
 }
 
-// "22.05.8" -> "22.05": SPANK's ABI follows Slurm's major release.
-std::string release_of(const std::string& version) {
-    auto first = version.find('.');
-    auto second = first == std::string::npos ? std::string::npos : version.find('.', first + 1);
-    return version.substr(0, second);
+// SPANK's ABI follows Slurm's major release ("22.05"): the one in the headers we were built with must
+// be the one running. "22.05.8" -> 22 * 256 + 5, the same encoding as SLURM_VERSION_NUMBER >> 8.
+int release_of(const char* version) {
+    unsigned major = 0, minor = 0;
+    if (std::sscanf(version, "%u.%u", &major, &minor) != 2) return -1;
+    return static_cast<int>(major * 256 + minor);
 }
+constexpr int kBuiltRelease = SLURM_VERSION_NUMBER >> 8;
 
 template <typename F>
 int guarded(const char* hook, F&& f) {
@@ -64,10 +69,10 @@ GANTRY_EXPORT int slurm_spank_init(spank_t sp, int argc, char** argv) {
         route_log_to_slurm();
         char* running = nullptr;
         if (spank_get_item(sp, S_SLURM_VERSION, &running) == ESPANK_SUCCESS && running != nullptr &&
-            release_of(running) != release_of(GANTRY_SLURM_VERSION_STRING)) {
-            slurm_error("gantry: spank_gantry.so was built for Slurm %s but this is Slurm %s; rebuild it against "
+            release_of(running) != kBuiltRelease) {
+            slurm_error("gantry: spank_gantry.so was built for Slurm %d.%02d but this is Slurm %s; rebuild it against "
                         "this Slurm's libslurm-dev (see docs/admin.md)",
-                        GANTRY_SLURM_VERSION_STRING, running);
+                        kBuiltRelease >> 8, kBuiltRelease & 0xff, running);
             return -1;
         }
         auto settings = gantry::plugin::parse_settings(argc, argv);
@@ -112,6 +117,13 @@ GANTRY_EXPORT int slurm_spank_task_init(spank_t sp, int, char**) {
             slurm_error("gantry: %s", st.error().message.c_str());
             return -1;
         }
+        return 0;
+    });
+}
+
+GANTRY_EXPORT int slurm_spank_task_exit(spank_t sp, int, char**) {
+    return guarded("slurm_spank_task_exit", [&] {
+        if (spank_context() == S_CTX_REMOTE) gantry::plugin::task_exited(sp, g_settings);
         return 0;
     });
 }

@@ -44,6 +44,7 @@ struct StepState {
     bool run_on_host = false;            // no container for this step (no_exec, or no image)
     std::string digest;                  // the image every rank of the step runs, told to the tasks
     UniqueFd image_in_use;               // shared lock: the image stays while the step runs
+    uint32_t tasks_exited = 0;
     Config config;
 };
 
@@ -191,7 +192,7 @@ Result<std::pair<std::string, std::string>> pull_as_user(const Settings& setting
     std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet"};
     if (!config.store_path.empty()) argv.insert(argv.end(), {"--store", config.store_path});
     argv.push_back(image);
-    env.push_back("GANTRY_CONFIG=" + settings.config);
+    if (::access(settings.config.c_str(), F_OK) == 0) env.push_back("GANTRY_CONFIG=" + settings.config);
     auto r = run_as_user(id.uid, id.gid, id.groups, argv, env);
     if (!r) return r.error();
     if (r->status != 0) {
@@ -327,8 +328,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     auto created = Container::create(spec);
     if (!created) return created.error();
     st.joined = created->state();
-    if (!name.empty()) created->release();
-    st.container = std::move(*created);
+    if (name.empty()) {
+        st.container = std::move(*created);  // stopped when the step's last task exits
+    } else {
+        created->release();  // outlives the step; stopped by the job epilog (container_scope=job)
+    }
     if (mode == "no_exec") st.run_on_host = true;
     return {};
 }
@@ -341,7 +345,10 @@ void pin_image_digest(spank_t sp, const Settings& settings) {
     auto ref = parse_reference(*o.image);
     if (!ref || !ref->digest.empty()) return;
     Config config = load_plugin_config(settings);
-    RegistryClient client(config, RegistryOptions{});
+    // srun waits for this: one quick try, and the nodes resolve the tag themselves when it fails.
+    RegistryOptions quick;
+    quick.max_attempts = 2;
+    RegistryClient client(config, quick);
     auto digest = client.resolve_digest(*ref, Platform::host());
     if (digest) spank_setenv(sp, kDigestVar, digest->c_str(), 1);
 }
@@ -372,6 +379,12 @@ Status join_step(spank_t sp) {
     if (!st.digest.empty()) wanted[kDigestVar] = st.digest;
     for (const auto& [k, v] : wanted) spank_setenv(sp, k.c_str(), v.c_str(), 1);
     return {};
+}
+
+void task_exited(spank_t sp, const Settings& settings) {
+    uint32_t local_tasks = 0;
+    if (!item(sp, S_JOB_LOCAL_TASK_COUNT, &local_tasks)) return;
+    if (++state().tasks_exited >= local_tasks) finish_step(sp, settings);
 }
 
 void finish_step(spank_t, const Settings&) {

@@ -25,6 +25,10 @@ Status prepare_step(spank_t sp, const Settings& settings);
 // Each task (remote, job user, before exec): enters the container and sets its environment.
 Status join_step(spank_t sp);
 
+// slurmstepd (remote, root), each time a local task exits: when the last one has, stops the step's
+// unnamed container right away (Slurm waits for every process of the step, the holder included).
+void task_exited(spank_t sp, const Settings& settings);
+
 // slurmstepd (remote, root, after the tasks): saves (--container-save) and stops unnamed containers.
 void finish_step(spank_t sp, const Settings& settings);
 

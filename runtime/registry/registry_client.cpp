@@ -149,6 +149,7 @@ bool RegistryClient::Impl::retryable(const http::Response& r) {
     if (r.curl_code != 0) {
         switch (r.curl_code) {
             // Configuration and trust problems do not heal by themselves.
+            case CURLE_COULDNT_RESOLVE_HOST:  // a name that does not resolve will not start to
             case CURLE_UNSUPPORTED_PROTOCOL:
             case CURLE_URL_MALFORMAT:
             case CURLE_PEER_FAILED_VERIFICATION:

@@ -58,7 +58,7 @@ storage:
     uploadpurging:
       enabled: false
 http:
-  addr: 127.0.0.1:$port
+  addr: $(listen_addr "$kind"):$port
   secret: gantry-test-$(openssl rand -hex 16)
   headers:
     X-Content-Type-Options: [nosniff]
@@ -75,6 +75,13 @@ auth:
 EOF
     fi
   } >"$dir/config.yml"
+}
+
+# The open registry also listens beyond loopback: the Slurm harness's nodes live in network namespaces
+# of their own and reach it over the harness bridge as gantry-login:PORT (the host's bridge address).
+# Nothing outside this machine can route to those addresses. The TLS registry stays on 127.0.0.1.
+listen_addr() {
+  if [ "$1" = http ]; then echo 0.0.0.0; else echo 127.0.0.1; fi
 }
 
 # A CA per run, and a server certificate for 127.0.0.1 and localhost signed by it.

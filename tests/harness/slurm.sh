@@ -400,6 +400,9 @@ write_hosts_files() {
   restore_hosts
   {
     echo "$hosts_begin"
+    # The login node's name on the bridge: images in the open registry are addressed as
+    # gantry-login:PORT, a name srun on the host and slurmstepd on every node resolve alike.
+    echo "$subnet.1 gantry-login"
     for node in $node_list; do echo "$(node_addr "$node") $node"; done
     echo "$hosts_end"
   } >>/etc/hosts

@@ -73,3 +73,19 @@ gantry_header() {
 gantry_sha256() {
   echo "sha256:$(sha256sum "$1" | cut -d' ' -f1)"
 }
+
+# gantry_fresh_image WORKDIR NAME [PAYLOAD_BYTES]: pushes gantry-test/NAME to the open registry: tiny
+# plus one layer with a unique file (and optionally that many random bytes), so its digest is new and
+# no store has it yet. Prints the manifest digest.
+gantry_fresh_image() {
+  local work=$1 name=$2 bytes=${3:-} layout=$1/layout-$2 reg=$GANTRY_TEST_REGISTRY_HTTP
+  cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
+  mkdir -p "$work/uniq-$name/unique"
+  echo "$name $RANDOM $(date +%s%N)" > "$work/uniq-$name/unique/id"
+  if [ -n "$bytes" ]; then head -c "$bytes" /dev/urandom > "$work/uniq-$name/unique/payload"; fi
+  tar -C "$work/uniq-$name" -cf "$work/uniq-$name.tar" unique
+  python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$layout" latest "$work/uniq-$name.tar" --compress gzip >/dev/null
+  skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$reg/gantry-test/$name:latest"
+  curl -fsS -o /dev/null -w '%header{docker-content-digest}' -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
+    "http://$reg/v2/gantry-test/$name/manifests/latest"
+}

@@ -6,7 +6,11 @@ load helpers
 
 setup() {
   gantry_load_env registry images slurm
-  REG=$GANTRY_TEST_REGISTRY_HTTP
+  # The nodes reach the open registry over the harness bridge (their own network namespaces have
+  # their own loopback), which gantry allows over plain HTTP only when gantry.conf lists it.
+  if [ "$GANTRY_TEST_MODE" = multi ]; then REG=gantry-login:${GANTRY_TEST_REGISTRY_HTTP##*:}; else REG=$GANTRY_TEST_REGISTRY_HTTP; fi
+  printf 'store_path = %s\ninsecure_registries = %s\n' "$GANTRY_TEST_FSX/store" "$REG" > "$GANTRY_HARNESS_DIR/gantry.conf"
+  mkdir -p "$GANTRY_TEST_FSX/store" && chmod 1777 "$GANTRY_TEST_FSX/store"
   TINY="$REG#gantry-test/tiny"
   DEBIAN="$REG#gantry-test/debian"
   U=$GANTRY_TEST_USER
@@ -134,13 +138,12 @@ JOB
 }
 
 @test "multi-node: srun -N3 -n12 on a new image pulls each blob once and every rank runs one digest" {
-  # A fresh copy of tiny under a new name: nobody has pulled it yet.
-  fresh="gantry-test/fresh-$RANDOM$RANDOM"
-  skopeo copy -q --src-tls-verify=false --dest-tls-verify=false \
-    "docker://$REG/gantry-test/tiny:latest" "docker://$REG/$fresh:latest"
-  digest=$(curl -fsS -o /dev/null -w '%header{docker-content-digest}' \
-    -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/$fresh/manifests/latest")
-  blob=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/$fresh/manifests/latest" | jq -r '.layers[0].digest')
+  # A new image (tiny plus a unique layer): nobody has pulled it yet.
+  fresh="fresh-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$fresh" 1000000)
+  fresh=gantry-test/$fresh
+  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/$fresh/manifests/latest" | jq -r '.config.digest, .layers[-1].digest')
+  blob=$(echo "$blobs" | tail -n1)
   before=$("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$blob")
   run as_user srun -N3 -n12 --container-image="$REG#$fresh" sh -c 'echo "$(hostname) $GANTRY_CONTAINER_IMAGE_DIGEST"'
   echo "$output"
@@ -149,5 +152,9 @@ JOB
   [ "$(echo "$output" | awk '{print $1}' | sort -u | wc -l)" -eq 3 ]
   after=$("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$blob")
   [ $((after - before)) -eq 1 ]
+  # The new blobs (config and unique layer) crossed the network once for the whole cluster.
+  for b in $blobs; do
+    [ "$("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")" -eq 1 ]
+  done
   [ "$(echo "$output" | awk '{print $2}' | sort -u)" = "$digest" ]
 }

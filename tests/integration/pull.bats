@@ -22,20 +22,7 @@ teardown() {
   rm -rf "$T"
 }
 
-# fresh_image NAME: pushes tiny plus one layer holding a unique file as gantry-test/NAME; prints the
-# manifest digest. A new digest means no store has it yet.
-fresh_image() {
-  local name=$1 layout=$T/layout-$1
-  cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
-  mkdir -p "$T/uniq-$name/unique"
-  echo "$name $RANDOM $(date +%s%N)" > "$T/uniq-$name/unique/id"
-  if [ -n "${2:-}" ]; then head -c "$2" /dev/urandom > "$T/uniq-$name/unique/payload"; fi
-  tar -C "$T/uniq-$name" -cf "$T/uniq-$name.tar" unique
-  python3 "$OCI" add-layer "$layout" latest "$T/uniq-$name.tar" --compress gzip >/dev/null
-  skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$REG/gantry-test/$name:latest"
-  curl -fsS -o /dev/null -w '%header{docker-content-digest}' -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
-    "http://$REG/v2/gantry-test/$name/manifests/latest"
-}
+fresh_image() { gantry_fresh_image "$T" "$@"; }
 
 # compare_with_reference SQSH REF_ROOTFS
 compare_with_reference() {
