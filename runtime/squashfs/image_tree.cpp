@@ -1,0 +1,117 @@
+// OCI layer merge rules over the image tree. See image_tree.hpp for the model; docs/squashfs.md lists
+// the rules with examples.
+#include "image_tree.hpp"
+
+#include <sqfs/predef.h>
+
+namespace gantry::squashfs {
+
+Inode::~Inode() { sqfs_free(file); }
+
+Result<std::vector<std::string>> split_entry_path(std::string_view name) {
+    if (name.empty()) return make_error("empty entry name");
+    if (name.front() == '/') return make_error("absolute path escapes the image root");
+    // Directories are often written as "dir/": the trailing slashes carry no meaning.
+    while (name.size() > 1 && name.back() == '/') name.remove_suffix(1);
+    std::vector<std::string> parts;
+    size_t pos = 0;
+    for (;;) {
+        size_t slash = name.find('/', pos);
+        std::string_view part = name.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos);
+        if (part == "..") return make_error("'..' component escapes the image root");
+        if (part.empty()) return make_error("empty path component");
+        if (part != ".") parts.emplace_back(part);  // "./a" and "a/./b" are harmless spellings
+        if (slash == std::string_view::npos) break;
+        pos = slash + 1;
+    }
+    return parts;
+}
+
+std::string join_path(const std::vector<std::string>& components) {
+    std::string out;
+    for (const auto& c : components) {
+        if (!out.empty()) out.push_back('/');
+        out += c;
+    }
+    return out;
+}
+
+ImageTree::ImageTree() { root_.implied = true; }
+
+Inode* ImageTree::adopt(std::unique_ptr<Inode> inode) {
+    inodes_.push_back(std::move(inode));
+    return inodes_.back().get();
+}
+
+bool ImageTree::hidden_below(const std::vector<std::string>& path, size_t depth, int layer) const {
+    const TreeNode* node = &root_;
+    for (size_t i = 0;; ++i) {
+        if (node->opaque > layer) return true;  // a higher layer emptied this directory
+        if (i == depth) return false;
+        auto it = node->children.find(path[i]);
+        if (it == node->children.end()) return false;  // nothing recorded further down
+        const TreeNode* child = it->second.get();
+        if (child->whiteout > layer) return true;  // a higher layer deleted this ancestor
+        // A higher layer (or an earlier entry of this one) made the ancestor a non-directory, or
+        // deleted it as a skipped device: nothing can live below it.
+        if (child->decided >= layer && !child->is_dir()) return true;
+        node = child;
+    }
+}
+
+TreeNode* ImageTree::ensure(const std::vector<std::string>& path, size_t depth, bool mark_implied) {
+    TreeNode* node = &root_;
+    for (size_t i = 0; i < depth; ++i) {
+        if (mark_implied) node->implied = true;
+        auto& slot = node->children[path[i]];
+        if (!slot) slot = std::make_unique<TreeNode>();
+        node = slot.get();
+    }
+    return node;
+}
+
+TreeNode* ImageTree::place(const std::vector<std::string>& path, int layer, bool is_dir) {
+    if (path.empty()) {
+        // The root: always a directory; the top-most "./" entry gives its attributes.
+        if (!is_dir || root_.decided > layer) return nullptr;
+        root_.decided = layer;
+        return &root_;
+    }
+    if (hidden_below(path, path.size() - 1, layer)) return nullptr;
+    // Look the node up without creating it: a shadowed entry must leave no trace.
+    const TreeNode* existing = &root_;
+    for (const auto& c : path) {
+        auto it = existing->children.find(c);
+        if (it == existing->children.end()) {
+            existing = nullptr;
+            break;
+        }
+        existing = it->second.get();
+    }
+    if (existing != nullptr) {
+        if (existing->decided > layer) return nullptr;   // a higher layer has this path
+        if (existing->whiteout > layer) return nullptr;  // a higher layer deleted it
+        // Winning entries below it (from this or a higher layer) keep it a directory.
+        if (!is_dir && existing->implied) return nullptr;
+    }
+    TreeNode* node = ensure(path, path.size(), true);
+    node->decided = layer;
+    return node;
+}
+
+bool ImageTree::whiteout(const std::vector<std::string>& path, int layer) {
+    if (path.empty() || hidden_below(path, path.size() - 1, layer)) return false;
+    TreeNode* node = ensure(path, path.size(), false);
+    if (node->whiteout < 0) node->whiteout = layer;  // top-down: the first one is the highest
+    return true;
+}
+
+bool ImageTree::make_opaque(const std::vector<std::string>& dir, int layer) {
+    if (hidden_below(dir, dir.size(), layer)) return false;
+    TreeNode* node = ensure(dir, dir.size(), true);
+    node->implied = true;  // the marker says this is a directory in `layer`
+    if (node->opaque < 0) node->opaque = layer;
+    return true;
+}
+
+}  // namespace gantry::squashfs

@@ -1,0 +1,257 @@
+// Layer blob -> uncompressed tar (hashed) -> libarchive entries. See layer_reader.hpp.
+#include "layer_reader.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <cstring>
+
+#include "gantry/strings.hpp"
+
+namespace gantry::squashfs {
+
+namespace {
+// Large enough that the syscall and libarchive call overhead vanish next to decompression.
+constexpr size_t kInputChunk = 1 << 20;
+constexpr size_t kOutputChunk = 1 << 20;
+
+const unsigned char kGzipMagic[] = {0x1f, 0x8b};
+const unsigned char kZstdMagic[] = {0x28, 0xb5, 0x2f, 0xfd};
+
+const char* compression_name(LayerCompression c) {
+    switch (c) {
+        case LayerCompression::gzip: return "gzip";
+        case LayerCompression::zstd: return "zstd";
+        case LayerCompression::plain: return "uncompressed tar";
+    }
+    return "?";
+}
+}  // namespace
+
+MediaTypeHint compression_from_media_type(const std::string& media_type) {
+    // OCI: ...layer.v1.tar, ...tar+gzip, ...tar+zstd (also the nondistributable variants);
+    // Docker: ...rootfs.diff.tar.gzip and ...foreign.diff.tar.gzip.
+    if (ends_with(media_type, "+gzip") || ends_with(media_type, ".tar.gzip")) return MediaTypeHint::gzip;
+    if (ends_with(media_type, "+zstd")) return MediaTypeHint::zstd;
+    if (ends_with(media_type, ".tar")) return MediaTypeHint::plain;
+    return MediaTypeHint::unknown;
+}
+
+struct LayerReader::Decoder {
+    z_stream z{};
+    bool z_init = false;
+    ZSTD_DCtx* zstd = nullptr;
+    size_t zstd_last = 0;  // last ZSTD_decompressStream result: 0 = at a frame boundary
+    ~Decoder() {
+        if (z_init) inflateEnd(&z);
+        ZSTD_freeDCtx(zstd);
+    }
+};
+
+LayerReader::~LayerReader() {
+    if (ar_ != nullptr) archive_read_free(ar_);
+}
+
+Result<std::unique_ptr<LayerReader>> LayerReader::open(const std::string& path, const std::string& media_type,
+                                                      bool hash) {
+    std::unique_ptr<LayerReader> r(new LayerReader());
+    r->path_ = path;
+    r->hash_ = hash;
+    r->fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!r->fd_) return system_error("opening " + path);
+    // One sequential pass: let the kernel read ahead aggressively.
+    (void)posix_fadvise(r->fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    r->in_.resize(kInputChunk);
+
+    auto got = r->fill_input();
+    if (!got) return got.error();
+    const bool gz = r->in_len_ >= 2 && std::memcmp(r->in_.data(), kGzipMagic, 2) == 0;
+    const bool zs = r->in_len_ >= 4 && std::memcmp(r->in_.data(), kZstdMagic, 4) == 0;
+    switch (compression_from_media_type(media_type)) {
+        case MediaTypeHint::gzip:
+            if (!gz) return make_error("media type " + media_type + " says gzip, but the blob has no gzip header");
+            r->compression_ = LayerCompression::gzip;
+            break;
+        case MediaTypeHint::zstd:
+            if (!zs) return make_error("media type " + media_type + " says zstd, but the blob has no zstd header");
+            r->compression_ = LayerCompression::zstd;
+            break;
+        case MediaTypeHint::plain: r->compression_ = LayerCompression::plain; break;
+        case MediaTypeHint::unknown:
+            // No usable media type (older tools, local files): trust the magic bytes.
+            r->compression_ = gz ? LayerCompression::gzip : zs ? LayerCompression::zstd : LayerCompression::plain;
+            break;
+    }
+    GANTRY_TRY(r->init_decoder());
+
+    r->ar_ = archive_read_new();
+    if (r->ar_ == nullptr) return make_error("libarchive: out of memory");
+    // Only the tar family (ustar, pax, GNU) and an empty stream; no libarchive filters: the bytes it
+    // gets are already uncompressed and hashed.
+    archive_read_support_format_tar(r->ar_);
+    archive_read_support_format_gnutar(r->ar_);
+    archive_read_support_format_empty(r->ar_);
+    if (archive_read_open(r->ar_, r.get(), nullptr, &LayerReader::read_callback, nullptr) != ARCHIVE_OK)
+        return r->archive_failure("reading the tar stream");
+    return r;
+}
+
+Status LayerReader::init_decoder() {
+    dec_ = std::make_unique<Decoder>();
+    if (compression_ == LayerCompression::gzip) {
+        // 16 + MAX_WBITS: gzip wrapper only, with its CRC32 and length checked by zlib.
+        if (inflateInit2(&dec_->z, 16 + MAX_WBITS) != Z_OK) return make_error("zlib: cannot initialise inflate");
+        dec_->z_init = true;
+    } else if (compression_ == LayerCompression::zstd) {
+        dec_->zstd = ZSTD_createDCtx();
+        if (dec_->zstd == nullptr) return make_error("zstd: cannot create a decompression context");
+    } else {
+        out_.clear();
+    }
+    if (compression_ != LayerCompression::plain) out_.resize(kOutputChunk);
+    return {};
+}
+
+Result<size_t> LayerReader::fill_input() {
+    // Keep unread bytes (only the plain path and magic detection leave any) at the front.
+    if (in_pos_ > 0) {
+        std::memmove(in_.data(), in_.data() + in_pos_, in_len_ - in_pos_);
+        in_len_ -= in_pos_;
+        in_pos_ = 0;
+    }
+    while (in_len_ < in_.size() && !in_eof_) {
+        ssize_t n = ::read(fd_.get(), in_.data() + in_len_, in_.size() - in_len_);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return system_error("reading " + path_);
+        }
+        if (n == 0) {
+            in_eof_ = true;
+            break;
+        }
+        in_len_ += static_cast<size_t>(n);
+        break;  // one read per call: hand data on as soon as it arrives
+    }
+    return in_len_ - in_pos_;
+}
+
+Result<size_t> LayerReader::produce(const void** out) {
+    size_t produced = 0;
+    while (produced == 0) {
+        // A decoder that filled its output buffer last time may hold more output without new input.
+        if (in_pos_ == in_len_ && !decoder_pending_) {
+            if (in_eof_) break;
+            auto got = fill_input();
+            if (!got) return got.error();
+            continue;
+        }
+        if (compression_ == LayerCompression::plain) {
+            *out = in_.data() + in_pos_;
+            produced = in_len_ - in_pos_;
+            in_pos_ = in_len_;
+            break;
+        }
+        if (compression_ == LayerCompression::gzip) {
+            if (stream_end_) {
+                // A gzip file may hold several members one after the other (pigz, concatenation).
+                if (in_len_ - in_pos_ >= 2 && std::memcmp(in_.data() + in_pos_, kGzipMagic, 2) == 0) {
+                    inflateReset(&dec_->z);
+                    stream_end_ = false;
+                } else {
+                    return make_error("unexpected data after the end of the gzip stream");
+                }
+            }
+            z_stream& z = dec_->z;
+            z.next_in = in_.data() + in_pos_;
+            z.avail_in = static_cast<uInt>(in_len_ - in_pos_);
+            z.next_out = out_.data();
+            z.avail_out = static_cast<uInt>(out_.size());
+            int rc = inflate(&z, Z_NO_FLUSH);
+            in_pos_ = in_len_ - z.avail_in;
+            produced = out_.size() - z.avail_out;
+            decoder_pending_ = z.avail_out == 0;
+            if (rc == Z_STREAM_END) {
+                stream_end_ = true;
+                decoder_pending_ = false;
+            } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+                return make_error(std::string("corrupt gzip data (zlib: ") + (z.msg != nullptr ? z.msg : "error") + ")");
+            }
+        } else {
+            ZSTD_inBuffer in{in_.data() + in_pos_, in_len_ - in_pos_, 0};
+            ZSTD_outBuffer o{out_.data(), out_.size(), 0};
+            size_t rc = ZSTD_decompressStream(dec_->zstd, &o, &in);
+            if (ZSTD_isError(rc)) return make_error(std::string("corrupt zstd data (") + ZSTD_getErrorName(rc) + ")");
+            dec_->zstd_last = rc;
+            in_pos_ += in.pos;
+            produced = o.pos;
+            decoder_pending_ = o.pos == o.size;
+        }
+        *out = out_.data();
+    }
+    if (produced == 0) {
+        // The end of the blob: it must also be the end of the compressed stream.
+        if (compression_ == LayerCompression::gzip && !stream_end_)
+            return make_error("truncated gzip stream (the blob ends inside compressed data)");
+        if (compression_ == LayerCompression::zstd && dec_->zstd_last != 0)
+            return make_error("truncated zstd stream (the blob ends inside a frame)");
+        return size_t{0};
+    }
+    if (hash_) sha_.update(*out, produced);
+    uncompressed_ += produced;
+    return produced;
+}
+
+la_ssize_t LayerReader::read_callback(struct archive* a, void* self, const void** buffer) {
+    auto* r = static_cast<LayerReader*>(self);
+    auto got = r->produce(buffer);
+    if (!got) {
+        r->pending_error_ = got.error().message;
+        archive_set_error(a, got.error().errnum != 0 ? got.error().errnum : EIO, "%s", got.error().message.c_str());
+        return -1;
+    }
+    return static_cast<la_ssize_t>(*got);
+}
+
+Error LayerReader::archive_failure(const char* what) {
+    // Our own decoder's message is the better one when the failure came from the read callback.
+    if (!pending_error_.empty()) return make_error(std::string(compression_name(compression_)) + ": " + pending_error_);
+    const char* msg = archive_error_string(ar_);
+    return make_error(std::string(what) + ": " + (msg != nullptr ? msg : "unknown libarchive error"));
+}
+
+Result<bool> LayerReader::next(archive_entry** entry) {
+    int rc = archive_read_next_header(ar_, entry);
+    if (rc == ARCHIVE_EOF) return false;
+    // ARCHIVE_WARN: e.g. a name that cannot be converted to the locale's charset; the raw bytes are
+    // still there and are what we want.
+    if (rc == ARCHIVE_OK || rc == ARCHIVE_WARN) return true;
+    return archive_failure("reading a tar header");
+}
+
+Result<bool> LayerReader::data_block(const void** buf, size_t* size, int64_t* offset) {
+    la_int64_t off = 0;
+    int rc = archive_read_data_block(ar_, buf, size, &off);
+    *offset = off;
+    if (rc == ARCHIVE_EOF) {
+        *size = 0;
+        return false;
+    }
+    if (rc == ARCHIVE_OK || rc == ARCHIVE_WARN) return true;
+    return archive_failure("reading file data");
+}
+
+Result<std::string> LayerReader::finish() {
+    // libarchive stops after the end-of-archive blocks; the writer's record padding follows and is
+    // part of the diff_id.
+    for (;;) {
+        const void* p = nullptr;
+        auto got = produce(&p);
+        if (!got) return Error{std::string(compression_name(compression_)) + ": " + got.error().message, 0};
+        if (*got == 0) break;
+    }
+    return sha_.finish();
+}
+
+}  // namespace gantry::squashfs

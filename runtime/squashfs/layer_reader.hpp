@@ -1,0 +1,75 @@
+// Reading one layer blob as a stream of tar entries: the blob is decompressed here (gzip with zlib,
+// zstd with libzstd, or plain), every uncompressed byte goes through SHA-256 for the diff_id check, and
+// the raw tar is handed to libarchive with no libarchive filter. Decompressing ourselves is what lets
+// one pass both verify the diff_id and parse the tar.
+#pragma once
+
+#include <archive.h>
+#include <archive_entry.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gantry/digest.hpp"
+#include "gantry/fd.hpp"
+#include "gantry/result.hpp"
+
+namespace gantry::squashfs {
+
+enum class LayerCompression { plain, gzip, zstd };
+
+// From the OCI/Docker media type; nullopt-like `detect` when the type says nothing we know.
+enum class MediaTypeHint { plain, gzip, zstd, unknown };
+MediaTypeHint compression_from_media_type(const std::string& media_type);
+
+class LayerReader {
+public:
+    // `hash`: feed the uncompressed bytes through SHA-256 (off for the second pass that re-reads a
+    // hard-link target, whose layer was verified already).
+    static Result<std::unique_ptr<LayerReader>> open(const std::string& path, const std::string& media_type,
+                                                     bool hash);
+    ~LayerReader();
+    LayerReader(const LayerReader&) = delete;
+    LayerReader& operator=(const LayerReader&) = delete;
+
+    // The next tar header: true with `entry` set, false at the end of the archive.
+    Result<bool> next(archive_entry** entry);
+    // The current entry's data, in pieces; size 0 at the end. `offset` jumps over holes of sparse files.
+    Result<bool> data_block(const void** buf, size_t* size, int64_t* offset);
+    // Reads the rest of the blob (tar padding after the end-of-archive blocks) so that the digest covers
+    // every byte, then returns "sha256:<hex>" of the uncompressed stream.
+    Result<std::string> finish();
+
+    [[nodiscard]] uint64_t uncompressed_bytes() const { return uncompressed_; }
+    [[nodiscard]] LayerCompression compression() const { return compression_; }
+
+private:
+    LayerReader() = default;
+    Status init_decoder();
+    // Produces the next piece of uncompressed tar; size 0 at the end of the stream.
+    Result<size_t> produce(const void** out);
+    Result<size_t> fill_input();
+    Error archive_failure(const char* what);
+
+    static la_ssize_t read_callback(struct archive* a, void* self, const void** buffer);
+
+    std::string path_;
+    UniqueFd fd_;
+    LayerCompression compression_ = LayerCompression::plain;
+    bool hash_ = true;
+    Sha256 sha_;
+    uint64_t uncompressed_ = 0;
+
+    std::vector<unsigned char> in_, out_;
+    size_t in_pos_ = 0, in_len_ = 0;
+    bool in_eof_ = false, stream_end_ = false, decoder_pending_ = false;
+
+    struct Decoder;
+    std::unique_ptr<Decoder> dec_;
+    struct archive* ar_ = nullptr;
+    std::string pending_error_;  // why the read callback failed, for the message
+};
+
+}  // namespace gantry::squashfs
