@@ -226,6 +226,12 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         return {};
     }
 
+    // Not built yet in the plugin (gantry run has the entrypoint): refuse rather than ignore.
+    if (o.entrypoint.value_or(settings.execute_entrypoint))
+        return make_error("--container-entrypoint is not supported by the Slurm plugin yet; run the entrypoint "
+                          "explicitly, or use `gantry run --entrypoint`");
+    if (o.save) return make_error("--container-save is not supported yet");
+
     std::string name, mode = "auto";
     if (o.name) {
         name = *o.name;

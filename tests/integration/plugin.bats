@@ -158,3 +158,27 @@ JOB
   done
   [ "$(echo "$output" | awk '{print $2}' | sort -u)" = "$digest" ]
 }
+
+@test "options not supported yet fail the step clearly instead of being ignored" {
+  run as_user srun -n1 --container-image="$TINY" --container-entrypoint true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "container-entrypoint is not supported"
+  run as_user srun -n1 --container-image="$TINY" --container-save="$WORK/saved.sqsh" true
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "container-save is not supported"
+}
+
+@test "sbatch: #SBATCH --container-image runs the batch script itself in the container" {
+  cat > "$WORK/batch.sh" <<JOB
+#!/bin/sh
+#SBATCH --container-image=$TINY
+#SBATCH -N1
+cat /work/README
+JOB
+  chown "$U" "$WORK/batch.sh"
+  run as_user sbatch --wait -o "$WORK/batch.out" "$WORK/batch.sh"
+  echo "$output"; cat "$WORK/batch.out" || true
+  [ "$status" -eq 0 ]
+  grep -qx "tiny work dir" "$WORK/batch.out"
+}
