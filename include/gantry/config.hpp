@@ -23,7 +23,7 @@ struct Config {
     // auto | kernel | fuse | extract
     std::string mount_backend = "auto";
     // Squashfs compressor for new images: zstd | lz4 | gzip | xz | lzo | none, and block size.
-    std::string compressor = "zstd";
+    std::string compressor = "lz4";  // fastest to convert and to read (docs/squashfs.md)
     int compression_level = 0;  // 0: the compressor's default
     uint32_t block_size = 131072;
     // Parallel blob downloads per pull; 0: sized for the host.

@@ -273,6 +273,9 @@ private:
 
 Result<ConversionStats> convert(const std::vector<LayerBlob>& layers, const std::string& output,
                                 const SquashfsOptions& options, const std::function<Status(size_t)>& wait_for) {
+    // Declared first so it is destroyed last: the writer's block processor still points into the
+    // tree's inodes until it is finished or destroyed.
+    ImageTree tree;
     auto created = SquashfsWriter::create(output, options);
     if (!created) return created.error();
     // From here on the output exists and is ours: remove it unless the conversion completes.
@@ -280,7 +283,6 @@ Result<ConversionStats> convert(const std::vector<LayerBlob>& layers, const std:
     std::unique_ptr<SquashfsWriter> writer = std::move(*created);
 
     ConversionStats stats;
-    ImageTree tree;
     LayerConverter converter(tree, *writer, stats);
     for (size_t i = layers.size(); i-- > 0;) {
         const LayerBlob& blob = layers[i];
