@@ -30,6 +30,9 @@
 #ifndef GANTRY_CLI_INSTALL_PATH
 #define GANTRY_CLI_INSTALL_PATH "/usr/bin/gantry"
 #endif
+#ifndef GANTRY_ENTRY_INSTALL_PATH
+#define GANTRY_ENTRY_INSTALL_PATH "/usr/libexec/gantry/gantry-entry"
+#endif
 
 namespace gantry::plugin {
 namespace {
@@ -45,6 +48,9 @@ struct StepState {
     std::string digest;                  // the image every rank of the step runs, told to the tasks
     UniqueFd image_in_use;               // shared lock: the image stays while the step runs
     uint32_t tasks_exited = 0;
+    std::vector<std::string> entrypoint;  // run in front of each task's command (--container-entrypoint)
+    bool entrypoint_log = false;
+    std::string entry_helper;             // gantry-entry, which Slurm execs in the task's place
     Config config;
 };
 
@@ -70,17 +76,26 @@ std::optional<std::string> getenv_of(const std::vector<std::string>& env, const 
     return find_env(env, name);
 }
 
-// The gantry CLI: plugstack `gantry=`, else the build-tree or installed copy beside this plugin.
+// A program of ours: beside the configured gantry CLI, else in the build tree next to this plugin, else
+// where the package installs it.
+std::string helper_path(const Settings& settings, const std::string& name, const char* installed) {
+    if (!settings.gantry.empty() && name != "gantry") {
+        std::string dir = settings.gantry.substr(0, settings.gantry.rfind('/'));
+        if (::access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
+    }
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&helper_path), &info) != 0 && info.dli_fname != nullptr) {
+        std::string self = info.dli_fname;
+        std::string candidate = self.substr(0, self.rfind('/')) + "/../runtime/" + name;
+        if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    return installed;
+}
+
+// The gantry CLI: plugstack `gantry=`, else ours beside this plugin or as installed.
 std::string gantry_cli(const Settings& settings) {
     if (!settings.gantry.empty()) return settings.gantry;
-    Dl_info info{};
-    if (::dladdr(reinterpret_cast<void*>(&gantry_cli), &info) != 0 && info.dli_fname != nullptr) {
-        std::string self = info.dli_fname;
-        std::string dir = self.substr(0, self.rfind('/'));
-        for (const std::string& candidate : {dir + "/../runtime/gantry", dir + "/../../../bin/gantry"})
-            if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    }
-    return GANTRY_CLI_INSTALL_PATH;
+    return helper_path(settings, "gantry", GANTRY_CLI_INSTALL_PATH);
 }
 
 struct Captured {
@@ -226,10 +241,6 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         return {};
     }
 
-    // Not built yet in the plugin (gantry run has the entrypoint): refuse rather than ignore.
-    if (o.entrypoint.value_or(settings.execute_entrypoint))
-        return make_error("--container-entrypoint is not supported by the Slurm plugin yet; run the entrypoint "
-                          "explicitly, or use `gantry run --entrypoint`");
     if (o.save) return make_error("--container-save is not supported yet");
 
     std::string name, mode = "auto";
@@ -331,6 +342,12 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     spec.name = name;
     spec.detach = !name.empty();
 
+    if (o.entrypoint.value_or(settings.execute_entrypoint) && !spec.image_config.entrypoint.empty()) {
+        st.entrypoint = spec.image_config.entrypoint;
+        st.entrypoint_log = o.entrypoint_log.value_or(false);
+        st.entry_helper = helper_path(settings, "gantry-entry", GANTRY_ENTRY_INSTALL_PATH);
+    }
+
     auto created = Container::create(spec);
     if (!created) return created.error();
     st.joined = created->state();
@@ -370,6 +387,13 @@ Status join_step(spank_t sp) {
     if (!st.error.empty()) return make_error(st.error.substr(8));
     if (st.run_on_host || st.joined.holder_pid <= 0) return {};
     std::vector<std::string> before = job_environment(sp);
+    // The entrypoint helper is opened before entering the container: it is our file on the host, and
+    // the task execs it as /proc/self/fd/N from inside, where the image need not contain it.
+    UniqueFd entry;
+    if (!st.entrypoint.empty()) {
+        entry.reset(::open(st.entry_helper.c_str(), O_RDONLY));  // inherited by the exec on purpose
+        if (!entry) return system_error("opening the entrypoint helper " + st.entry_helper);
+    }
     GANTRY_TRY(join(st.joined));
     std::vector<std::string> after = container_environment(st.joined.defaults, before);
     std::map<std::string, std::string> wanted;
@@ -383,6 +407,21 @@ Status join_step(spank_t sp) {
     }
     // Which image this rank runs: the same digest on every node of the step.
     if (!st.digest.empty()) wanted[kDigestVar] = st.digest;
+    if (entry) {
+        char** argv = nullptr;
+        int argc = 0;
+        if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1)
+            return make_error("could not read the task's command to put the entrypoint in front of it");
+        wanted["GANTRY_ENTRY_ARGV0"] = argv[0];
+        wanted["GANTRY_ENTRY_ARGC"] = std::to_string(st.entrypoint.size());
+        for (size_t i = 0; i < st.entrypoint.size(); ++i)
+            wanted["GANTRY_ENTRY_ARG_" + std::to_string(i)] = st.entrypoint[i];
+        wanted["GANTRY_ENTRY_FD"] = std::to_string(entry.get());
+        if (st.entrypoint_log) wanted["GANTRY_ENTRY_LOG"] = "1";
+        // Slurm execs argv[0] after this hook; the array is Slurm's, the string is ours (never freed:
+        // the process execs right away).
+        argv[0] = ::strdup(("/proc/self/fd/" + std::to_string(entry.release())).c_str());
+    }
     for (const auto& [k, v] : wanted) spank_setenv(sp, k.c_str(), v.c_str(), 1);
     return {};
 }

@@ -159,11 +159,16 @@ JOB
   [ "$(echo "$output" | awk '{print $2}' | sort -u)" = "$digest" ]
 }
 
-@test "options not supported yet fail the step clearly instead of being ignored" {
-  run as_user srun -n1 --container-image="$TINY" --container-entrypoint true
+@test "--container-entrypoint runs the image's entrypoint in front of the command; off by default" {
+  run as_user srun -n2 --container-image="$TINY" --container-entrypoint sh -c 'echo "ep=$GANTRY_ENTRYPOINT_RAN"'
   echo "$output"
-  [ "$status" -ne 0 ]
-  echo "$output" | grep -q "container-entrypoint is not supported"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^ep=1$')" -eq 2 ]
+  run as_user srun -n1 --container-image="$TINY" sh -c 'echo "ep=$GANTRY_ENTRYPOINT_RAN"'
+  [ "$output" = "ep=" ]
+}
+
+@test "--container-save is refused clearly instead of being ignored" {
   run as_user srun -n1 --container-image="$TINY" --container-save="$WORK/saved.sqsh" true
   [ "$status" -ne 0 ]
   echo "$output" | grep -q "container-save is not supported"
