@@ -51,6 +51,10 @@ struct StepState {
     std::vector<std::string> entrypoint;  // run in front of each task's command (--container-entrypoint)
     bool entrypoint_log = false;
     std::string entry_helper;             // gantry-entry, which Slurm execs in the task's place
+    std::string save_path;                // --container-save: written after the last task, on node 0
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::vector<gid_t> groups;
     Config config;
 };
 
@@ -241,7 +245,6 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         return {};
     }
 
-    if (o.save) return make_error("--container-save is not supported yet");
 
     std::string name, mode = "auto";
     if (o.name) {
@@ -283,6 +286,15 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     }
 
     std::vector<std::string> env = job_environment(sp);
+    st.uid = id->uid;
+    st.gid = id->gid;
+    st.groups = id->groups;
+    uint32_t node = 0;
+    if (o.save && item(sp, S_JOB_NODEID, &node) && node == 0) {
+        if (o.save->empty() || (*o.save)[0] != '/')
+            return make_error("--container-save=" + *o.save + ": give an absolute path");
+        st.save_path = *o.save;
+    }
     ContainerSpec spec;
     spec.config = st.config;
     spec.uid = id->uid;
@@ -432,8 +444,33 @@ void task_exited(spank_t sp, const Settings& settings) {
     if (++state().tasks_exited >= local_tasks) finish_step(sp, settings);
 }
 
+// Writes the container's root file system (image plus the step's writes) as squashfs, as the job user:
+// the tree is the user's, so reading it must not use root's rights. /proc/PID/root enters the holder's
+// mount namespace; -one-file-system leaves out /proc, /sys, /dev, /tmp and every bind mount.
+Status save_container(const StepState& st) {
+    std::string root = "/proc/" + std::to_string(st.joined.holder_pid) + "/root/";
+    std::string tmp = st.save_path + ".partial";
+    auto r = run_as_user(st.uid, st.gid, st.groups,
+                         {"/usr/bin/mksquashfs", root, tmp, "-noappend", "-one-file-system", "-comp", "lz4",
+                          "-quiet", "-no-progress"},
+                         {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"});
+    if (!r) return r.error().wrap("--container-save " + st.save_path);
+    if (r->status != 0) {
+        ::unlink(tmp.c_str());
+        return make_error("--container-save " + st.save_path + ": mksquashfs failed: " + last_line(r->err + r->out));
+    }
+    // Renamed as the user too, so a path the user may not write stays unwritten.
+    auto mv = run_as_user(st.uid, st.gid, st.groups, {"/bin/mv", "-f", tmp, st.save_path}, {"PATH=/usr/bin:/bin"});
+    if (!mv || mv->status != 0) return make_error("--container-save: could not rename " + tmp + " to " + st.save_path);
+    return {};
+}
+
 void finish_step(spank_t, const Settings&) {
     StepState& st = state();
+    if (!st.save_path.empty() && st.joined.holder_pid > 0) {
+        if (auto saved = save_container(st); !saved) slurm_error("gantry: %s", saved.error().message.c_str());
+        st.save_path.clear();
+    }
     if (st.container) {
         (void)st.container->stop();
         st.container.reset();

@@ -168,10 +168,17 @@ JOB
   [ "$output" = "ep=" ]
 }
 
-@test "--container-save is refused clearly instead of being ignored" {
-  run as_user srun -n1 --container-image="$TINY" --container-save="$WORK/saved.sqsh" true
-  [ "$status" -ne 0 ]
-  echo "$output" | grep -q "container-save is not supported"
+@test "--container-save writes the container's root file system, which runs again as an image" {
+  run as_user srun -N1 -n2 --container-image="$TINY" --container-writable --container-save="$WORK/saved.sqsh" \
+    sh -c 'echo "saved by $SLURM_PROCID" > /marker-$SLURM_PROCID'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ -f "$WORK/saved.sqsh" ]
+  [ "$(stat -c %U "$WORK/saved.sqsh")" = "$U" ]
+  run as_user srun -n1 --container-image="$WORK/saved.sqsh" sh -c 'cat /marker-0 /marker-1 /work/README'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "$(printf 'saved by 0\nsaved by 1\ntiny work dir')" ]
 }
 
 @test "sbatch: #SBATCH --container-image runs the batch script itself in the container" {
