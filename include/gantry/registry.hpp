@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gantry/auth.hpp"
 #include "gantry/config.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/result.hpp"
@@ -51,27 +52,14 @@ struct ResolvedImage {
     std::vector<Descriptor> layers;   // bottom layer first
 };
 
-// Username/password (or token) for one registry. Issue 6 adds more sources; see docs/auth.md.
-struct Credentials {
-    std::string username;
-    std::string password;
-    std::string source;  // where they came from, for messages ("~/.docker/config.json"); never the secret
-};
-using CredentialLookup = std::function<std::optional<Credentials>(const ImageReference&)>;
-
-// The minimal default credential source (issue 6 adds credHelpers, auth.json, Enroot, ECR): the
-// `auths` entry for ref.registry in $DOCKER_CONFIG/config.json, else ~/.docker/config.json, with a
-// base64 `auth` or `username`/`password`. A file that cannot be read or parsed is reported with a
-// warning (never its contents) and treated as "no credentials".
-std::optional<Credentials> docker_config_credentials(const ImageReference& ref);
-// The file docker_config_credentials reads, as messages name it ("~/.docker/config.json" or a path).
-std::string docker_config_source();
+// Credentials, CredentialLookup and the credential sources (Docker config.json, credential helpers,
+// containers auth.json, Enroot's .credentials, native ECR) live in gantry/auth.hpp; see docs/auth.md.
 
 struct RegistryOptions {
     int max_connections = 0;         // 0: from Config, else sized for the host
-    CredentialLookup credentials;    // empty: anonymous / default sources
+    CredentialLookup credentials;    // empty: default_credential_lookup(), the full chain of docs/auth.md
     // Names the sources `credentials` consults, for "no credentials found for X; tried ..." messages.
-    // Empty: docker_config_source() when `credentials` is empty, else "the configured credential lookup".
+    // Empty: default_credential_sources() when `credentials` is empty, else "the configured credential lookup".
     std::string credential_sources;
     // Progress: bytes received so far across all blobs of the current fetch_blobs call.
     std::function<void(uint64_t bytes_done)> on_progress;

@@ -1,5 +1,6 @@
 // Registry authentication: WWW-Authenticate parsing, Bearer tokens from the challenge's realm
-// (fetched with Basic credentials when we have some, reused until they expire), and Basic auth.
+// (fetched with Basic credentials, or by OAuth2 POST for an identity token, reused until they
+// expire), and Basic auth. The credentials themselves come from runtime/auth.
 // Nothing here logs a credential, a token or an Authorization value.
 #include "registry/auth.hpp"
 
@@ -118,56 +119,12 @@ std::vector<AuthChallenge> parse_www_authenticate(std::string_view header) {
     return out;
 }
 
-std::string base64_encode(std::string_view data) {
-    static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    out.reserve((data.size() + 2) / 3 * 4);
-    size_t i = 0;
-    for (; i + 2 < data.size(); i += 3) {
-        uint32_t v = (uint32_t(uint8_t(data[i])) << 16) | (uint32_t(uint8_t(data[i + 1])) << 8) | uint8_t(data[i + 2]);
-        out += a[(v >> 18) & 63];
-        out += a[(v >> 12) & 63];
-        out += a[(v >> 6) & 63];
-        out += a[v & 63];
-    }
-    if (i < data.size()) {
-        uint32_t v = uint32_t(uint8_t(data[i])) << 16;
-        if (i + 1 < data.size()) v |= uint32_t(uint8_t(data[i + 1])) << 8;
-        out += a[(v >> 18) & 63];
-        out += a[(v >> 12) & 63];
-        out += i + 1 < data.size() ? a[(v >> 6) & 63] : '=';
-        out += '=';
-    }
-    return out;
-}
-
-std::optional<std::string> base64_decode(std::string_view text) {
-    while (!text.empty() && text.back() == '=') text.remove_suffix(1);
-    std::string out;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (char ch : text) {
-        int v;
-        if (ch >= 'A' && ch <= 'Z') v = ch - 'A';
-        else if (ch >= 'a' && ch <= 'z') v = ch - 'a' + 26;
-        else if (ch >= '0' && ch <= '9') v = ch - '0' + 52;
-        else if (ch == '+' || ch == '-') v = 62;
-        else if (ch == '/' || ch == '_') v = 63;
-        else return std::nullopt;
-        acc = (acc << 6) | static_cast<uint32_t>(v);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out.push_back(static_cast<char>((acc >> bits) & 0xff));
-        }
-    }
-    if (bits >= 6) return std::nullopt;  // a lone trailing character
-    return out;
-}
-
 Authenticator::Authenticator(CredentialLookup lookup, std::string sources,
-                             std::function<bool(const std::string&)> plain_http_ok)
-    : lookup_(std::move(lookup)), sources_(std::move(sources)), plain_http_ok_(std::move(plain_http_ok)) {}
+                             std::function<bool(const std::string&)> plain_http_ok, std::string extra_ca_file)
+    : lookup_(std::move(lookup)),
+      sources_(std::move(sources)),
+      plain_http_ok_(std::move(plain_http_ok)),
+      extra_ca_file_(std::move(extra_ca_file)) {}
 
 std::string Authenticator::scope_of(const ImageReference& ref) { return "repository:" + ref.repository + ":pull"; }
 
@@ -189,7 +146,8 @@ std::string Authenticator::authorization(const ImageReference& ref) {
     if (reg == registries_.end()) return {};
     if (reg->second.scheme == RegistryState::Scheme::basic) {
         const auto& creds = credentials_locked(ref);
-        return creds ? "Basic " + base64_encode(creds->username + ":" + creds->password) : std::string();
+        return creds && creds->identity_token.empty() ? "Basic " + base64_encode(creds->username + ":" + creds->password)
+                                                      : std::string();
     }
     if (reg->second.scheme == RegistryState::Scheme::bearer) {
         auto t = tokens_.find(ref.registry + " " + scope_of(ref));
@@ -228,8 +186,20 @@ Status Authenticator::fetch_token_locked(http::HttpConnection& conn, const Image
             return make_error("refusing the token service " + http::redact_url(realm) + " of " + ref.registry +
                               ": not an https URL (plain HTTP only on loopback or insecure_registries)");
     }
-    std::string url = realm + (realm.find('?') == std::string::npos ? "?" : "&");
+    const auto& creds = credentials_locked(ref);
     auto svc = c.params.find("service");
+    if (creds && !creds->identity_token.empty()) {
+        // Docker's identitytoken: an OAuth2 refresh token, traded by POST (the registry never sees it).
+        auto t = auth::oauth2_refresh(realm, svc != c.params.end() ? svc->second : std::string(), scope_of(ref),
+                                      creds->identity_token, extra_ca_file_);
+        if (!t) return t.error().wrap("authentication to " + ref.registry + " (tried: " + creds->source + ")");
+        int64_t margin = std::min<int64_t>(10, t->expires_in / 10);
+        tokens_[ref.registry + " " + scope_of(ref)] =
+            Token{"Bearer " + t->token, std::chrono::steady_clock::now() + std::chrono::seconds(t->expires_in - margin)};
+        log::debug("got a token for " + ref.registry + "/" + ref.repository + " with the identity token from " + creds->source);
+        return {};
+    }
+    std::string url = realm + (realm.find('?') == std::string::npos ? "?" : "&");
     if (svc != c.params.end()) url += "service=" + http::escape(svc->second) + "&";
     url += "scope=" + http::escape(scope_of(ref));
 
@@ -237,7 +207,6 @@ Status Authenticator::fetch_token_locked(http::HttpConnection& conn, const Image
     req.url = url;
     req.timeout_s = 60;
     req.headers.push_back("Accept: application/json");
-    const auto& creds = credentials_locked(ref);
     if (creds) req.authorization = "Basic " + base64_encode(creds->username + ":" + creds->password);
     auto resp = conn.perform(req);
     const std::string what = "getting a token for " + ref.registry + "/" + ref.repository + " from " +
@@ -296,6 +265,9 @@ Status Authenticator::on_unauthorized(http::HttpConnection& conn, const ImageRef
     if (basic != nullptr) {
         const auto& creds = credentials_locked(ref);
         if (!creds) return no_credentials(ref);
+        if (!creds->identity_token.empty())
+            return make_error(ref.registry + " asks for Basic authentication, but the credentials from " + creds->source +
+                              " are an identity token (usable only with a Bearer token service)");
         if (state.scheme == RegistryState::Scheme::basic && !sent.empty())
             return make_error("authentication to " + ref.registry + " failed (tried: " + creds->source + ")");
         state.scheme = RegistryState::Scheme::basic;

@@ -1,6 +1,7 @@
 // Internal: registry authentication for one client: anonymous first, then what the registry's
-// WWW-Authenticate challenge asks for: a Bearer token from its realm (reused for its lifetime) or
-// Basic credentials. Thread-safe: blob workers share one Authenticator.
+// WWW-Authenticate challenge asks for: a Bearer token from its realm (reused for its lifetime; traded
+// for an identity token by OAuth2 POST when the credentials are one) or Basic credentials. Where the
+// credentials come from is runtime/auth's business (gantry/auth.hpp). Thread-safe: blob workers share one Authenticator.
 #pragma once
 
 #include <chrono>
@@ -9,19 +10,18 @@
 #include <optional>
 #include <string>
 
+#include "gantry/auth.hpp"
 #include "gantry/registry.hpp"
 #include "registry/http.hpp"
 
 namespace gantry {
 
-std::string base64_encode(std::string_view data);
-// Standard alphabet, padding optional, whitespace not allowed; nullopt when malformed.
-std::optional<std::string> base64_decode(std::string_view text);
-
 class Authenticator {
 public:
     // `plain_http_ok(host)`: whether a token realm on that host may be reached without TLS.
-    Authenticator(CredentialLookup lookup, std::string sources, std::function<bool(const std::string&)> plain_http_ok);
+    // `extra_ca_file`: gantry.conf's ca_bundle, for the identity-token POST to the realm.
+    Authenticator(CredentialLookup lookup, std::string sources, std::function<bool(const std::string&)> plain_http_ok,
+                  std::string extra_ca_file = {});
 
     // The Authorization value to send for ref's repository now; empty: anonymous.
     std::string authorization(const ImageReference& ref);
@@ -52,6 +52,7 @@ private:
     CredentialLookup lookup_;
     std::string sources_;
     std::function<bool(const std::string&)> plain_http_ok_;
+    std::string extra_ca_file_;
     std::map<std::string, RegistryState> registries_;
     std::map<std::string, Token> tokens_;  // by registry + " " + scope
     std::map<std::string, std::optional<Credentials>> credentials_;  // by user@registry

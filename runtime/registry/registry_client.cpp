@@ -46,7 +46,7 @@ Status check_readable(const std::string& path, const std::string& what) {
 
 std::string sources_for(const RegistryOptions& o) {
     if (!o.credential_sources.empty()) return o.credential_sources;
-    return o.credentials ? "the configured credential lookup" : docker_config_source();
+    return o.credentials ? "the configured credential lookup" : default_credential_sources();
 }
 
 bool is_manifest_type(const std::string& t) { return t == kMediaOciManifest || t == kMediaDockerManifest; }
@@ -71,8 +71,8 @@ RegistryClient::Impl::Impl(const Config& cfg, RegistryOptions opts)
     : config(cfg),
       options(std::move(opts)),
       transport(http::make_transport(transport_settings(cfg))),
-      auth(options.credentials ? options.credentials : CredentialLookup(docker_config_credentials),
-           sources_for(options), [this](const std::string& host) { return plain_http_ok(host); }) {
+      auth(options.credentials ? options.credentials : default_credential_lookup(), sources_for(options),
+           [this](const std::string& host) { return plain_http_ok(host); }, config.ca_bundle) {
     if (auto st = check_readable(config.ca_bundle, "ca_bundle in gantry.conf"); !st) settings_status = st;
     if (auto st = check_readable(env("SSL_CERT_FILE"), "SSL_CERT_FILE"); !st) settings_status = st;
     if (options.max_attempts < 1) options.max_attempts = 1;

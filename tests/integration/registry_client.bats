@@ -124,7 +124,7 @@ own_layer() { # the digest of the private random layer (the top one)
 @test "401 without credentials and with a wrong password: clear messages, no secret printed" {
   drive GANTRY_REG_REF="$GANTRY_TEST_REGISTRY_TLS/$GANTRY_TEST_IMAGE_TINY" GANTRY_REG_CA_BUNDLE="$GANTRY_TEST_REGISTRY_CA"
   [ "$status" -ne 0 ]
-  [ "$(first_line)" = "error: fetching manifest $GANTRY_TEST_REGISTRY_TLS/gantry-test/tiny:latest: no credentials found for $GANTRY_TEST_REGISTRY_TLS; tried ~/.docker/config.json" ]
+  [[ "$(first_line)" == "error: fetching manifest $GANTRY_TEST_REGISTRY_TLS/gantry-test/tiny:latest: no credentials found for $GANTRY_TEST_REGISTRY_TLS; tried ~/.docker/config.json (auths, credHelpers, credsStore), "*", native ECR"* ]]
   wrong="wrong-${GANTRY_TEST_REGISTRY_PASSWORD:0:20}"
   write_docker_config AWS "$wrong"
   drive GANTRY_DEBUG=1 GANTRY_REG_REF="$GANTRY_TEST_REGISTRY_TLS/$GANTRY_TEST_IMAGE_TINY" \

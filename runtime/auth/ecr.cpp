@@ -1,0 +1,318 @@
+// Native Amazon ECR: recognises <acct>.dkr.ecr[-fips].<region>.amazonaws.com[.cn], signs
+// GetAuthorizationToken with SigV4 (sigv4.cpp) using the AWS credential chain (aws_credentials.cpp),
+// and caches the token in memory and on disk per user (0600, for its lifetime minus a margin) behind
+// a file lock, so that many ranks or nodes starting at once make one request to the token service.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "auth/http_client.hpp"
+#include "auth/internal.hpp"
+#include "gantry/auth.hpp"
+#include "gantry/fd.hpp"
+#include "gantry/files.hpp"
+#include "gantry/log.hpp"
+#include "gantry/strings.hpp"
+
+namespace gantry {
+namespace auth {
+namespace {
+
+const std::regex kEcrHost(R"(^([0-9]{12})\.dkr\.ecr(-fips)?\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$)");
+
+std::optional<EcrRegistry> parse_host(const std::string& host) {
+    std::smatch m;
+    if (!std::regex_match(host, m, kEcrHost)) return std::nullopt;
+    EcrRegistry r;
+    r.registry = host;
+    r.ecr_host = host;
+    r.account = m[1];
+    r.fips = m[2].matched;
+    r.region = m[3];
+    r.china = m[4].matched;
+    return r;
+}
+
+// Stop using a token this long before it expires: half its lifetime, at most 10 minutes (ECR's are
+// valid for 12 hours), so that a pull never starts with a token about to run out.
+std::time_t margin_for(std::time_t lifetime) {
+    return std::min<std::time_t>(600, std::max<std::time_t>(lifetime / 2, 0));
+}
+
+struct CachedToken {
+    EcrToken token;
+    std::time_t use_until = 0;
+};
+
+std::mutex g_mutex;
+std::map<std::string, CachedToken> g_tokens;  // in-process cache, by cache key
+
+// Who asks and how: a different profile, key or role may see a different registry policy.
+std::string cache_key(const EcrRegistry& reg) {
+    return reg.ecr_host + "\n" + reg.api_endpoint() + "\n" + env("AWS_PROFILE") + "\n" + env("AWS_ACCESS_KEY_ID") +
+           "\n" + env("AWS_ROLE_ARN") + "\n" + std::to_string(::geteuid());
+}
+
+std::string json_of(const CachedToken& t) {
+    nlohmann::json j;
+    j["username"] = t.token.username;
+    j["password"] = t.token.password;
+    j["expires_at"] = t.token.expires_at;
+    j["use_until"] = t.use_until;
+    return j.dump();
+}
+
+// The cached token, if the file is ours, private, parsable and still usable.
+std::optional<CachedToken> read_cache(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) return std::nullopt;
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+        log::warning("ignoring the token cache file " + display_path(path) + ": not private to you (owner/mode)");
+        return std::nullopt;
+    }
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd.get(), buf, sizeof(buf))) > 0 && text.size() < (1u << 20))
+        text.append(buf, static_cast<size_t>(n));
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return std::nullopt;
+    CachedToken t;
+    t.token.username = j.value("username", "");
+    t.token.password = j.value("password", "");
+    t.token.expires_at = j.value("expires_at", std::time_t{0});
+    t.use_until = j.value("use_until", std::time_t{0});
+    if (t.token.password.empty() || t.use_until <= std::time(nullptr)) return std::nullopt;
+    return t;
+}
+
+// An exclusive flock on `path`, waiting at most `timeout_s`; invalid fd when it cannot be had.
+UniqueFd lock_file(const std::string& path, double timeout_s) {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) return fd;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
+    while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR) return UniqueFd();
+        if (std::chrono::steady_clock::now() > deadline) return UniqueFd();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return fd;
+}
+
+// ECR's JSON error answer: {"__type": "...#InvalidSignatureException", "message": "..."}.
+Error ecr_error(const EcrRegistry& reg, const http::Response& resp, const std::string& creds_source) {
+    auto j = nlohmann::json::parse(resp.body, nullptr, false);
+    std::string type, message;
+    if (j.is_object()) {
+        type = j.value("__type", "");
+        message = j.value("message", j.value("Message", ""));
+    }
+    if (auto hash = type.rfind('#'); hash != std::string::npos) type = type.substr(hash + 1);
+    const std::string where =
+        "ECR GetAuthorizationToken at " + http::redact(reg.api_endpoint()) + " for " + reg.registry;
+    // Clock skew: AWS refuses signatures more than 5 minutes away from its clock. Its Date header
+    // tells how far off we are.
+    long skew = 0;
+    std::string date = resp.header("date");
+    if (!date.empty()) {
+        struct tm tm {};
+        if (::strptime(date.c_str(), "%a, %d %b %Y %H:%M:%S", &tm) != nullptr)
+            skew = static_cast<long>(::timegm(&tm) - std::time(nullptr));
+    }
+    bool expired = message.find("Signature expired") != std::string::npos ||
+                   message.find("Signature not yet current") != std::string::npos || type == "RequestExpired" ||
+                   (type == "InvalidSignatureException" && std::labs(skew) > 300);
+    if (expired)
+        return make_error(where + ": the request signature was refused as expired: this host's clock is off" +
+                          (skew != 0 ? " by " + std::to_string(skew) + " s against AWS's" : std::string()) +
+                          " (SigV4 signatures are valid for 5 minutes); synchronize the clock (chrony/NTP)" +
+                          (message.empty() ? "" : " [AWS: " + message + "]"));
+    std::string what = type.empty() ? "HTTP " + std::to_string(resp.status) : type;
+    return make_error(where + " failed: " + what + (message.empty() ? "" : ": " + message) + " (AWS credentials from " +
+                      creds_source + ")");
+}
+
+Result<CachedToken> fetch_token(const EcrRegistry& reg) {
+    std::string endpoint = reg.api_endpoint();
+    if (endpoint.rfind("https://", 0) != 0 && !http::is_local_http(endpoint))
+        return make_error("refusing the ECR endpoint " + http::redact(endpoint) +
+                          ": not https (plain HTTP only on loopback)");
+    auto creds = aws_credentials(reg.region);
+    if (!creds) return creds.error().wrap("native ECR for " + reg.registry);
+    auto req = ecr_token_request(reg, creds->key, sigv4::amz_date_now());
+    http::Request hr;
+    hr.method = "POST";
+    hr.url = req.url;
+    hr.body = req.body;
+    hr.ca_file = env("AWS_CA_BUNDLE");
+    for (const auto& [n, v] : req.headers) hr.headers.push_back(n + ": " + v);
+    log::debug("asking " + http::redact(endpoint) + " for an ECR token for " + reg.registry +
+               " (AWS credentials from " + creds->source + ")");
+    auto resp = http::perform(hr);
+    if (!resp) return resp.error().wrap("ECR GetAuthorizationToken for " + reg.registry);
+    if (resp->status != 200) return ecr_error(reg, *resp, creds->source);
+    auto j = nlohmann::json::parse(resp->body, nullptr, false);
+    const std::string bad = "ECR GetAuthorizationToken for " + reg.registry + ": unexpected answer";
+    if (j.is_discarded() || !j.contains("authorizationData") || !j["authorizationData"].is_array() ||
+        j["authorizationData"].empty() || !j["authorizationData"][0].is_object())
+        return make_error(bad);
+    const auto& d = j["authorizationData"][0];
+    auto decoded = base64_decode(d.value("authorizationToken", ""));
+    auto colon = decoded ? decoded->find(':') : std::string::npos;
+    if (!decoded || colon == std::string::npos)
+        return make_error(bad + " (authorizationToken is not base64 of user:password)");
+    CachedToken t;
+    t.token.username = decoded->substr(0, colon);
+    t.token.password = decoded->substr(colon + 1);
+    std::time_t now = std::time(nullptr);
+    t.token.expires_at = d.contains("expiresAt") && d["expiresAt"].is_number()
+                             ? static_cast<std::time_t>(std::floor(d["expiresAt"].get<double>()))
+                             : now + 12 * 3600;
+    t.use_until = t.token.expires_at - margin_for(t.token.expires_at - now);
+    log::debug("got an ECR token for " + reg.registry + " valid for " + std::to_string(t.token.expires_at - now) +
+               " s");
+    return t;
+}
+
+}  // namespace
+
+std::string EcrRegistry::api_endpoint() const {
+    for (const char* var : {"GANTRY_ECR_ENDPOINT", "AWS_ENDPOINT_URL_ECR", "AWS_ENDPOINT_URL"}) {
+        std::string v = env(var);
+        while (!v.empty() && v.back() == '/') v.pop_back();
+        if (!v.empty()) return v;
+    }
+    return std::string("https://") + (fips ? "ecr-fips." : "api.ecr.") + region + ".amazonaws.com" +
+           (china ? ".cn" : "");
+}
+
+std::optional<EcrRegistry> parse_ecr_registry(const std::string& registry) {
+    const std::string host = lower(registry);
+    // Test-only: "HOST[:PORT]=<ECR host>[,...]" makes a local registry stand in for an ECR one.
+    for (const auto& item : split_list(env("GANTRY_TEST_ECR_REGISTRIES"), ',')) {
+        auto eq = item.find('=');
+        if (eq == std::string::npos || lower(item.substr(0, eq)) != host) continue;
+        auto r = parse_host(lower(item.substr(eq + 1)));
+        if (!r) {
+            log::warning("ignoring GANTRY_TEST_ECR_REGISTRIES entry " + item + ": not an ECR host name");
+            continue;
+        }
+        r->registry = registry;
+        return r;
+    }
+    auto r = parse_host(host);
+    if (r) r->registry = registry;
+    return r;
+}
+
+SignedHttpRequest ecr_token_request(const EcrRegistry& reg, const sigv4::Key& key, const std::string& amz_date) {
+    SignedHttpRequest out;
+    out.url = reg.api_endpoint() + "/";
+    out.body = "{}";
+    std::string host = http::host_of(out.url);
+    // The Host header as the client sends it: with the port only when it is not the scheme's default.
+    {
+        auto p = out.url.find("://") + 3;
+        std::string hostport = out.url.substr(p, out.url.find('/', p) - p);
+        if ((out.url.rfind("https://", 0) == 0 && hostport.size() > 4 &&
+             hostport.substr(hostport.size() - 4) == ":443") ||
+            (out.url.rfind("http://", 0) == 0 && hostport.size() > 3 && hostport.substr(hostport.size() - 3) == ":80"))
+            hostport = hostport.substr(0, hostport.rfind(':'));
+        host = hostport;
+    }
+    sigv4::Request r;
+    r.method = "POST";
+    r.path = "/";
+    r.payload = out.body;
+    r.headers = {{"Content-Type", "application/x-amz-json-1.1"},
+                 {"Host", host},
+                 {"X-Amz-Date", amz_date},
+                 {"X-Amz-Target", "AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken"}};
+    if (!key.session_token.empty()) r.headers.emplace_back("X-Amz-Security-Token", key.session_token);
+    out.sig = sigv4::sign(r, key, reg.region, "ecr", amz_date);
+    out.headers = r.headers;
+    out.headers.emplace_back("Authorization", out.sig.authorization);
+    return out;
+}
+
+std::string token_cache_dir() {
+    std::string base = env("XDG_CACHE_HOME");
+    if (base.empty()) {
+        std::string home = home_dir();
+        if (home.empty()) return {};
+        base = home + "/.cache";
+    }
+    return base + "/gantry/tokens";
+}
+
+Result<EcrToken> ecr_authorization_token(const EcrRegistry& reg) {
+    const std::string key = cache_key(reg);
+    const std::time_t now = std::time(nullptr);
+    std::lock_guard<std::mutex> lock(g_mutex);  // one fetch per process at a time
+    auto mem = g_tokens.find(key);
+    if (mem != g_tokens.end() && mem->second.use_until > now) return mem->second.token;
+
+    const std::string dir = token_cache_dir();
+    std::string file;
+    UniqueFd held;
+    if (!dir.empty()) {
+        // Private to the user: the directory 0700, every file 0600 (tokens are credentials).
+        if (auto st = make_directories(dir, 0700); !st) {
+            log::warning("not caching ECR tokens: " + st.error().message);
+        } else {
+            ::chmod(dir.c_str(), 0700);
+            file = dir + "/ecr-" + sigv4::sha256_hex(key).substr(0, 32);
+            if (auto c = read_cache(file + ".json")) {
+                g_tokens[key] = *c;
+                log::debug("using the cached ECR token for " + reg.registry);
+                return c->token;
+            }
+            // Whoever holds the lock is asking ECR now; wait for it and use its answer.
+            held = lock_file(file + ".lock", 60);
+            if (!held) log::warning("could not lock " + display_path(file + ".lock") + "; asking ECR without it");
+            if (auto c = read_cache(file + ".json")) {
+                g_tokens[key] = *c;
+                log::debug("using the ECR token another process just cached for " + reg.registry);
+                return c->token;
+            }
+        }
+    }
+    auto t = fetch_token(reg);
+    if (!t) return t.error();
+    g_tokens[key] = *t;
+    if (!file.empty()) {
+        if (auto st = write_file_atomic(file + ".json", json_of(*t), 0600); !st)
+            log::warning("not caching the ECR token: " + st.error().message);
+    }
+    return t->token;
+}
+
+}  // namespace auth
+
+std::optional<Credentials> ecr_credentials(const ImageReference& ref) {
+    auto reg = auth::parse_ecr_registry(ref.registry);
+    if (!reg) return std::nullopt;
+    auto t = auth::ecr_authorization_token(*reg);
+    if (!t) {
+        log::warning(t.error().message);
+        return std::nullopt;
+    }
+    Credentials c;
+    c.username = t->username;
+    c.password = t->password;
+    c.source = "native ECR (GetAuthorizationToken)";
+    return c;
+}
+
+}  // namespace gantry

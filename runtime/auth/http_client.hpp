@@ -1,0 +1,47 @@
+// Internal: the small HTTP client of the auth module (libcurl): AWS APIs (ECR, STS), the instance
+// metadata and container credentials endpoints, and OAuth2 token POSTs. TLS verification is always on;
+// plain HTTP only where the caller allows it (loopback and link-local metadata addresses).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gantry/result.hpp"
+
+namespace gantry::auth::http {
+
+struct Request {
+    std::string method = "GET";  // GET, PUT or POST
+    std::string url;
+    std::vector<std::string> headers;  // "Name: value"
+    std::string body;
+    long timeout_s = 30;
+    long connect_timeout_ms = 10000;
+    std::string ca_file;        // replaces the CA store (AWS_CA_BUNDLE); empty: SSL_CERT_FILE or system
+    std::string extra_ca_file;  // added to the store (gantry.conf ca_bundle)
+};
+
+struct Response {
+    long status = 0;
+    std::map<std::string, std::string> headers;  // lower-case names
+    std::string body;
+    [[nodiscard]] std::string header(const std::string& name) const {
+        auto it = headers.find(name);
+        return it == headers.end() ? std::string() : it->second;
+    }
+};
+
+// An Error when no HTTP answer came (the message names the URL without its query, and curl's reason).
+Result<Response> perform(const Request& request);
+
+// Whether `url` is http:// on a loopback or link-local address (where plain HTTP is acceptable).
+bool is_local_http(const std::string& url);
+// scheme://host[:port] of a URL and its host alone; empty when unparsable.
+std::string host_of(const std::string& url);
+// `url` without its query string, for messages.
+std::string redact(const std::string& url);
+// Percent-encoding of a form or query value.
+std::string form_escape(const std::string& s);
+
+}  // namespace gantry::auth::http
