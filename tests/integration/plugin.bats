@@ -182,9 +182,10 @@ JOB
 }
 
 @test "sbatch: #SBATCH --container-image runs the batch script itself in the container" {
+  # In #SBATCH lines '#' starts a comment, so the Docker spelling REGISTRY/IMAGE is the one to use there.
   cat > "$WORK/batch.sh" <<JOB
 #!/bin/sh
-#SBATCH --container-image=$TINY
+#SBATCH --container-image=$REG/gantry-test/tiny
 #SBATCH -N1
 cat /work/README
 JOB
