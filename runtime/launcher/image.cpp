@@ -172,7 +172,8 @@ void remove_tree(int dirfd, const std::string& name) {
             }
             for (const auto& n : entries) {
                 // Directories we cannot enter (unsquashfs keeps 0555 modes) are opened up first.
-                ::fchmodat(::dirfd(d), n.c_str(), 0700, AT_SYMLINK_NOFOLLOW);
+                // Best effort: symlinks refuse it (ENOTSUP) and need nothing.
+                (void)!::fchmodat(::dirfd(d), n.c_str(), 0700, AT_SYMLINK_NOFOLLOW);
                 if (::unlinkat(::dirfd(d), n.c_str(), 0) != 0) remove_tree(::dirfd(d), n);
             }
             ::closedir(d);

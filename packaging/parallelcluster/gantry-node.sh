@@ -1,0 +1,158 @@
+#!/bin/bash
+# AWS ParallelCluster OnNodeConfigured custom action: installs Gantry on a head or compute node and
+# configures it for the cluster (store on FSx for Lustre, scratch on local NVMe). See docs/admin.md,
+# "AWS ParallelCluster", and cluster-snippet.yaml beside this file.
+#
+#   gantry-node.sh --deb URL|PATH --rpm URL|PATH [--store DIR] [--gc-max-bytes SIZE] [--gc-unused-for AGE]
+#
+# URLs may be s3:// (aws cli, the node's instance role), https:// or a local path. Only the package
+# matching the node's distribution is fetched. The packages must be built against the cluster's Slurm
+# (/opt/slurm/include) with -DGANTRY_PACKAGE_SLURM_DEPENDS=OFF (docs/admin.md).
+#
+# Every node: install the package, write /etc/gantry/gantry.conf, create the NVMe scratch directory.
+# Head node only (/opt/slurm/etc is NFS-shared with the compute nodes, so it is written once): create
+# the store, disable Pyxis, write the plugstack line, install the gc cron entry, and check that srun
+# loads the plugin; on failure the plugstack line is removed again and the script fails, so cluster
+# creation stops with a message instead of every job failing.
+set -euo pipefail
+
+deb="" rpm="" store=/fsx/gantry gc_max=2T gc_age=30d
+while [ $# -gt 0 ]; do
+  case $1 in
+    --deb) deb=$2; shift 2 ;;
+    --rpm) rpm=$2; shift 2 ;;
+    --store) store=$2; shift 2 ;;
+    --gc-max-bytes) gc_max=$2; shift 2 ;;
+    --gc-unused-for) gc_age=$2; shift 2 ;;
+    *) echo "gantry-node: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "gantry-node: $*"; }
+die() { echo "gantry-node: $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "must run as root (ParallelCluster runs custom actions as root)"
+
+# ParallelCluster writes the node's role here (HeadNode, ComputeFleet, LoginNode).
+node_type=unknown
+if [ -r /etc/parallelcluster/cfnconfig ]; then
+  # shellcheck disable=SC1091  # written by ParallelCluster at boot
+  . /etc/parallelcluster/cfnconfig
+  node_type=${cfn_node_type:-unknown}
+fi
+slurm_etc=/opt/slurm/etc
+srun_bin=/opt/slurm/bin/srun
+
+# fetch SRC DEST: copy a package from S3, HTTPS or a local path.
+fetch() {
+  case $1 in
+    s3://*) aws s3 cp --only-show-errors "$1" "$2" ;;
+    http://*|https://*) curl -fsSL --retry 5 -o "$2" "$1" ;;
+    *) cp "$1" "$2" ;;
+  esac
+}
+
+# ---------------------------------------------------------------- install the package
+
+# shellcheck disable=SC1091  # the distribution's own file
+. /etc/os-release
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+case "${ID}:${VERSION_ID%%.*}" in
+  ubuntu:*|debian:*)
+    [ -n "$deb" ] || die "$PRETTY_NAME needs the .deb (--deb)"
+    fetch "$deb" "$work/gantry.deb"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    # apt resolves squashfuse, fuse3 and the libraries from the distribution (universe on Ubuntu).
+    apt-get install -y -q "$work/gantry.deb"
+    plugin=$(dpkg -L gantry | grep '/spank_gantry\.so$' | head -1)
+    ;;
+  amzn:2)
+    [ -n "$rpm" ] || die "$PRETTY_NAME needs the .rpm (--rpm)"
+    fetch "$rpm" "$work/gantry.rpm"
+    yum install -y "$work/gantry.rpm"
+    plugin=$(rpm -ql gantry | grep '/spank_gantry\.so$' | head -1)
+    ;;
+  amzn:*|rhel:*|rocky:*|almalinux:*|centos:*)
+    [ -n "$rpm" ] || die "$PRETTY_NAME needs the .rpm (--rpm)"
+    fetch "$rpm" "$work/gantry.rpm"
+    # squashfuse: EPEL on RHEL-likes; Amazon Linux 2023 has no EPEL, see docs/admin.md.
+    dnf install -y "$work/gantry.rpm" ||
+      die "installing the .rpm failed; if squashfuse is missing, install it first (EPEL, or a local build)"
+    plugin=$(rpm -ql gantry | grep '/spank_gantry\.so$' | head -1)
+    ;;
+  *) die "unsupported distribution ${PRETTY_NAME:-$ID} (Ubuntu, Amazon Linux 2/2023 and RHEL-likes are)" ;;
+esac
+[ -n "$plugin" ] || die "the installed package holds no spank_gantry.so"
+log "installed $(gantry --version) on $PRETTY_NAME ($node_type), plugin $plugin"
+
+# ---------------------------------------------------------------- node configuration
+
+# Local NVMe for the bulk data of running containers: DLAMI mounts instance store at /opt/dlami/nvme,
+# ParallelCluster's EphemeralVolume defaults to /scratch. runtime_path stays on /run/gantry: it holds
+# only small records and locks, which must not survive a reboot.
+scratch=/tmp
+for d in /opt/dlami/nvme /scratch; do
+  if mountpoint -q "$d"; then scratch=$d/gantry; break; fi
+done
+# Mode 1777 like /tmp: every user's writable layers and extracted images live here.
+install -d -m 1777 "$scratch"
+if ! mountpoint -q "$(dirname "$store")"; then
+  log "warning: $(dirname "$store") is not mounted here; the store must be on shared storage (SharedStorage in the cluster config)"
+fi
+install -d -m 0755 /etc/gantry
+cat >/etc/gantry/gantry.conf <<EOF
+# Written by gantry-node.sh (ParallelCluster OnNodeConfigured); see gantry.conf(5).
+store_path = $store
+runtime_path = /run/gantry
+scratch_path = $scratch
+EOF
+install -d -m 0755 /run/gantry
+log "wrote /etc/gantry/gantry.conf: store $store, scratch $scratch"
+
+[ "$node_type" = HeadNode ] || exit 0
+
+# ---------------------------------------------------------------- head node: cluster-wide settings
+
+# A store every user can pull into (sticky: nobody replaces another's files); images in it are
+# mounted with squashfuse, never by the kernel (docs/store.md).
+install -d -m 1777 "$store"
+
+install -d -m 0755 "$slurm_etc/plugstack.conf.d"
+# Pyxis and Gantry both register --container-image; only one may be loaded. Older ParallelCluster
+# releases put Pyxis's line into plugstack.conf itself, newer ones into plugstack.conf.d/.
+shopt -s nullglob
+for f in "$slurm_etc"/plugstack.conf.d/*.conf; do
+  if [ -e "$f" ] && grep -q 'spank_pyxis\.so' "$f"; then
+    # Out of the directory: an include of plugstack.conf.d/* would still read a renamed file there.
+    mv "$f" "$slurm_etc/$(basename "$f").disabled-by-gantry"
+    log "disabled Pyxis: moved $f to $slurm_etc/$(basename "$f").disabled-by-gantry"
+  fi
+done
+if [ -e "$slurm_etc/plugstack.conf" ] && grep -Eq '^[[:space:]]*(required|optional).*spank_pyxis\.so' "$slurm_etc/plugstack.conf"; then
+  sed -i.gantry-orig -E 's/^([[:space:]]*(required|optional).*spank_pyxis\.so.*)$/# disabled by gantry-node.sh: \1/' "$slurm_etc/plugstack.conf"
+  log "disabled Pyxis in $slurm_etc/plugstack.conf (original kept as plugstack.conf.gantry-orig)"
+fi
+line="required $plugin config=/etc/gantry/gantry.conf"
+echo "$line" >"$slurm_etc/plugstack.conf.d/gantry.conf"
+# Slurm's default PlugStackConfig is plugstack.conf beside slurm.conf: make it include the directory.
+include="include $slurm_etc/plugstack.conf.d/*.conf"
+if [ ! -e "$slurm_etc/plugstack.conf" ] || ! grep -Eq "^[[:space:]]*include[[:space:]]+$slurm_etc/plugstack.conf.d/" "$slurm_etc/plugstack.conf"; then
+  echo "$include" >>"$slurm_etc/plugstack.conf"
+  log "added '$include' to $slurm_etc/plugstack.conf"
+fi
+
+# The plugin refuses to load into another Slurm release than it was built for; catch that here.
+if ! "$srun_bin" --help 2>"$work/srun.err" | grep -q -- '--container-image'; then
+  rm -f "$slurm_etc/plugstack.conf.d/gantry.conf"
+  cat "$work/srun.err" >&2
+  die "srun does not load $plugin (message above); plugstack line removed. Rebuild Gantry against this Slurm (docs/admin.md)"
+fi
+log "enabled: $line"
+
+# Least recently used images go first; images in use are never removed (docs/admin.md).
+cat >/etc/cron.d/gantry-gc <<EOF
+# Written by gantry-node.sh: daily cleanup of the shared Gantry store, on the head node only.
+17 3 * * * root /usr/bin/gantry gc --store $store --max-bytes $gc_max --unused-for $gc_age >>/var/log/gantry-gc.log 2>&1
+EOF
+log "gc: daily, --max-bytes $gc_max --unused-for $gc_age"

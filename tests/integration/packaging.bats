@@ -1,0 +1,162 @@
+# fixtures: registry images
+# The .deb and .rpm (packaging/): contents, dependencies, conffiles and scripts, lintian, documented
+# configuration keys, the packaged CLI running a container from the test registry, and the .deb
+# installed with apt into a clean debootstrap root (packaging/test-install.sh).
+# The packages are built once per run by packaging/build-packages.sh into $GANTRY_BUILD_DIR/package
+# (or $GANTRY_PACKAGE_BUILD_DIR); an incremental rebuild takes seconds.
+
+load helpers
+bats_require_minimum_version 1.5.0  # run --separate-stderr
+
+setup_file() {
+  export SRC=${GANTRY_SOURCE_DIR:-$(cd "$BATS_TEST_DIRNAME/../.." && pwd)}
+  export PKG_BUILD=${GANTRY_PACKAGE_BUILD_DIR:-${GANTRY_BUILD_DIR:-/tmp/gantry-harness}/package}
+  out=$("$SRC/packaging/build-packages.sh" --build-dir "$PKG_BUILD")
+  DEB=$(sed -n 's/^deb: //p' <<<"$out")
+  RPM=$(sed -n 's/^rpm: //p' <<<"$out")
+  export DEB RPM
+  # The Slurm release the build used, e.g. 22.05 (slurm_version.h: 0xMMmmpp).
+  num=$(sed -n 's/^#define SLURM_VERSION_NUMBER[[:space:]]*\(0x[0-9a-fA-F]*\).*/\1/p' /usr/include/slurm/slurm_version.h)
+  SLURM_RELEASE=$(printf '%d.%02d' $(( (num >> 16) & 0xff )) $(( (num >> 8) & 0xff )))
+  SLURM_NEXT=$(printf '%d.%02d' $(( (num >> 16) & 0xff )) $(( ((num >> 8) & 0xff) + 1 )))
+  export SLURM_RELEASE SLURM_NEXT
+}
+
+@test "the .deb holds the plugin, the CLI, the helper, configuration, man pages and the tmpfiles entry" {
+  [ -f "$DEB" ]
+  run dpkg-deb -c "$DEB"
+  [ "$status" -eq 0 ]
+  for f in ./usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so ./usr/bin/gantry ./usr/libexec/gantry/gantry-entry \
+    ./etc/gantry/gantry.conf ./etc/slurm/plugstack.conf.d/gantry.conf ./usr/lib/tmpfiles.d/gantry.conf \
+    ./usr/share/man/man1/gantry.1.gz ./usr/share/man/man5/gantry.conf.5.gz ./usr/share/doc/gantry/copyright \
+    ./usr/share/doc/gantry/changelog.gz ./usr/share/doc/gantry/admin.md; do
+    echo "$output" | grep -q " $f\$" || { echo "missing $f"; return 1; }
+  done
+  # Nothing under /usr/local, nothing outside the paths above.
+  ! echo "$output" | grep -q ' \./usr/local/'
+  # Both files under /etc are conffiles: upgrades keep the admin's edits.
+  run dpkg-deb -I "$DEB" conffiles
+  [ "$(echo "$output" | sort)" = "$(printf '/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
+}
+
+@test "the .deb depends on the Slurm release it was built for, squashfuse, fuse3 and its libraries" {
+  run dpkg-deb -f "$DEB" Depends
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qF "slurm-wlm-basic-plugins (>= ${SLURM_RELEASE}~)"
+  echo "$output" | grep -qF "slurm-wlm-basic-plugins (<< ${SLURM_NEXT}~)"
+  for p in squashfuse fuse3 libcurl4 libsquashfs1 libarchive13 libssl3; do
+    echo "$output" | grep -qE "(^|, )$p( |,|$)" || { echo "no dependency on $p"; return 1; }
+  done
+}
+
+@test "installing enables nothing: the plugstack line is commented and postinst never writes plugstack.conf" {
+  dir=$BATS_TEST_TMPDIR/x
+  dpkg-deb -x "$DEB" "$dir"
+  dpkg-deb -e "$DEB" "$dir/DEBIAN"
+  # Every line of the shipped plugstack file is a comment or blank, and it names the packaged plugin.
+  ! grep -Evq '^[[:space:]]*(#|$)' "$dir/etc/slurm/plugstack.conf.d/gantry.conf"
+  grep -q '^#required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so ' "$dir/etc/slurm/plugstack.conf.d/gantry.conf"
+  # The maintainer script writes no Slurm file (the only mention of plugstack is the hint it prints).
+  run grep -n plugstack "$dir/DEBIAN/postinst"
+  echo "$output"
+  ! echo "$output" | grep -Ev '^[0-9]+:[[:space:]]*(#|echo )'
+  sh -n "$dir/DEBIAN/postinst"
+  # The plugin finds the CLI where the package puts it (the install prefix is compiled in).
+  grep -aq '/usr/bin/gantry' "$dir/usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so"
+}
+
+@test "the .rpm: same files, both configuration files %config(noreplace), Slurm release required" {
+  [ -f "$RPM" ]
+  run rpm -qlp "$RPM"
+  [ "$status" -eq 0 ]
+  for f in /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so /usr/bin/gantry /etc/gantry/gantry.conf \
+    /etc/slurm/plugstack.conf.d/gantry.conf /usr/lib/tmpfiles.d/gantry.conf /usr/share/man/man5/gantry.conf.5.gz; do
+    echo "$output" | grep -qx "$f" || { echo "missing $f"; return 1; }
+  done
+  # Directories of Slurm and the system are not claimed by our package.
+  ! echo "$output" | grep -qx '/etc/slurm'
+  ! echo "$output" | grep -qx '/usr/lib/tmpfiles.d'
+  run rpm -qp --configfiles "$RPM"
+  [ "$(echo "$output" | sort)" = "$(printf '/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
+  run rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$RPM"
+  echo "$output" | grep -q '^cn /etc/gantry/gantry.conf$'
+  run rpm -qpR "$RPM"
+  echo "$output" | grep -qx "slurm >= $SLURM_RELEASE"
+  echo "$output" | grep -qx "slurm < $SLURM_NEXT"
+  echo "$output" | grep -qx squashfuse
+}
+
+@test "lintian: no errors or warnings (deliberate tags are overridden with reasons)" {
+  run lintian --fail-on error,warning "$DEB"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  ! echo "$output" | grep -E '^[EW]: '
+}
+
+@test "the man pages render without warnings" {
+  for page in gantry.1 gantry.conf.5; do
+    run bash -c "LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l '$SRC/packaging/man/$page' 2>&1 >/dev/null"
+    echo "$page: $output"
+    [ -z "$output" ]
+  done
+  run bash -c "LC_ALL=C.UTF-8 MANWIDTH=80 man -l '$SRC/packaging/man/gantry.1' | grep -c 'gantry gc'"
+  [ "$output" -ge 1 ]
+}
+
+@test "every gantry.conf key and plugstack key is documented in docs/admin.md and gantry.conf(5)" {
+  keys=$(sed -n 's/^[[:space:]]*{"\([a-z_]*\)",.*/\1/p' "$SRC/runtime/core/config.cpp")
+  [ "$(echo "$keys" | wc -w)" -ge 15 ]
+  for k in $keys; do
+    grep -q "^| \`$k\` |" "$SRC/docs/admin.md" || { echo "docs/admin.md lacks gantry.conf key $k"; return 1; }
+    grep -q "^\.BR $k \"" "$SRC/packaging/man/gantry.conf.5" || { echo "gantry.conf.5 lacks key $k"; return 1; }
+    grep -q "^#$k =" "$SRC/conf/gantry.conf" || { echo "conf/gantry.conf lacks key $k"; return 1; }
+  done
+  pkeys=$(grep -o 'key == "[a-z_]*"' "$SRC/plugin/settings.cpp" | sed 's/key == "\(.*\)"/\1/' | sort -u)
+  [ "$(echo "$pkeys" | wc -w)" -ge 8 ]
+  for k in $pkeys; do
+    case $k in use_enroot_load | importer | use_squashfuse) grep -q "\`$k\`" "$SRC/docs/admin.md" || return 1; continue ;; esac
+    grep -q "^| \`$k\` |" "$SRC/docs/admin.md" || { echo "docs/admin.md lacks plugstack key $k"; return 1; }
+    grep -q "^\.BR $k= " "$SRC/packaging/man/gantry.conf.5" || { echo "gantry.conf.5 lacks plugstack key $k"; return 1; }
+  done
+}
+
+@test "the packaged gantry CLI (nothing from the build tree) pulls and runs the tiny image" {
+  gantry_load_env registry images
+  dir=$BATS_TEST_TMPDIR/x
+  dpkg-deb -x "$DEB" "$dir"
+  run "$dir/usr/bin/gantry" --version
+  [ "$status" -eq 0 ]
+  [[ "$output" =~ ^gantry\ [0-9]+\.[0-9]+\.[0-9]+$ ]]
+  store=$BATS_TEST_TMPDIR/store
+  run --separate-stderr env GANTRY_CONFIG=/dev/null "$dir/usr/bin/gantry" pull --quiet --store "$store" "$GANTRY_TEST_REGISTRY_HTTP/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" == "$GANTRY_TEST_DIGEST_TINY "* ]]
+  run --separate-stderr env GANTRY_CONFIG=/dev/null "$dir/usr/bin/gantry" run --store "$store" \
+    "$GANTRY_TEST_REGISTRY_HTTP/$GANTRY_TEST_IMAGE_TINY" cat /work/README
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "tiny work dir" ]
+}
+
+@test "deployment scripts and YAML pass shellcheck and yamllint" {
+  run shellcheck -x "$SRC/packaging/build-packages.sh" "$SRC/packaging/test-install.sh" \
+    "$SRC/packaging/parallelcluster/gantry-node.sh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  run yamllint -d '{extends: default, rules: {line-length: {max: 110}}}' \
+    "$SRC/packaging/parallelcluster/cluster-snippet.yaml" "$SRC/packaging/slinky/values-gantry.yaml"
+  echo "$output"
+  [ "$status" -eq 0 ]
+}
+
+@test "test-install.sh: apt installs the .deb into a clean debootstrap root and every check passes" {
+  [ "$(id -u)" -eq 0 ] || { echo "needs root (chroot)"; return 1; }
+  run "$SRC/packaging/test-install.sh" --deb "$DEB"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q 'all checks passed'
+  ! echo "$output" | grep -q '^FAIL'
+  echo "$output" | grep -q "^ok   Debian's srun loads the packaged plugin once enabled"
+}
