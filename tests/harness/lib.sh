@@ -89,7 +89,15 @@ gantry_pid_alive() {
 gantry_pid_start() {
   local pidfile=$1 logfile=$2
   shift 2
-  setsid "$@" >>"$logfile" 2>&1 </dev/null &
+  # Only stdin/stdout/stderr go to the daemon: an inherited descriptor (a caller's `flock` on fd 3,
+  # say) would otherwise be held for the daemon's whole life.
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+    done
+    exec setsid "$@" >>"$logfile" 2>&1 </dev/null
+  ) &
   echo $! >"$pidfile"
 }
 
