@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "gantry/config.hpp"
+#include "gantry/devices.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/log.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/mounts.hpp"
@@ -56,6 +58,7 @@ struct StepState {
     gid_t gid = 0;
     std::vector<gid_t> groups;
     Config config;
+    std::string device_warnings;          // devices (issue 7): shown by node 0's first task
 };
 
 StepState& state() {
@@ -352,6 +355,18 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     if (o.workdir) spec.workdir = *o.workdir;
     if (o.env) spec.env_names = split_list(*o.env, ',');
     spec.name = name;
+    // --- devices and wiring (issue 7, docs/devices.md): GPUs, CDI, EFA for this step's container ---
+    auto edits = select_devices(st.config, env, spec.image_config);
+    if (!edits) return edits.error();
+    // Warnings (memlock for EFA, stale driver libraries) go to the slurmd log here, and to the user's
+    // terminal from the first task of node 0 (join_step): this hook's output never reaches srun.
+    uint32_t nodeid = 0;
+    for (const auto& w : edits->warnings) log::warning(w);
+    if (item(sp, S_JOB_NODEID, &nodeid) && nodeid == 0)
+        for (const auto& w : edits->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
+    if (!edits->summary.empty()) log::info("devices: " + edits->summary);
+    spec.devices = std::move(*edits);
+    // --- end devices ---
     spec.detach = !name.empty();
 
     if (o.entrypoint.value_or(settings.execute_entrypoint) && !spec.image_config.entrypoint.empty()) {
@@ -399,6 +414,9 @@ Status join_step(spank_t sp) {
     if (!st.error.empty()) return make_error(st.error.substr(8));
     if (st.run_on_host || st.joined.holder_pid <= 0) return {};
     std::vector<std::string> before = job_environment(sp);
+    // --- devices (issue 7): the selection's warnings, once per step, on the user's terminal ---
+    if (!st.device_warnings.empty() && getenv_of(before, "SLURM_LOCALID").value_or("") == "0")
+        (void)!::write(STDERR_FILENO, st.device_warnings.data(), st.device_warnings.size());
     // The entrypoint helper is opened before entering the container: it is our file on the host, and
     // the task execs it as /proc/self/fd/N from inside, where the image need not contain it.
     UniqueFd entry;
@@ -408,6 +426,9 @@ Status join_step(spank_t sp) {
     }
     GANTRY_TRY(join(st.joined));
     std::vector<std::string> after = container_environment(st.joined.defaults, before);
+    // --- devices and wiring (issue 7): PMIx MCA mapping and PyTorch ranks of this task ---
+    for (auto& e : task_environment(st.config, st.joined.defaults.image_env, before)) after.push_back(std::move(e));
+    // --- end devices ---
     std::map<std::string, std::string> wanted;
     for (const auto& e : after) {
         auto eq = e.find('=');

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gantry/config.hpp"
+#include "gantry/devices.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/mounts.hpp"
 #include "gantry/result.hpp"
@@ -41,6 +42,7 @@ Result<ExtraNamespaces> parse_unshare(std::string_view list);
 // What a process sees when it runs in the container; shared by the creator and every joiner.
 struct ProcessDefaults {
     std::vector<std::string> image_env;  // the image config's Env
+    std::vector<std::string> device_env; // ContainerEdits::env (GPU/CDI/EFA wiring), over the image's
     std::vector<std::string> env_names;  // --env NAME: the host value wins for these
     std::string workdir;                 // absolute path inside the container; "" -> "/"
     std::string home;                    // HOME inside the container
@@ -69,6 +71,9 @@ struct ContainerSpec {
     std::string name;          // non-empty: record state under runtime_dir() so others can join by name
     bool detach = false;       // the holder outlives the caller; stop it with Container::stop
     Config config;             // runtime_path, scratch_path, host_dev
+    // Devices and wiring (include/gantry/devices.hpp, usually from select_devices): device nodes in
+    // /dev, read-only driver files, sysfs views, environment, and directories for the ld.so cache.
+    ContainerEdits devices;
 };
 
 // The holder of a running container, as recorded in its state file.
@@ -126,8 +131,8 @@ private:
 Status join(const ContainerState& state);
 
 // The environment for a process in the container, from the container defaults and the caller's
-// environment (`host_env`, "NAME=value" entries): image Env; then SLURM_*, PMI*, PMIX_* from the
-// host; then the --env names from the host (host wins). PATH from the image (or a default);
+// environment (`host_env`, "NAME=value" entries): image Env; then the device wiring's variables;
+// then SLURM_*, PMI*, PMIX_* from the host; then the --env names from the host (host wins). PATH from the image (or a default);
 // LANG/LC_ALL only from the image unless named in --env; HOME for the user.
 std::vector<std::string> container_environment(const ProcessDefaults& defaults,
                                                const std::vector<std::string>& host_env);

@@ -12,9 +12,12 @@
 #include "command.hpp"
 #include "common.hpp"
 #include "gantry/config.hpp"
+#include "gantry/devices.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
+
+extern char** environ;
 
 namespace gantry::cli {
 namespace {
@@ -153,6 +156,17 @@ int run_verb(const std::vector<std::string>& args) {
         if (!ic) return setup_failed(ic.error().wrap("image config " + config_file));
         spec.image_config = *ic;
     }
+    // Devices and wiring (docs/devices.md). Our environment plays the job's, and the one command we
+    // run is the only task, so its per-task variables are fixed here too.
+    std::vector<std::string> host_env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) host_env.emplace_back(*e);
+    auto edits = select_devices(spec.config, host_env, spec.image_config);
+    if (!edits) return setup_failed(edits.error());
+    for (const auto& w : edits->warnings) log::warning(w);
+    for (auto& e : task_environment(spec.config, spec.image_config.env, host_env)) edits->env.push_back(std::move(e));
+    if (!edits->summary.empty()) log::debug("devices: " + edits->summary);
+    spec.devices = std::move(*edits);
+
     process.argv = rest;
     process.entrypoint = spec.image_config.entrypoint;
     process.cmd = spec.image_config.cmd;

@@ -93,6 +93,7 @@ Status write_state(const std::string& path, const ContainerState& st) {
         {"unshare", {{"net", st.unshare.net}, {"ipc", st.unshare.ipc}, {"uts", st.unshare.uts}}},
         {"backend", st.backend},
         {"image_env", st.defaults.image_env},
+        {"device_env", st.defaults.device_env},
         {"env_names", st.defaults.env_names},
         {"workdir", st.defaults.workdir},
         {"home", st.defaults.home},
@@ -124,6 +125,7 @@ Result<ContainerState> read_state(const std::string& path) {
         st.unshare.uts = j.at("unshare").at("uts").get<bool>();
         st.backend = j.at("backend").get<std::string>();
         st.defaults.image_env = j.at("image_env").get<std::vector<std::string>>();
+        st.defaults.device_env = j.value("device_env", std::vector<std::string>{});
         st.defaults.env_names = j.at("env_names").get<std::vector<std::string>>();
         st.defaults.workdir = j.at("workdir").get<std::string>();
         st.defaults.home = j.at("home").get<std::string>();
@@ -172,13 +174,17 @@ Status set_up_container(Setup& s) {
     GANTRY_TRY(write_identity_files(s));
     GANTRY_TRY(mount_overlay_root(s));
     GANTRY_TRY(mount_proc_and_sys(s));
+    GANTRY_TRY(mount_sysfs_views(s));
     GANTRY_TRY(set_up_dev(s));
+    GANTRY_TRY(add_device_nodes(s));
     GANTRY_TRY(mount_tmp_and_run(s));
     GANTRY_TRY(bind_host_network_files(s));
     GANTRY_TRY(mount_home(s));
+    GANTRY_TRY(mount_driver_files(s));
     GANTRY_TRY(perform_user_mounts(s));
     GANTRY_TRY(check_workdir(s));
     GANTRY_TRY(pivot_into_root(s));
+    GANTRY_TRY(update_ld_cache(s));
     GANTRY_TRY(finish_root_flags(s));
     return {};
 }
@@ -321,7 +327,8 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     c.state_.uid = s.id.uid;
     c.state_.unshare = spec.unshare;
     c.state_.backend = to_string(s.backend);
-    c.state_.defaults = ProcessDefaults{spec.image_config.env, spec.env_names, s.workdir, s.home, spec.remap_root};
+    c.state_.defaults = ProcessDefaults{spec.image_config.env, spec.devices.env, spec.env_names, s.workdir, s.home,
+                                        spec.remap_root};
     c.owned_ = !spec.detach;
     c.is_child_ = !spec.detach;
     if (!state_file.empty()) {

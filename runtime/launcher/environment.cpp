@@ -60,6 +60,8 @@ std::vector<std::string> container_environment(const ProcessDefaults& defaults,
     std::string name, value;
     for (const auto& e : defaults.image_env)
         if (split_entry(e, name, value)) env.set(name, value);
+    for (const auto& e : defaults.device_env)
+        if (split_entry(e, name, value)) env.set(name, value);
     if (!env.has("PATH")) env.set("PATH", kDefaultPath);
 
     auto named = [&](const std::string& n) {

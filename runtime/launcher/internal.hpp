@@ -77,6 +77,12 @@ Status bind_host_network_files(Setup& s);
 Status mount_home(Setup& s);
 Status perform_user_mounts(Setup& s);
 Status check_workdir(Setup& s);
+// devices.cpp: applying ContainerSpec::devices (see include/gantry/devices.hpp)
+Status write_device_files_in_upper(Setup& s);
+Status mount_sysfs_views(Setup& s);
+Status add_device_nodes(Setup& s);
+Status mount_driver_files(Setup& s);
+Status update_ld_cache(Setup& s);
 Status pivot_into_root(Setup& s);
 Status finish_root_flags(Setup& s);
 

@@ -38,6 +38,7 @@ std::vector<PlannedMount> planned_mounts(const Setup& s) {
     for (const char* d : {"/tmp", "/run"}) p.push_back({d, true});
     for (const char* f : {"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}) p.push_back({f, false});
     if (s.spec->mount_home && !s.id.home.empty()) p.push_back({s.id.home, false});
+    for (const auto& m : s.spec->devices.mounts) p.push_back({m.path, false});
     for (const auto& m : s.spec->mounts)
         if (m.kind != MountKind::umount) p.push_back({m.destination, m.kind == MountKind::tmpfs});
     return p;
@@ -203,6 +204,10 @@ Status prepare_writable_layer(Setup& s) {
             if (m.destination == p.destination && m.kind == MountKind::bind && ::stat(m.source.c_str(), &st) == 0)
                 is_file = !S_ISDIR(st.st_mode);
         }
+        for (const auto& m : s.spec->devices.mounts) {
+            struct stat st {};
+            if (m.path == p.destination && ::stat(m.host_path.c_str(), &st) == 0) is_file = !S_ISDIR(st.st_mode);
+        }
         GANTRY_TRY(precreate_in_upper(s.image.get(), s.upper.get(), p.destination,
                                       is_file ? NodeType::file : NodeType::directory));
     }
@@ -211,7 +216,7 @@ Status prepare_writable_layer(Setup& s) {
     GANTRY_TRY(open_upper_etc(s, etc));
     for (const char* f : {"hosts", "hostname", "resolv.conf"})
         GANTRY_TRY(write_file_at(etc.get(), f, "", std::string("/etc/") + f));
-    return {};
+    return write_device_files_in_upper(s);
 }
 
 Status write_identity_files(Setup& s) {

@@ -1,1 +1,0 @@
-// Module gantry_devices: being written; see include/gantry/devices.hpp.

@@ -1,0 +1,42 @@
+// Private to the devices module: reading host facts under Config::host_root and small helpers the
+// selection files (gpu.cpp, rdma.cpp, cdi.cpp, select.cpp) share.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gantry/devices.hpp"
+
+namespace gantry::devices {
+
+// host_root + path, for an absolute `path`: ("/", "/dev/x") -> "/dev/x"; ("/fake/", "/dev/x") -> "/fake/dev/x".
+std::string host_path(const std::string& host_root, const std::string& path);
+
+// The file's text, or nothing when it cannot be read.
+std::optional<std::string> read_text(const std::string& path);
+
+// Resolves `path` (absolute, as seen on the host) inside host_root: symlinks are followed as if
+// host_root were "/" and never leave it. Returns the resolved path *without* the prefix, or nothing
+// when it does not exist.
+std::optional<std::string> resolve_in_host(const std::string& host_root, const std::string& path);
+
+// Names in a directory (no "." and ".."), sorted; empty when it cannot be read.
+std::vector<std::string> list_dir(const std::string& path);
+
+// Whether `path` is a character device.
+bool is_char_device(const std::string& path);
+
+// Value of NAME in "NAME=value" entries (last wins).
+std::optional<std::string> env_value(const std::vector<std::string>& env, const std::string& name);
+
+// The NVIDIA part of select_devices (gpu.cpp).
+Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std::string>& job_env,
+                                    const ImageConfig& image);
+// The EFA/RDMA part (rdma.cpp).
+ContainerEdits rdma_edits(const Config& config, const std::vector<std::string>& job_env);
+// The CDI part (cdi.cpp): devices named in GANTRY_CDI_DEVICES or as vendor/class=name in
+// NVIDIA_VISIBLE_DEVICES.
+Result<ContainerEdits> cdi_edits(const Config& config, const std::vector<std::string>& requested);
+
+}  // namespace gantry::devices
