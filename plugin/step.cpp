@@ -7,10 +7,14 @@
 #include <grp.h>
 #include <poll.h>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -113,8 +117,15 @@ struct Captured {
 // Runs argv as the job user (never as root: the pull parses registry bytes, and credentials must be
 // read with the user's identity). fork+exec keeps slurmstepd's threads out of it; between fork and
 // exec the child only makes system calls.
+// With `userns_fd`, the program also enters that user namespace (one the job user owns) after
+// dropping to the user, so that it sees the container's files as the container does (FUSE mounts made
+// inside the container refuse callers from outside its user namespace); `root_of` (a "/proc/PID/root"
+// in that namespace) is then opened as descriptor kRootFd, reachable as /proc/self/fd/<kRootFd>/ by
+// the program after it lost the namespace's capabilities in execve.
+constexpr int kRootFd = 200;
 Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
-                             const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+                             const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                             int userns_fd = -1, const std::string& root_of = "") {
     std::vector<char*> cargv, cenv;
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
@@ -132,6 +143,11 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
         // Drop to the job user for good: groups first, then gid, then uid (after setuid we could not).
         if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(126);
         if (::getuid() != uid || ::geteuid() != uid) ::_exit(126);
+        if (userns_fd >= 0 && ::setns(userns_fd, CLONE_NEWUSER) != 0) ::_exit(125);
+        if (!root_of.empty()) {
+            int root = ::open(root_of.c_str(), O_PATH | O_DIRECTORY);
+            if (root < 0 || ::dup2(root, kRootFd) < 0) ::_exit(125);
+        }
         ::execve(cargv[0], cargv.data(), cenv.data());
         ::_exit(127);
     }
@@ -163,6 +179,7 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     }
     c.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (c.status == 126) return make_error("could not switch to uid " + std::to_string(uid) + " to run " + argv[0]);
+    if (c.status == 125 && userns_fd >= 0) return make_error("could not enter the container's user namespace to run " + argv[0]);
     if (c.status == 127) return make_error("could not run " + argv[0] + " (set gantry= in plugstack.conf)");
     return c;
 }
@@ -465,16 +482,54 @@ void task_exited(spank_t sp, const Settings& settings) {
     if (++state().tasks_exited >= local_tasks) finish_step(sp, settings);
 }
 
-// Writes the container's root file system (image plus the step's writes) as squashfs, as the job user:
-// the tree is the user's, so reading it must not use root's rights. /proc/PID/root enters the holder's
-// mount namespace; -one-file-system leaves out /proc, /sys, /dev, /tmp and every bind mount.
+// The mount points below "/" in a process's view, relative to its root ("proc", "etc/hosts"), decoded
+// from /proc/PID/mountinfo (field 5, with octal escapes such as \040 for a space).
+Result<std::vector<std::string>> mount_points_of(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
+    if (!in) return system_error("reading the mounts of process " + std::to_string(pid));
+    std::vector<std::string> out;
+    std::string line;
+    while (std::getline(in, line)) {
+        std::istringstream fields(line);
+        std::string id, parent, devno, root, point;
+        if (!(fields >> id >> parent >> devno >> root >> point)) continue;
+        std::string decoded;
+        for (size_t i = 0; i < point.size(); ++i) {
+            if (point[i] == '\\' && i + 3 < point.size()) {
+                decoded.push_back(static_cast<char>(std::stoi(point.substr(i + 1, 3), nullptr, 8)));
+                i += 3;
+            } else {
+                decoded.push_back(point[i]);
+            }
+        }
+        if (decoded.size() > 1 && decoded[0] == '/') out.push_back(decoded.substr(1));
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
+// Writes the container's root file system (image plus the step's writes) as squashfs, as the job user
+// inside the container's user namespace: the tree is the user's, so reading it must not use root's
+// rights. /proc/PID/root enters the holder's mount namespace; what is mounted over the root (/proc,
+// /sys, /dev, /tmp, every bind mount: see mount_points_of) is excluded; -all-root stores every file as
+// root's, as Enroot's export does.
 Status save_container(const StepState& st) {
-    std::string root = "/proc/" + std::to_string(st.joined.holder_pid) + "/root/";
+    std::string pid = std::to_string(st.joined.holder_pid);
+    std::string root = "/proc/self/fd/" + std::to_string(kRootFd) + "/";
     std::string tmp = st.save_path + ".partial";
-    auto r = run_as_user(st.uid, st.gid, st.groups,
-                         {"/usr/bin/mksquashfs", root, tmp, "-noappend", "-one-file-system", "-comp", "lz4",
-                          "-quiet", "-no-progress"},
-                         {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"});
+    UniqueFd userns(::open(("/proc/" + pid + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!userns) return system_error("--container-save: opening the container's user namespace");
+    std::vector<std::string> argv = {"/usr/bin/mksquashfs", root, tmp, "-noappend", "-all-root", "-comp", "lz4",
+                                     "-quiet", "-no-progress", "-e"};
+    // Everything mounted over the root file system (/proc, /sys, /dev, /tmp, binds) stays out. Not
+    // -one-file-system: overlayfs reports its files with the device of the layer they come from.
+    auto mounts = mount_points_of(st.joined.holder_pid);
+    if (!mounts) return mounts.error().wrap("--container-save");
+    argv.insert(argv.end(), mounts->begin(), mounts->end());
+    if (mounts->empty()) argv.pop_back();
+    auto r = run_as_user(st.uid, st.gid, st.groups, argv,
+                         {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, userns.get(), "/proc/" + pid + "/root");
     if (!r) return r.error().wrap("--container-save " + st.save_path);
     if (r->status != 0) {
         ::unlink(tmp.c_str());
