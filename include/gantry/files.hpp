@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 
 #include "gantry/fd.hpp"
@@ -14,6 +15,8 @@ namespace gantry {
 Status make_directories(const std::string& path, mode_t mode = 0755);
 
 Result<std::string> read_file(const std::string& path);
+// The file's content, or nothing when it cannot be read (for optional files: configs, sysfs entries).
+std::optional<std::string> try_read_file(const std::string& path);
 
 // Writes `content` to a temporary file beside `path`, fsyncs it and renames it over `path`, so readers
 // see the old or the new content, never a mix.

@@ -13,6 +13,7 @@
 
 #include "auth/http_client.hpp"
 #include "auth/internal.hpp"
+#include "gantry/files.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/log.hpp"
 
@@ -24,14 +25,6 @@ std::string trim(std::string s) {
     size_t b = 0;
     while (b < s.size() && (s[b] == ' ' || s[b] == '\t')) ++b;
     return s.substr(b);
-}
-
-std::optional<std::string> read_text(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) return std::nullopt;
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
 }
 
 // "2024-05-01T12:00:00Z" (also with fractional seconds or "+00:00") -> epoch seconds; 0 if unparsable.
@@ -89,7 +82,7 @@ std::string sts_endpoint(const std::string& region) {
 
 Result<AwsCredentials> web_identity(const std::string& token_file, const std::string& role_arn,
                                     const std::string& session, const std::string& region, const std::string& what) {
-    auto token = read_text(token_file);
+    auto token = try_read_file(token_file);
     if (!token) return system_error(what + ": reading the token file " + token_file);
     std::string url = sts_endpoint(region);
     if (url.rfind("https://", 0) != 0 && !http::is_local_http(url))
@@ -177,8 +170,8 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
     if (profile.empty()) profile = "default";
     const std::string cred_path = aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
     const std::string conf_path = aws_file("AWS_CONFIG_FILE", "config");
-    IniFile creds = parse_aws_ini(read_text(cred_path).value_or(""), false);
-    IniFile conf = parse_aws_ini(read_text(conf_path).value_or(""), true);
+    IniFile creds = parse_aws_ini(try_read_file(cred_path).value_or(""), false);
+    IniFile conf = parse_aws_ini(try_read_file(conf_path).value_or(""), true);
     const std::string what = "profile " + profile;
     auto find = [&](const std::string& key) -> std::string {
         for (const IniFile* f : {&creds, &conf}) {
@@ -232,7 +225,7 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
         req.connect_timeout_ms = 2000;
         std::string token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN");
         if (!env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").empty()) {
-            auto t = read_text(env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
+            auto t = try_read_file(env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
             if (!t) return system_error(src + ": reading AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
             token = trim(*t);
         }

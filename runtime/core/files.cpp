@@ -45,6 +45,12 @@ Result<std::string> read_file(const std::string& path) {
     return out;
 }
 
+std::optional<std::string> try_read_file(const std::string& path) {
+    auto r = read_file(path);
+    if (!r) return std::nullopt;
+    return std::move(*r);
+}
+
 Status write_file_atomic(const std::string& path, const std::string& content, mode_t mode) {
     std::random_device rd;
     std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "gantry/files.hpp"
 #include "gantry/strings.hpp"
 #include "internal.hpp"
 
@@ -63,7 +64,7 @@ Result<ContainerEdits> cdi_edits(const Config& config, const std::vector<std::st
                 continue;
             }
             if (!ends_with(name, ".json")) continue;
-            auto text = read_text(file);
+            auto text = try_read_file(file);
             if (!text) return make_error("reading CDI spec " + file + ": cannot read");
             json doc = json::parse(*text, nullptr, false);
             if (doc.is_discarded() || !doc.is_object()) return make_error("CDI spec " + file + ": not valid JSON");

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "gantry/files.hpp"
 #include "gantry/strings.hpp"
 #include "internal.hpp"
 
@@ -147,7 +148,7 @@ std::vector<HostGpu> host_gpus(const std::string& host_root) {
     std::string procdir = host_path(host_root, "/proc/driver/nvidia/gpus");
     // Bus ids sort in PCI order, which is the order nvidia-smi numbers GPUs in.
     for (const auto& bus : devices::list_dir(procdir)) {
-        auto info = devices::read_text(procdir + "/" + bus + "/information");
+        auto info = try_read_file(procdir + "/" + bus + "/information");
         if (!info) continue;
         HostGpu g;
         g.bus_id = bus;
@@ -180,7 +181,7 @@ std::vector<HostGpu> host_gpus(const std::string& host_root) {
 }
 
 std::string driver_version(const std::string& host_root) {
-    if (auto text = devices::read_text(devices::host_path(host_root, "/proc/driver/nvidia/version"))) {
+    if (auto text = try_read_file(devices::host_path(host_root, "/proc/driver/nvidia/version"))) {
         // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar ..." or, for the open
         // modules, "... Open Kernel Module for x86_64  550.54.15  Release Build ...".
         auto at = text->find("Kernel Module");
@@ -191,7 +192,7 @@ std::string driver_version(const std::string& host_root) {
                 return word;
         }
     }
-    auto cache = devices::read_text(devices::host_path(host_root, "/etc/ld.so.cache"));
+    auto cache = try_read_file(devices::host_path(host_root, "/etc/ld.so.cache"));
     if (!cache) return {};
     auto entries = parse_ld_cache(*cache);
     if (!entries) return {};
@@ -267,7 +268,7 @@ Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std:
     for (const auto& cap : capability_names(*caps))
         for (const auto& lib : libraries_by_capability().at(cap)) wanted.insert(lib);
     size_t libraries = 0;
-    auto cache_text = read_text(host_path(root, "/etc/ld.so.cache"));
+    auto cache_text = try_read_file(host_path(root, "/etc/ld.so.cache"));
     if (!cache_text) {
         edits.warnings.push_back("no ld.so cache at " + host_path(root, "/etc/ld.so.cache") +
                                  ": NVIDIA driver libraries not added");

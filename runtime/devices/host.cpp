@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "gantry/files.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/strings.hpp"
 #include "internal.hpp"
@@ -22,14 +23,6 @@ std::string host_path(const std::string& host_root, const std::string& path) {
     while (root.size() > 1 && root.back() == '/') root.pop_back();
     if (root.empty() || root == "/") return path;
     return root + path;
-}
-
-std::optional<std::string> read_text(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) return std::nullopt;
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
 }
 
 std::optional<std::string> resolve_in_host(const std::string& host_root, const std::string& path) {

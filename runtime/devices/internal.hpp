@@ -13,8 +13,6 @@ namespace gantry::devices {
 // host_root + path, for an absolute `path`: ("/", "/dev/x") -> "/dev/x"; ("/fake/", "/dev/x") -> "/fake/dev/x".
 std::string host_path(const std::string& host_root, const std::string& path);
 
-// The file's text, or nothing when it cannot be read.
-std::optional<std::string> read_text(const std::string& path);
 
 // Resolves `path` (absolute, as seen on the host) inside host_root: symlinks are followed as if
 // host_root were "/" and never leave it. Returns the resolved path *without* the prefix, or nothing

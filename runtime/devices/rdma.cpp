@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "gantry/files.hpp"
 #include "gantry/strings.hpp"
 #include "internal.hpp"
 
@@ -53,7 +54,7 @@ std::vector<RdmaDevice> rdma_devices(const std::string& host_root) {
         d.sysfs_link = link_target(cls + "/" + name);
         if (auto drv = devices::resolve_in_host(host_root, "/sys/class/infiniband_verbs/" + name + "/device/driver"))
             d.driver = drv->substr(drv->rfind('/') + 1);
-        if (auto ib = devices::read_text(cls + "/" + name + "/ibdev")) d.ib_name = trim(*ib);
+        if (auto ib = try_read_file(cls + "/" + name + "/ibdev")) d.ib_name = trim(*ib);
         if (!d.ib_name.empty()) d.ib_link = link_target(host_path(host_root, "/sys/class/infiniband/" + d.ib_name));
         out.push_back(std::move(d));
     }
@@ -111,7 +112,7 @@ ContainerEdits rdma_edits(const Config& config, const std::vector<std::string>& 
         if (is_char_device(host_path(root, "/dev/infiniband/rdma_cm")))
             edits.devices.push_back({host_path(root, "/dev/infiniband/rdma_cm"), "/dev/infiniband/rdma_cm"});
         // libibverbs refuses to work without the class's ABI version file.
-        if (auto abi = read_text(host_path(root, "/sys/class/infiniband_verbs/abi_version")))
+        if (auto abi = try_read_file(host_path(root, "/sys/class/infiniband_verbs/abi_version")))
             verbs.files.emplace_back("abi_version", *abi);
         edits.sysfs_views.push_back(std::move(verbs));
         edits.sysfs_views.push_back(std::move(ib));

@@ -30,15 +30,6 @@ Result<UniqueFd> open_dir_in(int root, const std::string& path) {
     return dir;
 }
 
-Status write_new_file(int dirfd, const std::string& name, const std::string& content, const std::string& what) {
-    ::unlinkat(dirfd, name.c_str(), 0);
-    UniqueFd fd(::openat(dirfd, name.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (!fd) return system_error("creating " + what);
-    if (::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size()))
-        return system_error("writing " + what);
-    return {};
-}
-
 std::pair<std::string, std::string> split_path(const std::string& path) {
     auto slash = path.rfind('/');
     return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
@@ -64,7 +55,7 @@ Status write_device_files_in_upper(Setup& s) {
         auto [parent, leaf] = split_path(kLdConf);
         auto dir = open_dir_in(s.upper.get(), parent);
         if (!dir) return dir.error();
-        GANTRY_TRY(write_new_file(dir->get(), leaf, text, kLdConf));
+        GANTRY_TRY(write_file_at(dir->get(), leaf, text, kLdConf));
         // ldconfig replaces /etc/ld.so.cache by renaming a new file over it. Over the image's copy the
         // overlay would have to copy up a file whose owner is unmapped here (EOVERFLOW), so the
         // image's cache is copied up by hand, as ours, before the overlay exists.
@@ -76,7 +67,7 @@ Status write_device_files_in_upper(Setup& s) {
             while (in && (n = ::read(in.get(), buf, sizeof buf)) > 0) bytes.append(buf, static_cast<size_t>(n));
             auto etc = open_dir_in(s.upper.get(), "/etc");
             if (!etc) return etc.error();
-            GANTRY_TRY(write_new_file(etc->get(), "ld.so.cache", bytes, "/etc/ld.so.cache"));
+            GANTRY_TRY(write_file_at(etc->get(), "ld.so.cache", bytes, "/etc/ld.so.cache"));
         }
     }
     return {};
@@ -99,7 +90,7 @@ Status mount_sysfs_views(Setup& s) {
             if (::symlinkat(e.target.c_str(), dir.get(), e.path.c_str()) != 0)
                 return system_error("creating " + view.path + "/" + e.path);
         for (const auto& [name, content] : view.files)
-            GANTRY_TRY(write_new_file(dir.get(), name, content, view.path + "/" + name));
+            GANTRY_TRY(write_file_at(dir.get(), name, content, view.path + "/" + name));
         struct mount_attr attr {};
         attr.attr_set = MOUNT_ATTR_RDONLY;
         if (::mount_setattr(fd->get(), "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)

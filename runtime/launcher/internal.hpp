@@ -98,4 +98,8 @@ int signal_pidfd(int pidfd, int sig);
 // Process helpers (process.cpp)
 unsigned long long process_start_time(pid_t pid);
 
+// Replaces `name` under `dirfd` with a new file holding `content` (never following a symlink there).
+// `what` names the file in errors.
+Status write_file_at(int dirfd, const std::string& name, const std::string& content, const std::string& what);
+
 }  // namespace gantry::launcher

@@ -48,14 +48,6 @@ bool is_below(const std::string& path, const std::string& dir) {
     return dir == "/" || path == dir || starts_with(path, dir + "/");
 }
 
-Status write_file_at(int dirfd, const std::string& name, const std::string& content, const std::string& what) {
-    ::unlinkat(dirfd, name.c_str(), 0);
-    UniqueFd fd(::openat(dirfd, name.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (!fd) return system_error("creating " + what);
-    if (::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size()))
-        return system_error("writing " + what);
-    return {};
-}
 
 std::string read_in_root(int root, const std::string& path) {
     auto fd = open_in_root(root, path);
@@ -122,6 +114,15 @@ Status open_upper_etc(Setup& s, UniqueFd& out) {
 }
 
 }  // namespace
+
+Status write_file_at(int dirfd, const std::string& name, const std::string& content, const std::string& what) {
+    ::unlinkat(dirfd, name.c_str(), 0);
+    UniqueFd fd(::openat(dirfd, name.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (!fd) return system_error("creating " + what);
+    if (::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size()))
+        return system_error("writing " + what);
+    return {};
+}
 
 Status bind_into(Setup& s, const std::string& source, const std::string& dst, bool recursive, uint64_t attr_set,
                  Propagation propagation, bool propagation_recursive) {
