@@ -56,18 +56,26 @@ drop_caches
 t0=$(now)
 skopeo copy -q --src-tls-verify=false "docker://$reg/$repo:$tag" "oci:$work/oci:$tag"
 t1=$(now)
-umoci unpack --rootless --image "$work/oci:$tag" "$work/bundle" > /dev/null
+# umoci 0.4 cannot read zstd layers: recompress them to gzip first, untimed (this flatters the baseline).
+unpack_tag=$tag
+if echo "$layers" | grep -q zstd; then
+  python3 "$here/tests/images/oci.py" to-gzip "$work/oci" "$tag" gzip-copy > /dev/null
+  unpack_tag=gzip-copy
+fi
+t1b=$(now)
+umoci unpack --rootless --image "$work/oci:$unpack_tag" "$work/bundle" > /dev/null
 t2=$(now)
 mksquashfs "$work/bundle/rootfs" "$work/enroot.sqsh" -comp lzo -noD -all-root -quiet -no-progress > /dev/null
 t3=$(now)
-t_ref=$(elapsed "$t0" "$t3")
+t_ref=$(echo "$(elapsed "$t0" "$t3") - $(elapsed "$t1" "$t1b")" | bc -l)
 size_ref=$(stat -c %s "$work/enroot.sqsh")
 
 printf '\n%-44s %10s\n' "step" "seconds"
 printf '%-44s %10.2f\n' "floor: download + decompress to /dev/null" "$t_floor"
 printf '%-44s %10.2f\n' "gantry pull (cold store)" "$t_gantry"
 printf '%-44s %10.2f\n' "skopeo copy" "$(elapsed "$t0" "$t1")"
-printf '%-44s %10.2f\n' "umoci unpack" "$(elapsed "$t1" "$t2")"
+printf '%-44s %10.2f\n' "(untimed: zstd layers recompressed for umoci)" "$(elapsed "$t1" "$t1b")"
+printf '%-44s %10.2f\n' "umoci unpack" "$(elapsed "$t1b" "$t2")"
 printf '%-44s %10.2f\n' "mksquashfs -comp lzo -noD" "$(elapsed "$t2" "$t3")"
 printf '%-44s %10.2f\n' "Enroot-equivalent total" "$t_ref"
 printf '\ngantry peak RSS: %d MiB\n' $((rss_kb / 1024))
