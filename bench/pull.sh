@@ -31,15 +31,15 @@ manifest=$(curl -fsS -H "Accept: $accept" "http://$reg/v2/$repo/manifests/$tag")
 layers=$(echo "$manifest" | jq -r '.layers[] | .digest + " " + .mediaType')
 drop_caches
 t0=$(now)
-echo "$layers" | while read -r digest media; do
+while read -r digest media; do
   case "$media" in
     *zstd*) dec="zstd -dc" ;;
     *gzip*) dec="gzip -dc" ;;
     *) dec="cat" ;;
   esac
   (curl -fsS "http://$reg/v2/$repo/blobs/$digest" | $dec > /dev/null) &
-done
-wait
+done <<< "$layers"
+wait  # the loop ran in this shell (a here-string, not a pipe), so its jobs are ours to wait for
 t_floor=$(elapsed "$t0" "$(now)")
 
 # gantry pull into a cold store.

@@ -16,6 +16,8 @@ namespace {
 // Large enough that the syscall and libarchive call overhead vanish next to decompression.
 constexpr size_t kInputChunk = 1 << 20;
 constexpr size_t kOutputChunk = 1 << 20;
+// How far the decoder thread may run ahead of the tar parser.
+constexpr size_t kQueuedChunks = 8;
 
 const unsigned char kGzipMagic[] = {0x1f, 0x8b};
 const unsigned char kZstdMagic[] = {0x28, 0xb5, 0x2f, 0xfd};
@@ -51,7 +53,63 @@ struct LayerReader::Decoder {
 };
 
 LayerReader::~LayerReader() {
+    stop_decoder();
     if (ar_ != nullptr) archive_read_free(ar_);
+}
+
+void LayerReader::start_decoder() { decoder_ = std::thread([this] { decode_loop(); }); }
+
+void LayerReader::stop_decoder() {
+    if (!decoder_.joinable()) return;
+    {
+        std::lock_guard<std::mutex> lock(m_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    decoder_.join();
+}
+
+void LayerReader::decode_loop() {
+    for (;;) {
+        const void* p = nullptr;
+        auto got = produce(&p);
+        std::unique_lock<std::mutex> lock(m_);
+        if (!got || *got == 0) {
+            if (!got) decode_error_ = got.error();
+            decode_done_ = true;
+            cv_.notify_all();
+            return;
+        }
+        cv_.wait(lock, [&] { return stop_ || ready_.size() < kQueuedChunks; });
+        if (stop_) return;
+        std::vector<unsigned char> chunk;
+        if (!spare_.empty()) {
+            chunk = std::move(spare_.front());
+            spare_.pop_front();
+        }
+        lock.unlock();
+        chunk.assign(static_cast<const unsigned char*>(p), static_cast<const unsigned char*>(p) + *got);
+        lock.lock();
+        ready_.push_back(std::move(chunk));
+        cv_.notify_all();
+    }
+}
+
+Result<size_t> LayerReader::next_chunk(const void** out) {
+    std::unique_lock<std::mutex> lock(m_);
+    if (!current_.empty()) spare_.push_back(std::move(current_));
+    current_.clear();
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return !ready_.empty() || decode_done_; });
+    if (ready_.empty()) {
+        if (decode_error_) return *decode_error_;
+        return size_t{0};
+    }
+    current_ = std::move(ready_.front());
+    ready_.pop_front();
+    cv_.notify_all();
+    *out = current_.data();
+    return current_.size();
 }
 
 Result<std::unique_ptr<LayerReader>> LayerReader::open(const std::string& path, const std::string& media_type,
@@ -85,6 +143,7 @@ Result<std::unique_ptr<LayerReader>> LayerReader::open(const std::string& path, 
             break;
     }
     GANTRY_TRY(r->init_decoder());
+    r->start_decoder();
 
     r->ar_ = archive_read_new();
     if (r->ar_ == nullptr) return make_error("libarchive: out of memory");
@@ -205,7 +264,7 @@ Result<size_t> LayerReader::produce(const void** out) {
 
 la_ssize_t LayerReader::read_callback(struct archive* a, void* self, const void** buffer) {
     auto* r = static_cast<LayerReader*>(self);
-    auto got = r->produce(buffer);
+    auto got = r->next_chunk(buffer);
     if (!got) {
         r->pending_error_ = got.error().message;
         archive_set_error(a, got.error().errnum != 0 ? got.error().errnum : EIO, "%s", got.error().message.c_str());
@@ -247,10 +306,11 @@ Result<std::string> LayerReader::finish() {
     // part of the diff_id.
     for (;;) {
         const void* p = nullptr;
-        auto got = produce(&p);
+        auto got = next_chunk(&p);
         if (!got) return Error{std::string(compression_name(compression_)) + ": " + got.error().message, 0};
         if (*got == 0) break;
     }
+    decoder_.join();  // it has finished: the digest and the byte count are ours to read now
     return sha_.finish();
 }
 

@@ -1,14 +1,21 @@
 // Reading one layer blob as a stream of tar entries: the blob is decompressed here (gzip with zlib,
 // zstd with libzstd, or plain), every uncompressed byte goes through SHA-256 for the diff_id check, and
 // the raw tar is handed to libarchive with no libarchive filter. Decompressing ourselves is what lets
-// one pass both verify the diff_id and parse the tar.
+// one pass both verify the diff_id and parse the tar. Decompression and hashing run on a thread of
+// their own, a bounded queue of chunks ahead of the tar parser, so that they overlap the merge and the
+// squashfs writer instead of taking turns with them on one core.
 #pragma once
 
 #include <archive.h>
 #include <archive_entry.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -54,6 +61,22 @@ private:
     Error archive_failure(const char* what);
 
     static la_ssize_t read_callback(struct archive* a, void* self, const void** buffer);
+
+    // The decoder thread: produce() into chunks, pushed to `ready_`; stops at the end, on an error
+    // (kept in `decode_error_`) or when `stop_` is set by the destructor.
+    void decode_loop();
+    void start_decoder();
+    void stop_decoder();
+    // The next uncompressed chunk for the tar parser (held in `current_`); size 0 at the end.
+    Result<size_t> next_chunk(const void** out);
+
+    std::thread decoder_;
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<std::vector<unsigned char>> ready_, spare_;
+    std::vector<unsigned char> current_;
+    bool decode_done_ = false, stop_ = false;
+    std::optional<Error> decode_error_;
 
     std::string path_;
     UniqueFd fd_;

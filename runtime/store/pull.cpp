@@ -148,7 +148,10 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     BlobBoard board(layers.size());
     Status download_status;
     std::thread downloader([&] {
-        download_status = client.fetch_blobs(ref, image->layers, blobs_dir, [&](size_t i) { board.mark_ready(i); });
+        // Top layer first: the converter starts there, so the blobs it needs first are asked for first.
+        std::vector<Descriptor> top_down(image->layers.rbegin(), image->layers.rend());
+        const size_t n = top_down.size();
+        download_status = client.fetch_blobs(ref, top_down, blobs_dir, [&](size_t j) { board.mark_ready(n - 1 - j); });
         if (!download_status) board.fail(download_status.error());
         board.finish();
     });
