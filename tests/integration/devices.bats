@@ -41,11 +41,10 @@ setup_file() {
 
 setup() {
   gantry_load_env registry images slurm
-  if [ "$GANTRY_TEST_MODE" = multi ]; then REG=gantry-login:${GANTRY_TEST_REGISTRY_HTTP##*:}; else REG=$GANTRY_TEST_REGISTRY_HTTP; fi
+  gantry_cluster_registry
   FAKE=$GANTRY_HARNESS_DIR/fakehw
   MPI=$GANTRY_HARNESS_DIR/cache/devices-mpi/mpi.sqsh
   write_conf
-  mkdir -p "$GANTRY_TEST_FSX/store" && chmod 1777 "$GANTRY_TEST_FSX/store"
   TINY="$REG#gantry-test/tiny"
   DEBIAN="$REG#gantry-test/debian"
   TORCH="$REG#gantry-test/torchlike"
@@ -62,8 +61,7 @@ teardown() {
 # EFA is off unless a test turns it on: with it, every step on a node with a limited memlock (this
 # harness: 8 MiB) prints the memlock warning, which would mix into the other tests' output.
 write_conf() {
-  { printf 'store_path = %s\ninsecure_registries = %s\nhost_root = %s\nefa = 0\n' "$GANTRY_TEST_FSX/store" "$REG" "$FAKE"
-    for l in "$@"; do echo "$l"; done; } > "$GANTRY_HARNESS_DIR/gantry.conf"
+  gantry_plugin_conf "host_root = $FAKE" "efa = 0" "$@"
 }
 
 # run_user CMD...: `run` as the test user, with the selection's warnings (node 0 prints them, e.g.

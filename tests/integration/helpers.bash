@@ -89,3 +89,19 @@ gantry_fresh_image() {
   curl -fsS -o /dev/null -w '%header{docker-content-digest}' -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
     "http://$reg/v2/gantry-test/$name/manifests/latest"
 }
+
+# gantry_cluster_registry: sets REG to the open registry as the Slurm harness's nodes reach it. They live
+# in network namespaces of their own (with their own loopback) and reach the host over the harness
+# bridge as gantry-login; a single-node harness runs on the host itself.
+gantry_cluster_registry() {
+  if [ "$GANTRY_TEST_MODE" = multi ]; then REG=gantry-login:${GANTRY_TEST_REGISTRY_HTTP##*:}; else REG=$GANTRY_TEST_REGISTRY_HTTP; fi
+}
+
+# gantry_plugin_conf [LINE...]: writes the gantry.conf the plugin reads in the harness (the shared store
+# in the FSx stand-in, and REG as an insecure registry: gantry allows plain HTTP only to registries
+# listed there), plus the given lines; creates the store.
+gantry_plugin_conf() {
+  { printf 'store_path = %s\ninsecure_registries = %s\n' "$GANTRY_TEST_FSX/store" "$REG"
+    for l in "$@"; do echo "$l"; done; } > "$GANTRY_HARNESS_DIR/gantry.conf"
+  mkdir -p "$GANTRY_TEST_FSX/store" && chmod 1777 "$GANTRY_TEST_FSX/store"
+}

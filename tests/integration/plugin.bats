@@ -6,11 +6,8 @@ load helpers
 
 setup() {
   gantry_load_env registry images slurm
-  # The nodes reach the open registry over the harness bridge (their own network namespaces have
-  # their own loopback), which gantry allows over plain HTTP only when gantry.conf lists it.
-  if [ "$GANTRY_TEST_MODE" = multi ]; then REG=gantry-login:${GANTRY_TEST_REGISTRY_HTTP##*:}; else REG=$GANTRY_TEST_REGISTRY_HTTP; fi
-  printf 'store_path = %s\ninsecure_registries = %s\n' "$GANTRY_TEST_FSX/store" "$REG" > "$GANTRY_HARNESS_DIR/gantry.conf"
-  mkdir -p "$GANTRY_TEST_FSX/store" && chmod 1777 "$GANTRY_TEST_FSX/store"
+  gantry_cluster_registry
+  gantry_plugin_conf
   TINY="$REG#gantry-test/tiny"
   DEBIAN="$REG#gantry-test/debian"
   U=$GANTRY_TEST_USER
