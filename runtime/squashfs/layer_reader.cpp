@@ -16,8 +16,11 @@ namespace {
 // Large enough that the syscall and libarchive call overhead vanish next to decompression.
 constexpr size_t kInputChunk = 1 << 20;
 constexpr size_t kOutputChunk = 1 << 20;
-// How far the decoder thread may run ahead of the tar parser.
-constexpr size_t kQueuedChunks = 8;
+// How far the decoder thread may run ahead of the tar parser: 32 MiB smooths out the stalls of both
+// sides (the tar parser waits on the squashfs writer while a file's blocks are compressed) at ~25 MiB
+// more peak memory than 8 (six cold pulls of the 2.2 GB bench image each: 7.4 s -> 6.5 s on average,
+// with run-to-run noise of about 15% on this 2-core machine).
+constexpr size_t kQueuedChunks = 32;
 
 const unsigned char kGzipMagic[] = {0x1f, 0x8b};
 const unsigned char kZstdMagic[] = {0x28, 0xb5, 0x2f, 0xfd};
