@@ -83,10 +83,6 @@ std::vector<std::string> job_environment(spank_t sp) {
     return env;
 }
 
-std::optional<std::string> getenv_of(const std::vector<std::string>& env, const std::string& name) {
-    return find_env(env, name);
-}
-
 // A program of ours: beside the configured gantry CLI, else in the build tree next to this plugin, else
 // where the package installs it.
 std::string helper_path(const Settings& settings, const std::string& name, const char* installed) {
@@ -327,7 +323,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (!ref) return ref.error();
         std::string image = *o.image;
         if (ref->digest.empty())
-            if (auto pinned = getenv_of(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
+            if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
         auto pulled = pull_as_user(settings, st.config, *id, image, env);
         if (!pulled) return pulled.error();
         auto store = ImageStore::open(ImageStore::resolve_path(st.config, ""), false);
@@ -432,7 +428,7 @@ Status join_step(spank_t sp) {
     if (st.run_on_host || st.joined.holder_pid <= 0) return {};
     std::vector<std::string> before = job_environment(sp);
     // --- devices (issue 7): the selection's warnings, once per step, on the user's terminal ---
-    if (!st.device_warnings.empty() && getenv_of(before, "SLURM_LOCALID").value_or("") == "0")
+    if (!st.device_warnings.empty() && find_env(before, "SLURM_LOCALID").value_or("") == "0")
         (void)!::write(STDERR_FILENO, st.device_warnings.data(), st.device_warnings.size());
     // The entrypoint helper is opened before entering the container: it is our file on the host, and
     // the task execs it as /proc/self/fd/N from inside, where the image need not contain it.

@@ -177,4 +177,9 @@ unsigned master_port(unsigned long jobid);
 inline constexpr const char* kDriverLibDir = "/usr/local/nvidia/lib64";
 inline constexpr const char* kDriverLib32Dir = "/usr/local/nvidia/lib";
 
+namespace devices {
+// host_root + path, for an absolute `path`: ("/", "/dev/x") -> "/dev/x"; ("/fake/", "/dev/x") -> "/fake/dev/x".
+std::string host_path(const std::string& host_root, const std::string& path);
+}  // namespace devices
+
 }  // namespace gantry

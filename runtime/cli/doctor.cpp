@@ -122,7 +122,7 @@ Check gpus(const Config& config) {
     // The libraries the containers will get must be in the host's ld.so cache.
     if (c.ok) {
         auto cache = parse_ld_cache(
-            read_all(config.host_root == "/" ? "/etc/ld.so.cache" : config.host_root + "/etc/ld.so.cache"));
+            read_all(devices::host_path(config.host_root, "/etc/ld.so.cache")));
         bool cuda = false;
         if (cache)
             for (const auto& e : *cache) cuda = cuda || e.soname == "libcuda.so.1";

@@ -10,8 +10,6 @@
 
 namespace gantry::devices {
 
-// host_root + path, for an absolute `path`: ("/", "/dev/x") -> "/dev/x"; ("/fake/", "/dev/x") -> "/fake/dev/x".
-std::string host_path(const std::string& host_root, const std::string& path);
 
 
 // Resolves `path` (absolute, as seen on the host) inside host_root: symlinks are followed as if
