@@ -9,6 +9,7 @@
 #include <pwd.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,6 +82,21 @@ std::vector<std::string> job_environment(spank_t sp) {
     if (item(sp, S_JOB_ENV, &envp) && envp != nullptr)
         for (char** e = envp; *e != nullptr; ++e) env.emplace_back(*e);
     return env;
+}
+
+// Where Slurm's PMIx server tells clients (pmix.tmpdir, pmix.nsdir) to keep their session files: the
+// node's TmpFS, read from slurmstepd's own configuration through libslurm's accessor when this process
+// has it (it is slurmstepd's, not part of the SPANK API, so it is looked up rather than linked).
+std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& env) {
+    using TmpFsFn = char* (*)(char*);
+    auto fn = reinterpret_cast<TmpFsFn>(::dlsym(RTLD_DEFAULT, "slurm_get_tmp_fs"));
+    if (fn == nullptr) return std::nullopt;
+    std::string node = find_env(env, "SLURMD_NODENAME").value_or("");
+    char* dir = fn(node.empty() ? nullptr : node.data());
+    if (dir == nullptr) return std::nullopt;
+    std::string out = dir;  // Slurm's allocation, a few bytes once per step: left to the process
+    while (out.size() > 1 && out.back() == '/') out.pop_back();
+    return out;
 }
 
 // A program of ours: beside the configured gantry CLI, else in the build tree next to this plugin, else
@@ -378,6 +394,17 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     if (item(sp, S_JOB_NODEID, &nodeid) && nodeid == 0)
         for (const auto& w : edits->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
     if (!edits->summary.empty()) log::info("devices: " + edits->summary);
+    // Open MPI creates its session directory below the PMIx client directory, a host path the server
+    // fills only after this hook. Below an image directory the rank could not create it, so the
+    // directory is bound at the same path; a TmpFS of /tmp needs nothing (the container's own /tmp
+    // is the rank's to write).
+    if (st.config.pmix) {
+        auto dir = pmix_client_tmpdir(env);
+        struct stat sb {};
+        if (dir && (*dir)[0] == '/' && *dir != "/" && *dir != "/tmp" && ::stat(dir->c_str(), &sb) == 0 &&
+            S_ISDIR(sb.st_mode))
+            edits->mounts.push_back({*dir, *dir, false});
+    }
     spec.devices = std::move(*edits);
     // --- end devices ---
     spec.detach = !name.empty();

@@ -256,6 +256,14 @@ as_user() {
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -c ': sum 21 ok$')" -eq 6 ]
   [ "$(echo "$output" | grep -o 'on gnode[0-9]' | sort -u | wc -l)" -eq 3 ]
+  # Open MPI keeps its session files in the PMIx client directory below the node's TmpFS, a host path
+  # (here below the build tree): the container sees the step's directory there, made by slurmstepd.
+  tmpfs=$(scontrol show config | awk '$1 == "TmpFS" {print $3}')
+  [ -n "$tmpfs" ] && [ "$tmpfs" != /tmp ]
+  run_user srun -n1 --mpi=pmix --container-image="$TINY" sh -c 'for d in "$1"/spmix_appdir_*; do echo "$d"; done' sh "$tmpfs"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "^$tmpfs/spmix_appdir_[0-9_]*\.[0-9]*$"
 }
 
 @test "gantry doctor: a table with a mark and a fix per line, GPUs, EFA, memlock and the plugin" {
