@@ -115,9 +115,10 @@ struct AwsCredentials {
     std::string source;
     std::time_t expiration = 0;  // 0: long-term
 };
-// The standard chain: environment, AWS_PROFILE's shared files, web identity token file, container
-// credentials endpoint, EC2 instance metadata (IMDSv2). `region` is used for STS. The error lists
-// what was tried.
+// The standard chain: environment, AWS_PROFILE's shared files (keys, credential_process, role_arn with
+// web_identity_token_file, or with source_profile through a SigV4-signed sts:AssumeRole whose answer
+// is cached like ECR tokens), web identity token file, container credentials endpoint, EC2 instance
+// metadata (IMDSv2). `region` is used for STS. The error lists what was tried.
 Result<AwsCredentials> aws_credentials(const std::string& region);
 
 struct EcrToken {
@@ -138,7 +139,8 @@ struct SignedHttpRequest {
 };
 SignedHttpRequest ecr_token_request(const EcrRegistry& reg, const sigv4::Key& key, const std::string& amz_date);
 
-// The directory of the on-disk token cache: ${XDG_CACHE_HOME:-~/.cache}/gantry/tokens.
+// The directory of the on-disk token cache (ECR tokens, AssumeRole credentials):
+// ${XDG_CACHE_HOME:-~/.cache}/gantry/tokens.
 std::string token_cache_dir();
 
 // OAuth2 refresh-token grant at a registry's token realm (Docker's identitytoken flow): POST

@@ -5,6 +5,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -98,7 +99,13 @@ std::optional<Credentials> from_helper(const std::string& helper, const ImageRef
 std::optional<Credentials> lookup_file(const std::string& path, const std::string& source, const ImageReference& ref,
                                        bool namespaces) {
     std::ifstream in(path);
-    if (!in) return std::nullopt;  // no file: nothing from this source
+    if (!in) {
+        // No file: nothing from this source. A file the user cannot read (the lookup runs with the job
+        // user's identity, also under slurmstepd) is said so: its owner may expect it to be used.
+        if (::access(path.c_str(), R_OK) != 0 && errno == EACCES)
+            log::warning("ignoring " + source + ": not readable by you (permission denied)");
+        return std::nullopt;
+    }
     std::stringstream text;
     text << in.rdbuf();
     nlohmann::json j;

@@ -2,18 +2,13 @@
 // GetAuthorizationToken with SigV4 (sigv4.cpp) using the AWS credential chain (aws_credentials.cpp),
 // and caches the token in memory and on disk per user (0600, for its lifetime minus a margin) behind
 // a file lock, so that many ranks or nodes starting at once make one request to the token service.
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <ctime>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <thread>
 
 #include "auth/http_client.hpp"
 #include "auth/internal.hpp"
@@ -73,20 +68,9 @@ std::string json_of(const CachedToken& t) {
 
 // The cached token, if the file is ours, private, parsable and still usable.
 std::optional<CachedToken> read_cache(const std::string& path) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd) return std::nullopt;
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-        log::warning("ignoring the token cache file " + display_path(path) + ": not private to you (owner/mode)");
-        return std::nullopt;
-    }
-    std::string text;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fd.get(), buf, sizeof(buf))) > 0 && text.size() < (1u << 20))
-        text.append(buf, static_cast<size_t>(n));
-    auto j = nlohmann::json::parse(text, nullptr, false);
+    auto text = read_private_file(path);
+    if (!text) return std::nullopt;
+    auto j = nlohmann::json::parse(*text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return std::nullopt;
     CachedToken t;
     t.token.username = j.value("username", "");
@@ -95,19 +79,6 @@ std::optional<CachedToken> read_cache(const std::string& path) {
     t.use_until = j.value("use_until", std::time_t{0});
     if (t.token.password.empty() || t.use_until <= std::time(nullptr)) return std::nullopt;
     return t;
-}
-
-// An exclusive flock on `path`, waiting at most `timeout_s`; invalid fd when it cannot be had.
-UniqueFd lock_file(const std::string& path, double timeout_s) {
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd) return fd;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
-    while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-        if (errno != EWOULDBLOCK && errno != EINTR) return UniqueFd();
-        if (std::chrono::steady_clock::now() > deadline) return UniqueFd();
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return fd;
 }
 
 // ECR's JSON error answer: {"__type": "...#InvalidSignatureException", "message": "..."}.
@@ -220,17 +191,7 @@ SignedHttpRequest ecr_token_request(const EcrRegistry& reg, const sigv4::Key& ke
     SignedHttpRequest out;
     out.url = reg.api_endpoint() + "/";
     out.body = "{}";
-    std::string host = http::host_of(out.url);
-    // The Host header as the client sends it: with the port only when it is not the scheme's default.
-    {
-        auto p = out.url.find("://") + 3;
-        std::string hostport = out.url.substr(p, out.url.find('/', p) - p);
-        if ((out.url.rfind("https://", 0) == 0 && hostport.size() > 4 &&
-             hostport.substr(hostport.size() - 4) == ":443") ||
-            (out.url.rfind("http://", 0) == 0 && hostport.size() > 3 && hostport.substr(hostport.size() - 3) == ":80"))
-            hostport = hostport.substr(0, hostport.rfind(':'));
-        host = hostport;
-    }
+    const std::string host = http::host_header(out.url);
     sigv4::Request r;
     r.method = "POST";
     r.path = "/";
@@ -246,16 +207,6 @@ SignedHttpRequest ecr_token_request(const EcrRegistry& reg, const sigv4::Key& ke
     return out;
 }
 
-std::string token_cache_dir() {
-    std::string base = env("XDG_CACHE_HOME");
-    if (base.empty()) {
-        std::string home = home_dir();
-        if (home.empty()) return {};
-        base = home + "/.cache";
-    }
-    return base + "/gantry/tokens";
-}
-
 Result<EcrToken> ecr_authorization_token(const EcrRegistry& reg) {
     const std::string key = cache_key(reg);
     const std::time_t now = std::time(nullptr);
@@ -263,29 +214,21 @@ Result<EcrToken> ecr_authorization_token(const EcrRegistry& reg) {
     auto mem = g_tokens.find(key);
     if (mem != g_tokens.end() && mem->second.use_until > now) return mem->second.token;
 
-    const std::string dir = token_cache_dir();
-    std::string file;
+    const std::string file = token_cache_file("ecr", key);
     UniqueFd held;
-    if (!dir.empty()) {
-        // Private to the user: the directory 0700, every file 0600 (tokens are credentials).
-        if (auto st = make_directories(dir, 0700); !st) {
-            log::warning("not caching ECR tokens: " + st.error().message);
-        } else {
-            ::chmod(dir.c_str(), 0700);
-            file = dir + "/ecr-" + sigv4::sha256_hex(key).substr(0, 32);
-            if (auto c = read_cache(file + ".json")) {
-                g_tokens[key] = *c;
-                log::debug("using the cached ECR token for " + reg.registry);
-                return c->token;
-            }
-            // Whoever holds the lock is asking ECR now; wait for it and use its answer.
-            held = lock_file(file + ".lock", 60);
-            if (!held) log::warning("could not lock " + display_path(file + ".lock") + "; asking ECR without it");
-            if (auto c = read_cache(file + ".json")) {
-                g_tokens[key] = *c;
-                log::debug("using the ECR token another process just cached for " + reg.registry);
-                return c->token;
-            }
+    if (!file.empty()) {
+        if (auto c = read_cache(file + ".json")) {
+            g_tokens[key] = *c;
+            log::debug("using the cached ECR token for " + reg.registry);
+            return c->token;
+        }
+        // Whoever holds the lock is asking ECR now; wait for it and use its answer.
+        held = lock_file(file + ".lock", 60);
+        if (!held) log::warning("could not lock " + display_path(file + ".lock") + "; asking ECR without it");
+        if (auto c = read_cache(file + ".json")) {
+            g_tokens[key] = *c;
+            log::debug("using the ECR token another process just cached for " + reg.registry);
+            return c->token;
         }
     }
     auto t = fetch_token(reg);

@@ -79,6 +79,19 @@ std::string host_of(const std::string& url) {
     return rest.substr(0, rest.find(':'));
 }
 
+std::string host_header(const std::string& url) {
+    auto p = url.find("://");
+    if (p == std::string::npos) return {};
+    p += 3;
+    std::string hostport = url.substr(p, url.find_first_of("/?#", p) - p);
+    const bool https = url.rfind("https://", 0) == 0;
+    const std::string default_port = https ? ":443" : ":80";
+    if (hostport.size() > default_port.size() &&
+        hostport.compare(hostport.size() - default_port.size(), default_port.size(), default_port) == 0)
+        hostport.resize(hostport.size() - default_port.size());
+    return hostport;
+}
+
 bool is_local_http(const std::string& url) {
     if (url.rfind("http://", 0) != 0) return false;
     std::string h = host_of(url);

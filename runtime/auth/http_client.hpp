@@ -39,6 +39,9 @@ Result<Response> perform(const Request& request);
 bool is_local_http(const std::string& url);
 // scheme://host[:port] of a URL and its host alone; empty when unparsable.
 std::string host_of(const std::string& url);
+// The Host header a client sends for `url`: host[:port], the port only when not the scheme's default
+// (what SigV4 signs).
+std::string host_header(const std::string& url);
 // `url` without its query string, for messages.
 std::string redact(const std::string& url);
 // Percent-encoding of a form or query value.

@@ -1,7 +1,10 @@
 // Internal: small helpers shared by the auth module's source files.
 #pragma once
 
+#include <optional>
 #include <string>
+
+#include "gantry/fd.hpp"
 
 namespace gantry::auth {
 
@@ -10,5 +13,15 @@ std::string home_dir();
 // `path` with the home directory written as "~", for messages.
 std::string display_path(const std::string& path);
 std::string lower(std::string s);
+
+// ---- The on-disk token cache (token_cache.cpp).
+// "<token_cache_dir()>/<prefix>-<hash of key>" (append ".json" / ".lock"), the directory made 0700;
+// empty when there is no home or the directory cannot be made (warned).
+std::string token_cache_file(const std::string& prefix, const std::string& key);
+// The file's text if it is a regular file owned by the caller and private (0600); else nullopt, with a
+// warning when it exists but others could read or write it.
+std::optional<std::string> read_private_file(const std::string& path);
+// An exclusive flock on `path` (created 0600), waiting at most `timeout_s`; invalid when not had.
+UniqueFd lock_file(const std::string& path, double timeout_s);
 
 }  // namespace gantry::auth

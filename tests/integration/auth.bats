@@ -9,6 +9,9 @@
 # credentials. Also: token caching (N concurrent pulls -> one token request; expiry -> refresh), Debian's
 # docker-credential-ecr-login through an HTTPS proxy, and bad input (malformed config.json, failing and
 # hanging helpers, wrong password, clock skew) with clear messages that never print a secret.
+# A real token-auth registry (setup_file: CNCF distribution with `auth: token` + token_server.py) for
+# identitytoken, Basic-at-the-realm and anonymous pulls; and profiles with role_arn + source_profile
+# through sts_endpoint.py (sts:AssumeRole, signature checked with botocore) to ECR.
 
 load helpers
 
@@ -18,7 +21,74 @@ SECRET=gantry/test/secret/key/0001xxxxxxxxxxxxxxxx
 
 setup_file() {
   gantry_load_env registry images
+  start_token_registry
 }
+
+teardown_file() {
+  local f
+  for f in "$BATS_FILE_TMPDIR"/tokreg/*.pid; do
+    [ -e "$f" ] || continue
+    kill "$(cat "$f")" 2>/dev/null || true
+  done
+}
+
+# A private CNCF registry in token mode (`auth: token:`) on its own 127.0.0.1 port, whose token service
+# is tests/integration/token_server.py over TLS (both use the harness's server certificate for
+# 127.0.0.1): the registry trusts JWTs signed by a key made here (rootcertbundle), and the token server
+# signs with it. The tiny image is pushed into it by skopeo with its own Basic credentials (the token
+# server's GET flow, push scope). Exports TOKREG (HOST:PORT), TOKREG_REALM, TOKREG_LOG (the token
+# server's request log), TOKREG_SERVICE and TOKREG_REFRESH (the one refresh token it accepts).
+start_token_registry() {
+  local d=$BATS_FILE_TMPDIR/tokreg certs port i
+  certs=$(dirname "$GANTRY_TEST_REGISTRY_CA")
+  mkdir -p "$d"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$d/jwt.key" -out "$d/jwt.pem" \
+    -days 1 -subj "/CN=gantry test token issuer" 2>/dev/null
+  export TOKREG_LOG=$d/token.log TOKREG_SERVICE=gantry-token-registry TOKREG_REFRESH=refresh-$RANDOM$RANDOM$RANDOM
+  python3 "$BATS_TEST_DIRNAME/token_server.py" --port-file "$d/token.port" --log "$TOKREG_LOG" --key "$d/jwt.key" \
+    --issuer gantry-test-issuer --user "$GANTRY_TEST_REGISTRY_USER" --password-file "$GANTRY_TEST_REGISTRY_PASSWORD_FILE" \
+    --refresh-token "$TOKREG_REFRESH" --tls-cert "$certs/server.pem" --tls-key "$certs/server.key" \
+    >"$d/token.out" 2>&1 3>&- &
+  echo $! >"$d/token.pid"
+  for i in $(seq 300); do [ -s "$d/token.port" ] && break; sleep 0.05; done
+  [ -s "$d/token.port" ] || { cat "$d/token.out" >&2; echo "token_server.py did not start" >&2; return 1; }
+  export TOKREG_REALM=https://127.0.0.1:$(tr -d '\n' <"$d/token.port")/token
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat >"$d/config.yml" <<EOF
+# docker-registry in token mode, written by tests/integration/auth.bats
+version: 0.1
+log: {level: info, formatter: text}
+storage:
+  filesystem: {rootdirectory: $d/storage}
+http:
+  addr: 127.0.0.1:$port
+  secret: gantry-token-test-$RANDOM$RANDOM
+  tls: {certificate: $certs/server.pem, key: $certs/server.key}
+auth:
+  token:
+    realm: $TOKREG_REALM
+    service: $TOKREG_SERVICE
+    issuer: gantry-test-issuer
+    rootcertbundle: $d/jwt.pem
+EOF
+  docker-registry serve "$d/config.yml" >"$d/registry.log" 2>&1 3>&- &
+  echo $! >"$d/registry.pid"
+  export TOKREG=127.0.0.1:$port
+  for i in $(seq 300); do
+    curl -s -o /dev/null --cacert "$GANTRY_TEST_REGISTRY_CA" "https://$TOKREG/v2/" && break
+    sleep 0.05
+  done
+  skopeo copy -q --dest-cert-dir "$GANTRY_TEST_REGISTRY_CERT_DIR" \
+    --dest-creds "$GANTRY_TEST_REGISTRY_USER:$GANTRY_TEST_REGISTRY_PASSWORD" \
+    "oci:$GANTRY_TEST_OCI_TINY:latest" "docker://$TOKREG/gantry-test/tiny:latest" || {
+    tail -5 "$d/registry.log" >&2
+    return 1
+  }
+}
+
+# tok_lines: how many requests the token server has logged; tok_requests_since N: those after line N.
+tok_lines() { wc -l <"$TOKREG_LOG"; }
+tok_requests_since() { tail -n +"$(($1 + 1))" "$TOKREG_LOG"; }
 
 setup() {
   gantry_load_env registry images
@@ -54,8 +124,8 @@ pulled_ok() {
 }
 # No line of $output holds the registry password, nor the test AWS secret.
 no_secret() {
-  ! echo "$output" | grep -qF "${GANTRY_TEST_REGISTRY_PASSWORD:0:40}"
-  ! echo "$output" | grep -qF "$SECRET"
+  ! echo "$output" | grep -qF "${GANTRY_TEST_REGISTRY_PASSWORD:0:40}" || false
+  ! echo "$output" | grep -qF "$SECRET" || false
 }
 
 b64() { printf '%s' "$1" | base64 -w0; }
@@ -69,7 +139,7 @@ write_helper() { # NAME SCRIPT-BODY: a docker-credential-NAME in a private PATH 
 
 wait_port() { # FILE -> prints the port once the file exists
   local i
-  for i in $(seq 100); do [ -s "$1" ] && { cat "$1"; return 0; }; sleep 0.05; done
+  for i in $(seq 300); do [ -s "$1" ] && { cat "$1"; return 0; }; sleep 0.05; done
   echo "no port in $1" >&2
   return 1
 }
@@ -198,15 +268,15 @@ printf '{\"ServerURL\":\"%s\",\"Username\":\"AWS\",\"Secret\":\"%s\"}\n' \"\$ser
   [ "$status" -ne 0 ]
   [ $((SECONDS - t0)) -lt 15 ]
   [[ "$output" == *"docker-credential-hanging: no answer after 2 s (killed; GANTRY_CREDENTIAL_TIMEOUT)"* ]]
-  ! pgrep -f "docker-credential-hanging" >/dev/null
+  ! pgrep -f "docker-credential-hanging" >/dev/null || false
 
   local wrong="x${GANTRY_TEST_REGISTRY_PASSWORD:1}"
   printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$GANTRY_TEST_REGISTRY_TLS" "$(b64 "AWS:$wrong")" >"$HOME/.docker/config.json"
   GANTRY_DEBUG=1 pull
   [ "$status" -ne 0 ]
   [[ "$output" == *"authentication to $GANTRY_TEST_REGISTRY_TLS failed (tried: ~/.docker/config.json)"* ]]
-  ! echo "$output" | grep -qF "${wrong:0:40}"
-  ! echo "$output" | grep -qi "authorization:"
+  ! echo "$output" | grep -qF "${wrong:0:40}" || false
+  ! echo "$output" | grep -qi "authorization:" || false
 }
 
 @test "SigV4: our ECR GetAuthorizationToken request is signed exactly as botocore signs it" {
@@ -311,7 +381,7 @@ PY
   pull
   [ "$status" -ne 0 ]
   [[ "$output" == *"failed: InvalidSignatureException: The request signature we calculated does not match"* ]]
-  ! echo "$output" | grep -q "not-the-secret"
+  ! echo "$output" | grep -q "not-the-secret" || false
 }
 
 @test "native ECR: clock skew is reported as such" {
@@ -333,7 +403,7 @@ PY
   [ "$(tokens_issued)" = 1 ]
   grep -q "^imds-token 200" "$AWS_PEER_LOG"
   grep -q "^imds-creds 200" "$AWS_PEER_LOG"
-  ! grep -q "^imds-v1" "$AWS_PEER_LOG"        # never without the IMDSv2 session token
+  ! grep -q "^imds-v1" "$AWS_PEER_LOG" || false        # never without the IMDSv2 session token
   grep -q "x-amz-security-token" "$ECR_LOG"   # the role's session token was signed and sent
 }
 
@@ -385,4 +455,115 @@ PY
   [[ "$output" == *"from docker-credential-ecr-login"* ]]
   [ "$(tokens_issued)" = 1 ]
   grep -q "signature verified by botocore" "$ECR_LOG"
+}
+
+@test "token-auth registry: identitytoken (refresh-token grant) pulls, one token request per pull, spec scope/service" {
+  # docker login's flow: grant_type=password with access_type=offline yields the refresh token that
+  # Docker stores as "identitytoken".
+  local rt n0
+  rt=$(curl -fsS --cacert "$GANTRY_TEST_REGISTRY_CA" "$TOKREG_REALM" --data-urlencode grant_type=password \
+    --data-urlencode access_type=offline --data-urlencode client_id=gantry-test \
+    --data-urlencode "username=$GANTRY_TEST_REGISTRY_USER" --data-urlencode "password@$GANTRY_TEST_REGISTRY_PASSWORD_FILE" \
+    --data-urlencode "service=$TOKREG_SERVICE" | python3 -c 'import json, sys; print(json.load(sys.stdin)["refresh_token"])')
+  [ "$rt" = "$TOKREG_REFRESH" ]
+  mkdir -p "$HOME/.docker"
+  printf '{"auths":{"%s":{"identitytoken":"%s"}}}\n' "$TOKREG" "$rt" >"$HOME/.docker/config.json"
+  n0=$(tok_lines)
+  GANTRY_DEBUG=1 pull "$TOKREG/gantry-test/tiny:latest"
+  pulled_ok
+  ! echo "$output" | grep -qF "$rt" || false
+  tok_requests_since "$n0" >"$BATS_TEST_TMPDIR/asked"
+  cat "$BATS_TEST_TMPDIR/asked"
+  # Manifest, config and layer blobs all rode on one token: exactly one request, the refresh-token
+  # grant (POST), for the spec's service and repository:NAME:pull scope; never Basic at the realm.
+  [ "$(wc -l <"$BATS_TEST_TMPDIR/asked")" -eq 1 ]
+  grep -qx "POST grant=refresh_token service=$TOKREG_SERVICE scope=repository:gantry-test/tiny:pull account=$GANTRY_TEST_REGISTRY_USER status=200" "$BATS_TEST_TMPDIR/asked"
+  # The registry authorised the blob GETs: the image really came from it.
+  grep -q 'msg="authorized request".*uri=/v2/gantry-test/tiny/blobs/' "$BATS_FILE_TMPDIR/tokreg/registry.log"
+}
+
+@test "token-auth registry: a wrong identitytoken names the registry and the source; anonymous pull is refused" {
+  mkdir -p "$HOME/.docker"
+  printf '{"auths":{"%s":{"identitytoken":"not-%s"}}}\n' "$TOKREG" "$TOKREG_REFRESH" >"$HOME/.docker/config.json"
+  local n0
+  n0=$(tok_lines)
+  pull "$TOKREG/gantry-test/tiny:latest"
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"authentication to $TOKREG (tried: ~/.docker/config.json): exchanging the identity token at $TOKREG_REALM: refused (HTTP 401)"* ]]
+  ! echo "$output" | grep -qF "not-$TOKREG_REFRESH" || false
+  tok_requests_since "$n0" | grep -q "^POST grant=refresh_token .* status=401$"
+  # No credentials at all: the token server hands out a token that grants nothing, the registry
+  # refuses it, and the message says no credentials were found for this registry.
+  rm "$HOME/.docker/config.json"
+  n0=$(tok_lines)
+  pull "$TOKREG/gantry-test/tiny:latest"
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"no credentials found for $TOKREG; tried ~/.docker/config.json"* ]]
+  tok_requests_since "$n0" | grep -q "^GET grant=anonymous service=$TOKREG_SERVICE scope=repository:gantry-test/tiny:pull account=- status=200$"
+}
+
+@test "token-auth registry: username/password from config.json go to the realm as Basic (GET), once per pull" {
+  mkdir -p "$HOME/.docker"
+  printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$TOKREG" "$(b64 "$GANTRY_TEST_REGISTRY_USER:$GANTRY_TEST_REGISTRY_PASSWORD")" \
+    >"$HOME/.docker/config.json"
+  local n0
+  n0=$(tok_lines)
+  pull "$TOKREG/gantry-test/tiny:latest"
+  pulled_ok
+  no_secret
+  [ "$(tok_requests_since "$n0" | wc -l)" -eq 1 ]
+  tok_requests_since "$n0" | grep -qx "GET grant=basic service=$TOKREG_SERVICE scope=repository:gantry-test/tiny:pull account=$GANTRY_TEST_REGISTRY_USER status=200"
+}
+
+@test "native ECR: role_arn + source_profile assumes the role at STS (SigV4 checked by botocore), cached and refreshed" {
+  local role=arn:aws:iam::123456789012:role/gantry-ecr-pull
+  STS_LOG=$BATS_TEST_TMPDIR/sts.log STS_COUNT=$BATS_TEST_TMPDIR/sts.count
+  python3 "$BATS_TEST_DIRNAME/sts_endpoint.py" --port-file "$BATS_TEST_TMPDIR/sts.port" --log "$STS_LOG" \
+    --count-file "$STS_COUNT" --key "$AKID:$SECRET" --role-arn "$role" --access-key ASIAGANTRYASSUMED \
+    --secret-key "$SECRET-assumed" --session-token "assumed-session-$$" --lifetime 16 3>&- &
+  PIDS+=($!)
+  export GANTRY_STS_ENDPOINT=http://127.0.0.1:$(wait_port "$BATS_TEST_TMPDIR/sts.port")
+  # ECR accepts only the assumed role's key and session token.
+  start_ecr --key "ASIAGANTRYASSUMED:$SECRET-assumed" --session-token "assumed-session-$$"
+  mkdir -p "$HOME/.aws"
+  printf '[base]\naws_access_key_id = %s\naws_secret_access_key = %s\n' "$AKID" "$SECRET" >"$HOME/.aws/credentials"
+  printf '[profile ecr-role]\nrole_arn = %s\nsource_profile = base\nrole_session_name = gantry-test\nregion = us-east-1\n' \
+    "$role" >"$HOME/.aws/config"
+  export AWS_PROFILE=ecr-role
+  pull
+  pulled_ok
+  no_secret
+  [ "$(tr -d '\n' <"$STS_COUNT")" = 1 ]
+  [ "$(tokens_issued)" = 1 ]
+  grep -q "^assume-role 200 $role gantry-test (signature verified by botocore, signed headers content-type;host;x-amz-date)" "$STS_LOG"
+  [ "$(stat -c %a "$(ls "$HOME"/.cache/gantry/tokens/sts-*.json)")" = 600 ]
+  # Another process, without the cached ECR token: the role's credentials come from the disk cache.
+  rm -f "$HOME"/.cache/gantry/tokens/ecr-*.json
+  rm -rf "$STORE"
+  GANTRY_DEBUG=1 pull
+  pulled_ok
+  [[ "$output" == *"profile ecr-role: using cached credentials for $role"* ]]
+  [ "$(tr -d '\n' <"$STS_COUNT")" = 1 ]
+  [ "$(tokens_issued)" = 2 ]
+  # The credentials live 16 s and are used for half of that: after 9 s more STS is asked again.
+  sleep 9
+  rm -f "$HOME"/.cache/gantry/tokens/ecr-*.json
+  rm -rf "$STORE"
+  pull
+  pulled_ok
+  [ "$(tr -d '\n' <"$STS_COUNT")" = 2 ]
+  # A wrong source secret: STS refuses the signature; the message names profile, role and source.
+  rm -rf "$HOME/.cache" "$STORE"
+  printf '[base]\naws_access_key_id = %s\naws_secret_access_key = not-the-secret\n' "$AKID" >"$HOME/.aws/credentials"
+  pull
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"profile ecr-role: STS AssumeRole for $role at $GANTRY_STS_ENDPOINT failed: SignatureDoesNotMatch: The request signature we calculated does not match the signature you provided. (source credentials from profile base in ~/.aws/credentials)"* ]]
+  ! echo "$output" | grep -q "not-the-secret" || false
+  # SSO profiles are refused with what to do instead.
+  printf '[profile sso]\nsso_start_url = https://example.awsapps.com/start\nsso_region = us-east-1\nsso_account_id = 123456789012\nsso_role_name = ReadOnly\n' \
+    >>"$HOME/.aws/config"
+  AWS_PROFILE=sso pull
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"profile sso uses AWS IAM Identity Center (SSO), which Gantry does not implement"* ]]
+  [ "$(tr -d '\n' <"$STS_COUNT")" = 2 ]
 }

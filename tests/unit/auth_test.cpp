@@ -77,6 +77,7 @@ struct Sandbox {
                               "AWS_CONTAINER_CREDENTIALS_FULL_URI",
                               "GANTRY_TEST_ECR_REGISTRIES",
                               "GANTRY_ECR_ENDPOINT",
+                              "GANTRY_STS_ENDPOINT",
                               "AWS_ENDPOINT_URL_ECR",
                               "AWS_ENDPOINT_URL"})
             env.set(v, nullptr);
@@ -295,6 +296,42 @@ TEST_CASE("AWS credentials: environment, then profiles from ~/.aws/credentials a
     CHECK(c->key.session_token == "t4");
     auto ini = auth::parse_aws_ini("[profile x]\nKey = v\n", true);
     CHECK(ini["x"]["key"] == "v");
+}
+
+TEST_CASE("AWS profiles: role_arn chains are checked before STS; SSO and MFA are refused clearly", "[auth][aws]") {
+    Sandbox sb;
+    sb.env.set("GANTRY_STS_ENDPOINT", "http://127.0.0.1:9");  // nothing may be asked: every case fails earlier
+    sb.write(
+        ".aws/config",
+        "[profile a]\nrole_arn = arn:aws:iam::1:role/a\nsource_profile = b\n"
+        "[profile b]\nrole_arn = arn:aws:iam::1:role/b\nsource_profile = a\n"
+        "[profile self]\nrole_arn = arn:aws:iam::1:role/s\nsource_profile = self\n"
+        "[profile missing]\nrole_arn = arn:aws:iam::1:role/m\nsource_profile = nowhere\n"
+        "[profile mfa]\nrole_arn = arn:aws:iam::1:role/m\nsource_profile = self\nmfa_serial = arn:aws:iam::1:mfa/u\n"
+        "[profile bare]\nrole_arn = arn:aws:iam::1:role/x\n"
+        "[profile ec2]\nrole_arn = arn:aws:iam::1:role/x\ncredential_source = Ec2InstanceMetadata\n"
+        "[profile sso]\nsso_session = corp\nsso_account_id = 1\nsso_role_name = R\n");
+    auto message = [&](const char* profile) {
+        sb.env.set("AWS_PROFILE", profile);
+        auto r = auth::aws_credentials("us-east-1");
+        REQUIRE_FALSE(r.ok());
+        return r.error().message;
+    };
+    CHECK(message("a") == "profile b: source_profile a makes a cycle");
+    CHECK(message("self") ==
+          "profile self: source_profile self holds no credentials to assume arn:aws:iam::1:role/s with");
+    CHECK(message("missing").find(
+              "profile missing: source_profile nowhere is in neither ~/.aws/credentials nor ~/.aws/config") == 0);
+    CHECK(message("mfa").find("with mfa_serial, which needs an MFA code typed in") != std::string::npos);
+    CHECK(message("bare") == "profile bare names role_arn arn:aws:iam::1:role/x without source_profile");
+    CHECK(message("ec2").find("credential_source (Ec2InstanceMetadata) is not implemented") != std::string::npos);
+    CHECK(message("sso").find("profile sso uses AWS IAM Identity Center (SSO), which Gantry does not implement") == 0);
+    // A source profile with keys reaches STS: here a closed port, so the error names the call.
+    sb.write(".aws/credentials", "[b]\naws_access_key_id = AKIDB\naws_secret_access_key = secret-b\n");
+    sb.write(".aws/config", "[profile a]\nrole_arn = arn:aws:iam::1:role/a\nsource_profile = b\n");
+    std::string m = message("a");
+    CHECK(m.find("profile a: STS AssumeRole for arn:aws:iam::1:role/a at http://127.0.0.1:9") == 0);
+    CHECK(m.find("secret-b") == std::string::npos);
 }
 
 // ---- Docker config.json, helpers, auth.json
