@@ -24,7 +24,8 @@ now() { date +%s.%N; }
 elapsed() { echo "$2 - $1" | bc -l; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 
-echo "bench/pull: $reg/$repo:$tag, $(nproc) cores"
+# The load average goes with the figures: on a shared machine it explains most of their spread.
+echo "bench/pull: $reg/$repo:$tag, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # (b) floor: every layer downloaded and decompressed to /dev/null, all at once.
 manifest=$(curl -fsS -H "Accept: $accept" "http://$reg/v2/$repo/manifests/$tag")

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "gantry/digest.hpp"
 #include "gantry/fd.hpp"
@@ -19,6 +20,8 @@
 
 namespace gantry {
 namespace {
+
+constexpr size_t kWriteChunk = 1 << 20;  // bytes gathered per pwrite of a downloading blob
 
 Status write_all(int fd, const char* data, size_t size, uint64_t offset) {
     while (size > 0) {
@@ -75,23 +78,44 @@ Status RegistryClient::Impl::fetch_blob(http::HttpConnection& conn, const ImageR
     const std::string final_path = dir + "/" + digest_hex(blob.digest);
     const std::string partial = final_path + ".partial";
 
-    // Complete blobs were verified before they got their name; the size is a cheap sanity check.
+    // A complete blob left by an earlier producer was verified before it got its name, but it was
+    // never synced (see below), so a crash may have left wrong bytes under a right name: hash it again.
     struct stat st {};
     if (::stat(final_path.c_str(), &st) == 0) {
         if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) == blob.size) {
-            progress.add(static_cast<int64_t>(blob.size));
-            return {};
+            UniqueFd existing(::open(final_path.c_str(), O_RDONLY | O_CLOEXEC));
+            Sha256 check;
+            if (existing && hash_prefix(existing.get(), blob.size, check) && check.finish() == blob.digest) {
+                progress.add(static_cast<int64_t>(blob.size));
+                return {};
+            }
         }
-        log::warning(final_path + " has " + std::to_string(st.st_size) + " bytes instead of " +
-                     std::to_string(blob.size) + "; downloading it again");
+        log::warning(final_path + " is not the complete blob (" + std::to_string(st.st_size) + " of " +
+                     std::to_string(blob.size) + " bytes, or wrong content); downloading it again");
         if (::unlink(final_path.c_str()) != 0) return system_error(what + ": removing " + final_path);
     }
 
     UniqueFd fd(::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     if (!fd) return system_error(what + ": opening " + partial);
     Sha256 hash;
-    uint64_t offset = 0;
+    uint64_t offset = 0;  // bytes received, hashed and (once flushed) on disk
+    // Received bytes are gathered before they are written: the transport hands them over in pieces
+    // of ~16 KiB, and one pwrite each made the downloads spend more time in system calls than in
+    // hashing. Invariant: written + pending.size() == offset.
+    std::vector<char> pending;
+    pending.reserve(kWriteChunk);
+    uint64_t written = 0;
+    auto flush = [&]() -> Status {
+        if (pending.empty()) return {};
+        if (auto w = write_all(fd.get(), pending.data(), pending.size(), written); !w)
+            return w.error().wrap(what + ": writing " + partial);
+        written += pending.size();
+        pending.clear();
+        return {};
+    };
     auto restart = [&]() -> Status {
+        pending.clear();
+        written = 0;
         if (::ftruncate(fd.get(), 0) != 0) return system_error(what + ": truncating " + partial);
         hash = Sha256();
         progress.add(-static_cast<int64_t>(offset));
@@ -106,7 +130,7 @@ Status RegistryClient::Impl::fetch_blob(http::HttpConnection& conn, const ImageR
     } else if (st.st_size > 0) {
         if (auto h = hash_prefix(fd.get(), static_cast<uint64_t>(st.st_size), hash); !h)
             return h.error().wrap(what + ": reading " + partial);
-        offset = static_cast<uint64_t>(st.st_size);
+        offset = written = static_cast<uint64_t>(st.st_size);
         resumed_from_disk = true;
         progress.add(static_cast<int64_t>(offset));
         log::debug(what + ": resuming at byte " + std::to_string(offset));
@@ -143,9 +167,12 @@ Status RegistryClient::Impl::fetch_blob(http::HttpConnection& conn, const ImageR
                                        " bytes the manifest says");
                     return false;
                 }
-                if (auto w = write_all(fd.get(), data, n, offset); !w) {
-                    fatal = w.error().wrap(what + ": writing " + partial);
-                    return false;
+                pending.insert(pending.end(), data, data + n);
+                if (pending.size() >= kWriteChunk) {
+                    if (auto w = flush(); !w) {
+                        fatal = w.error();
+                        return false;
+                    }
                 }
                 hash.update(data, n);
                 offset += n;
@@ -153,6 +180,10 @@ Status RegistryClient::Impl::fetch_blob(http::HttpConnection& conn, const ImageR
                 return true;
             };
             auto resp = send(conn, ref, req);
+            // Whatever arrived before a failure is good (it was hashed): on disk with it, for the retry.
+            if (!fatal) {
+                if (auto w = flush(); !w) fatal = w.error();
+            }
             if (!resp) return resp.error().wrap(what);
             if (fatal) {
                 ::unlink(partial.c_str());
@@ -198,7 +229,9 @@ Status RegistryClient::Impl::fetch_blob(http::HttpConnection& conn, const ImageR
             return make_error(what + ": content does not match its digest (got " + got +
                               "); the registry served corrupt data");
         }
-        if (::fdatasync(fd.get()) != 0) return system_error(what + ": syncing " + partial);
+        // No fdatasync: a blob only lives in the staging area until the image is published (the
+        // squashfs is synced then), and a later producer re-hashes any blob it finds (above). Syncing
+        // here would make every pull wait for the disk to take GBs that are deleted seconds later.
         if (::rename(partial.c_str(), final_path.c_str()) != 0)
             return system_error(what + ": renaming " + partial + " to " + final_path);
         return {};

@@ -1,5 +1,5 @@
-// Reading one layer blob as a stream of tar entries: the blob is decompressed here (gzip with zlib,
-// zstd with libzstd, or plain), every uncompressed byte goes through SHA-256 for the diff_id check, and
+// Reading one layer blob as a stream of tar entries: the blob is decompressed here (gzip with ISA-L's
+// igzip where it was built in, else zlib; zstd with libzstd; or plain), every uncompressed byte goes through SHA-256 for the diff_id check, and
 // the raw tar is handed to libarchive with no libarchive filter. Decompressing ourselves is what lets
 // one pass both verify the diff_id and parse the tar. Decompression and hashing run on a thread of
 // their own, a bounded queue of chunks ahead of the tar parser, so that they overlap the merge and the
@@ -55,8 +55,10 @@ public:
 private:
     LayerReader() = default;
     Status init_decoder();
-    // Produces the next piece of uncompressed tar; size 0 at the end of the stream.
-    Result<size_t> produce(const void** out);
+    // Decompresses the next piece of tar straight into `dst` (at most `cap` bytes, so the decoder
+    // thread fills queue chunks without a copy); size 0 at the end of the stream.
+    Result<size_t> produce(unsigned char* dst, size_t cap);
+    Result<size_t> inflate_gzip(unsigned char* dst, size_t cap);
     Result<size_t> fill_input();
     Error archive_failure(const char* what);
 
@@ -73,8 +75,13 @@ private:
     std::thread decoder_;
     std::mutex m_;
     std::condition_variable cv_;
-    std::deque<std::vector<unsigned char>> ready_, spare_;
-    std::vector<unsigned char> current_;
+    // A piece of uncompressed tar; the buffer is allocated once, uninitialised, and reused.
+    struct Chunk {
+        std::unique_ptr<unsigned char[]> data;
+        size_t size = 0;
+    };
+    std::deque<Chunk> ready_, spare_;
+    Chunk current_;
     bool decode_done_ = false, stop_ = false;
     std::optional<Error> decode_error_;
 
@@ -85,7 +92,7 @@ private:
     Sha256 sha_;
     uint64_t uncompressed_ = 0;
 
-    std::vector<unsigned char> in_, out_;
+    std::vector<unsigned char> in_;
     size_t in_pos_ = 0, in_len_ = 0;
     bool in_eof_ = false, stream_end_ = false, decoder_pending_ = false;
 

@@ -29,6 +29,10 @@ constexpr unsigned kGzipDefaultLevel = 6;
 // Blocks queued for the compressor threads at most; bounds memory to about backlog x block size.
 constexpr unsigned kBacklogPerWorker = 4;
 constexpr uint64_t kDevBlockSize = 4096;  // images are padded to this, as mksquashfs does
+// Start writing the image back to disk after every this many bytes of file data. Without it the
+// whole image (GBs) sits dirty in the page cache until the fsync before publishing, and that fsync
+// then waits for all of it with the CPUs idle; started early, the disk works while we convert.
+constexpr uint64_t kWritebackStep = 32ull << 20;
 
 // "none": a compressor that never compresses, so every data block, fragment block and metadata block
 // is stored raw (libsquashfs keeps a block uncompressed when do_block returns 0). The super block
@@ -192,6 +196,7 @@ SquashfsWriter::~SquashfsWriter() {
     sqfs_destroy(uncmp_);
     sqfs_destroy(cmp_);
     sqfs_destroy(file_);
+    if (writeback_fd_ >= 0) ::close(writeback_fd_);
 }
 
 Result<std::unique_ptr<SquashfsWriter>> SquashfsWriter::create(const std::string& path,
@@ -245,6 +250,8 @@ Result<std::unique_ptr<SquashfsWriter>> SquashfsWriter::create(const std::string
     errno = 0;
     w->file_ = sqfs_open_file(path.c_str(), 0);
     if (w->file_ == nullptr) return system_error("creating " + path, errno != 0 ? errno : EEXIST);
+    w->sync_ = options.sync;
+    if (w->sync_) w->writeback_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // best effort: -1 = no early writeback
 
     // Reproducible output: the same layers give the same bytes, so the image time is fixed at 0.
     if (sqfs_super_init(&w->super_, bs, 0, id) != 0) return make_error("cannot initialise the super block");
@@ -281,7 +288,15 @@ Status SquashfsWriter::begin_file(Inode* inode) {
 }
 
 Status SquashfsWriter::append(const void* data, size_t size) {
-    return check(sqfs_block_processor_append(proc_, data, size), "writing file data");
+    GANTRY_TRY(check(sqfs_block_processor_append(proc_, data, size), "writing file data"));
+    since_writeback_ += size;
+    if (since_writeback_ >= kWritebackStep && writeback_fd_ >= 0) {
+        since_writeback_ = 0;
+        // Asynchronous: queues the dirty pages written so far for writeback and returns; durability
+        // still comes from the fsync in finish(). An error here only means no head start.
+        (void)::sync_file_range(writeback_fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+    }
+    return {};
 }
 
 Status SquashfsWriter::append_zeros(uint64_t count) {

@@ -59,6 +59,11 @@ private:
     sqfs_xattr_writer_t* xattrs_ = nullptr;
     sqfs_super_t super_{};
     bool compress_data_ = true;
+    // Our own descriptor of the output, to start its writeback while the layers still stream (see
+    // append()); libsquashfs keeps its file descriptor to itself.
+    int writeback_fd_ = -1;
+    uint64_t since_writeback_ = 0;
+    bool sync_ = true;
 };
 
 }  // namespace gantry::squashfs
