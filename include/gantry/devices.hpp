@@ -99,7 +99,8 @@ std::vector<std::string> task_environment(const Config& config, const std::vecto
 
 // Which GPUs. `nothing`: no GPU wiring at all (NVIDIA_VISIBLE_DEVICES unset, empty or `void`);
 // `driver_only`: `none`, the driver files and control devices but no GPU; `all`; `list`: indices
-// ("0", "2") or UUIDs ("GPU-...") in request order.
+// ("0", "2"), UUIDs ("GPU-...") and MIG devices ("1:0" = GPU 1's MIG device 0, "MIG-<uuid>",
+// "MIG-GPU-<uuid>/<gi>/<ci>") in request order.
 struct GpuRequest {
     enum class Kind { nothing, driver_only, all, list } kind = Kind::nothing;
     std::vector<std::string> ids;
@@ -107,8 +108,9 @@ struct GpuRequest {
     std::string source;            // which variable decided, for messages: "NVIDIA_VISIBLE_DEVICES=0,2"
 };
 // Precedence, first that is set: NVIDIA_VISIBLE_DEVICES in the job environment (the user's explicit
-// override), SLURM_STEP_GPUS, SLURM_JOB_GPUS (the allocation), CUDA_VISIBLE_DEVICES in the job
-// environment, NVIDIA_VISIBLE_DEVICES in the image's Env (CUDA images say `all`).
+// override), CUDA_VISIBLE_DEVICES when it lists only MIG UUIDs (Slurm's MIG GRES), SLURM_STEP_GPUS,
+// SLURM_JOB_GPUS (the allocation), CUDA_VISIBLE_DEVICES in the job environment,
+// NVIDIA_VISIBLE_DEVICES in the image's Env (CUDA images say `all`).
 Result<GpuRequest> gpu_request(const std::vector<std::string>& job_env, const std::vector<std::string>& image_env);
 
 // NVIDIA_DRIVER_CAPABILITIES: compute, utility, video, graphics, display, compat32, ngx, all.
@@ -129,6 +131,18 @@ struct HostGpu {
 // GPUs under host_root: /proc/driver/nvidia/gpus/<bus>/information (Minor, GPU UUID), else the
 // /dev/nvidia[0-9]+ nodes.
 std::vector<HostGpu> host_gpus(const std::string& host_root);
+
+// One MIG device (a compute instance inside a GPU instance), from the driver's capability procfs:
+// /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access and .../gi<G>/ci<C>/access, each
+// holding "DeviceFileMinor: <n>", the minor of /dev/nvidia-caps/nvidia-cap<n> that grants it.
+struct MigDevice {
+    unsigned gpu = 0;        // parent GPU's index
+    unsigned gpu_minor = 0;  // parent's /dev/nvidia<minor>
+    unsigned index = 0;      // among the parent's MIG devices, in (GI, CI) order: the "<gpu>:<index>" name
+    unsigned gi = 0, ci = 0;
+    unsigned gi_minor = 0, ci_minor = 0;  // nvidia-caps minors of the GI and CI access capabilities
+};
+std::vector<MigDevice> host_mig_devices(const std::string& host_root, const std::vector<HostGpu>& gpus);
 
 // The running driver's version: /proc/driver/nvidia/version under host_root, else the suffix of
 // libcuda.so.VERSION in the ld.so cache. Empty when neither says.

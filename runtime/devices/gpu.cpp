@@ -2,6 +2,9 @@
 // the NVIDIA_VISIBLE_DEVICES override), their device nodes, and the running driver's user-space
 // files per NVIDIA_DRIVER_CAPABILITIES, found through the host's ld.so cache and matched to the
 // driver version so that a stale library of an older driver is never mixed in.
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <algorithm>
 #include <cctype>
 #include <map>
@@ -16,6 +19,12 @@ namespace {
 
 bool all_digits(const std::string& s) {
     return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+}
+
+// "1:0": GPU 1's MIG device 0.
+bool is_mig_index(const std::string& s) {
+    auto colon = s.find(':');
+    return colon != std::string::npos && all_digits(s.substr(0, colon)) && all_digits(s.substr(colon + 1));
 }
 
 bool is_cdi_name(const std::string& s) {
@@ -41,12 +50,12 @@ Result<GpuRequest> parse_gpu_list(const std::string& name, const std::string& va
     for (const auto& id : split_list(v, ',')) {
         if (is_cdi_name(id))
             r.cdi.push_back(id);
-        else if (all_digits(id) || starts_with(id, "GPU-"))
+        else if (all_digits(id) || starts_with(id, "GPU-") || starts_with(id, "MIG-") || is_mig_index(id))
             r.ids.push_back(id);
-        else if (starts_with(id, "MIG-") || id.find(':') != std::string::npos)
-            return make_error(r.source + ": MIG devices are not supported yet (use a CDI spec)");
         else
-            return make_error(r.source + ": '" + id + "' is not a GPU index, a GPU-UUID or a CDI device name");
+            return make_error(r.source + ": '" + id +
+                              "' is not a GPU index, a GPU-UUID, a MIG device (<gpu>:<mig>, MIG-<uuid>) or a CDI "
+                              "device name");
     }
     if (r.ids.empty()) r.kind = GpuRequest::Kind::nothing;  // only CDI names: the CDI path handles them
     return r;
@@ -104,6 +113,14 @@ std::string library_stem(const std::string& soname) {
 Result<GpuRequest> gpu_request(const std::vector<std::string>& job_env, const std::vector<std::string>& image_env) {
     using devices::env_value;
     if (auto v = env_value(job_env, "NVIDIA_VISIBLE_DEVICES")) return parse_gpu_list("NVIDIA_VISIBLE_DEVICES", *v);
+    // MIG devices scheduled as GRES: Slurm's SLURM_*_GPUS then hold its GRES indices, not GPU
+    // indices, and CUDA_VISIBLE_DEVICES the MIG names: those say which devices.
+    if (auto v = env_value(job_env, "CUDA_VISIBLE_DEVICES")) {
+        auto ids = split_list(*v, ',');
+        if (!ids.empty() &&
+            std::all_of(ids.begin(), ids.end(), [](const std::string& id) { return starts_with(id, "MIG-"); }))
+            return parse_gpu_list("CUDA_VISIBLE_DEVICES", *v);
+    }
     for (const char* name : {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"})
         if (auto v = env_value(job_env, name)) return parse_gpu_list(name, *v);
     if (auto v = env_value(image_env, "NVIDIA_VISIBLE_DEVICES")) {
@@ -206,6 +223,53 @@ std::string driver_version(const std::string& host_root) {
     return {};
 }
 
+namespace {
+
+// One MIG name of a request -> the device. "<gpu>:<mig>" and "MIG-GPU-<uuid>/<gi>/<ci>" (the names of
+// R450-R465 drivers) come from procfs alone; "MIG-<uuid>" needs NVML.
+Result<MigDevice> resolve_mig(const std::string& root, const std::string& source, const std::string& id,
+                              const std::vector<HostGpu>& gpus, const std::vector<MigDevice>& migs) {
+    auto missing = [&]() {
+        std::string have;
+        for (const auto& m : migs)
+            have += (have.empty() ? "" : ", ") + std::to_string(m.gpu) + ":" + std::to_string(m.index);
+        return make_error(source + ": no MIG device '" + id +
+                          "' on this node (MIG devices: " + (have.empty() ? "none" : have) + ")");
+    };
+    auto at = [&](unsigned minor, unsigned gi, unsigned ci) -> Result<MigDevice> {
+        for (const auto& m : migs)
+            if (m.gpu_minor == minor && m.gi == gi && m.ci == ci) return m;
+        return missing();
+    };
+    if (is_mig_index(id)) {
+        auto colon = id.find(':');
+        std::string gpu = id.substr(0, colon), index = id.substr(colon + 1);
+        for (const auto& m : migs)
+            if (std::to_string(m.gpu) == gpu && std::to_string(m.index) == index) return m;
+        return missing();
+    }
+    if (starts_with(id, "MIG-GPU-")) {
+        auto parts = split_list(id.substr(4), '/');
+        if (parts.size() != 3 || !all_digits(parts[1]) || !all_digits(parts[2]) || parts[1].size() > 6 ||
+            parts[2].size() > 6)
+            return make_error(source + ": '" + id + "' is not MIG-GPU-<uuid>/<gi>/<ci>");
+        for (const auto& g : gpus)
+            if (g.uuid == parts[0])
+                return at(g.minor, static_cast<unsigned>(std::stoul(parts[1])),
+                          static_cast<unsigned>(std::stoul(parts[2])));
+        return missing();
+    }
+    auto nvml = devices::nvml_mig_devices(root);
+    if (!nvml)
+        return make_error(source + ": cannot resolve " + id + ": " + nvml.error().message +
+                          " (name MIG devices as <gpu>:<mig> instead)");
+    for (const auto& n : *nvml)
+        if (n.uuid == id) return at(n.gpu_minor, n.gi, n.ci);
+    return missing();
+}
+
+}  // namespace
+
 namespace devices {
 
 Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std::string>& job_env,
@@ -226,22 +290,43 @@ Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std:
         return edits;
     }
 
-    // Which GPUs.
+    // Which GPUs and MIG devices, with the names they are given inside (host indices, "<gpu>:<mig>").
     std::vector<HostGpu> chosen;
-    if (request->kind == GpuRequest::Kind::all) chosen = gpus;
+    std::vector<MigDevice> chosen_migs;
+    std::vector<std::string> visible_names;
+    if (request->kind == GpuRequest::Kind::all) {
+        chosen = gpus;
+        for (const auto& g : gpus) visible_names.push_back(std::to_string(g.index));
+    }
+    std::optional<std::vector<MigDevice>> migs;  // read on the first MIG name
     if (request->kind == GpuRequest::Kind::list) {
         for (const auto& id : request->ids) {
-            auto it = std::find_if(gpus.begin(), gpus.end(), [&](const HostGpu& g) {
-                return all_digits(id) ? std::to_string(g.index) == id : g.uuid == id;
-            });
-            if (it == gpus.end()) {
-                std::string have;
-                for (const auto& g : gpus) have += (have.empty() ? "" : ", ") + std::to_string(g.index);
-                return make_error(request->source + ": no GPU '" + id +
-                                  "' on this node (GPUs: " + (have.empty() ? "none" : have) + ")");
+            if (all_digits(id) || starts_with(id, "GPU-")) {
+                auto it = std::find_if(gpus.begin(), gpus.end(), [&](const HostGpu& g) {
+                    return all_digits(id) ? std::to_string(g.index) == id : g.uuid == id;
+                });
+                if (it == gpus.end()) {
+                    std::string have;
+                    for (const auto& g : gpus) have += (have.empty() ? "" : ", ") + std::to_string(g.index);
+                    return make_error(request->source + ": no GPU '" + id +
+                                      "' on this node (GPUs: " + (have.empty() ? "none" : have) + ")");
+                }
+                if (std::none_of(chosen.begin(), chosen.end(),
+                                 [&](const HostGpu& g) { return g.index == it->index; })) {
+                    chosen.push_back(*it);
+                    visible_names.push_back(std::to_string(it->index));
+                }
+                continue;
             }
-            if (std::none_of(chosen.begin(), chosen.end(), [&](const HostGpu& g) { return g.index == it->index; }))
-                chosen.push_back(*it);
+            if (!migs) migs = host_mig_devices(root, gpus);
+            auto mig = resolve_mig(root, request->source, id, gpus, *migs);
+            if (!mig) return mig.error();
+            if (std::none_of(chosen_migs.begin(), chosen_migs.end(), [&](const MigDevice& m) {
+                    return m.gpu_minor == mig->gpu_minor && m.gi == mig->gi && m.ci == mig->ci;
+                })) {
+                chosen_migs.push_back(*mig);
+                visible_names.push_back(std::to_string(mig->gpu) + ":" + std::to_string(mig->index));
+            }
         }
     }
 
@@ -253,12 +338,53 @@ Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std:
     // Device nodes: the control devices, then the chosen GPUs only.
     for (const char* node : {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"})
         if (is_char_device(host_path(root, node))) edits.devices.push_back({host_path(root, node), node});
+    // nvidia-caps: a MIG capability (an instance's GI/CI access, MIG config, MIG monitor) only when
+    // selected or asked for; the others (the driver's non-MIG capabilities) as they are.
+    if (!migs) migs = host_mig_devices(root, gpus);
+    auto capinfo = mig_cap_minors(root, *migs);
+    std::set<unsigned> wanted_caps;
+    for (const auto& m : chosen_migs) wanted_caps.insert({m.gi_minor, m.ci_minor});
+    for (auto [var, minor] : {std::pair{"NVIDIA_MIG_CONFIG_DEVICES", capinfo.config},
+                              std::pair{"NVIDIA_MIG_MONITOR_DEVICES", capinfo.monitor}}) {
+        std::string v = trim(env_value(job_env, var).value_or(env_value(image.env, var).value_or("")));
+        if (v.empty() || v == "none" || v == "void") continue;
+        if (v != "all") return make_error(std::string(var) + "=" + v + ": only 'all' is supported");
+        if (!minor) return make_error(std::string(var) + "=all: the driver lists no such MIG capability");
+        wanted_caps.insert(*minor);
+    }
     for (const auto& cap : list_dir(host_path(root, "/dev/nvidia-caps"))) {
         std::string p = "/dev/nvidia-caps/" + cap;
+        auto minor = starts_with(cap, "nvidia-cap") && all_digits(cap.substr(10))
+                         ? std::optional<unsigned>(static_cast<unsigned>(std::stoul(cap.substr(10))))
+                         : std::nullopt;
+        if (minor && capinfo.mig.count(*minor) && !wanted_caps.count(*minor)) continue;
+        if (minor) wanted_caps.erase(*minor);
         if (is_char_device(host_path(root, p))) edits.devices.push_back({host_path(root, p), p});
     }
-    for (const auto& g : chosen) {
-        std::string p = "/dev/nvidia" + std::to_string(g.minor);
+    for (const auto& m : chosen_migs) {
+        for (unsigned minor : {m.gi_minor, m.ci_minor}) {
+            if (!wanted_caps.count(minor)) continue;  // found above
+            return make_error(request->source + ": MIG device " + std::to_string(m.gpu) + ":" +
+                              std::to_string(m.index) + " needs /dev/nvidia-caps/nvidia-cap" + std::to_string(minor) +
+                              ", which the node lacks (nvidia-modprobe -f /proc/driver/nvidia/capabilities/gpu" +
+                              std::to_string(m.gpu_minor) + "/mig/gi" + std::to_string(m.gi) + "/... creates it)");
+        }
+    }
+    // The node of each minor must be the nvidia-caps device itself (its major is dynamic).
+    if (capinfo.major) {
+        for (const auto& d : edits.devices) {
+            if (!starts_with(d.path, "/dev/nvidia-caps/")) continue;
+            struct stat st {};
+            if (::stat(d.host_path.c_str(), &st) == 0 && major(st.st_rdev) != *capinfo.major)
+                return make_error(d.host_path + ": major " + std::to_string(major(st.st_rdev)) +
+                                  " is not nvidia-caps' " + std::to_string(*capinfo.major) + " (/proc/devices)");
+        }
+    }
+    std::set<unsigned> gpu_minors;
+    for (const auto& g : chosen) gpu_minors.insert(g.minor);
+    for (const auto& m : chosen_migs) gpu_minors.insert(m.gpu_minor);  // a MIG device works through its parent
+    for (unsigned minor : gpu_minors) {
+        std::string p = "/dev/nvidia" + std::to_string(minor);
         if (is_char_device(host_path(root, p))) edits.devices.push_back({host_path(root, p), p});
     }
 
@@ -334,8 +460,8 @@ Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std:
     // What the container's CUDA sees: the chosen GPUs renumbered from 0, since only their device nodes
     // exist inside (a host index such as 2 would name no device there).
     std::string visible, renumbered;
-    for (size_t i = 0; i < chosen.size(); ++i) {
-        visible += (i ? "," : "") + std::to_string(chosen[i].index);
+    for (size_t i = 0; i < visible_names.size(); ++i) {
+        visible += (i ? "," : "") + visible_names[i];
         renumbered += (i ? "," : "") + std::to_string(i);
     }
     if (request->kind == GpuRequest::Kind::driver_only) {

@@ -3,14 +3,13 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "gantry/devices.hpp"
 
 namespace gantry::devices {
-
-
 
 // Resolves `path` (absolute, as seen on the host) inside host_root: symlinks are followed as if
 // host_root were "/" and never leave it. Returns the resolved path *without* the prefix, or nothing
@@ -25,6 +24,24 @@ bool is_char_device(const std::string& path);
 
 // Value of NAME in "NAME=value" entries (last wins).
 std::optional<std::string> env_value(const std::vector<std::string>& env, const std::string& name);
+
+// What the driver says about its nvidia-caps devices (mig.cpp): the minors that belong to MIG
+// (/proc/driver/nvidia-caps/mig-minors, plus the instance access files found), the MIG config and
+// monitor capabilities' minors, and the dynamic major of `nvidia-caps` in /proc/devices.
+struct MigCapMinors {
+    std::set<unsigned> mig;
+    std::optional<unsigned> config, monitor;
+    std::optional<unsigned> major;
+};
+MigCapMinors mig_cap_minors(const std::string& host_root, const std::vector<MigDevice>& migs);
+
+// A MIG device as NVML names it (mig.cpp): its UUID and where it lives. Read through the host's
+// libnvidia-ml.so.1 (the only place MIG UUIDs exist); fails when the library cannot be loaded.
+struct NvmlMig {
+    std::string uuid;  // "MIG-..."
+    unsigned gpu_minor = 0, gi = 0, ci = 0;
+};
+Result<std::vector<NvmlMig>> nvml_mig_devices(const std::string& host_root);
 
 // The NVIDIA part of select_devices (gpu.cpp).
 Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std::string>& job_env,

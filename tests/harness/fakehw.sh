@@ -11,7 +11,9 @@
 # Device numbers (Linux Documentation/admin-guide/devices.txt and the NVIDIA driver):
 #   /dev/nvidiaN 195:N, /dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254  (fixed, registered)
 #   /dev/nvidia-uvm, /dev/nvidia-uvm-tools: dynamic major, minors 0 and 1; we use 511:0 and 511:1
-#   /dev/nvidia-caps/nvidia-capN: dynamic major (nvidia-caps in /proc/devices); we use 510:N
+#   /dev/nvidia-caps/nvidia-capN: dynamic major (nvidia-caps in PREFIX/proc/devices); we use 510:N,
+#     N as the driver numbers them in /proc/driver/nvidia-caps/mig-minors: config 1, monitor 2, then
+#     per GPU minor g, GPU instance i, compute instance c: gi access 3 + 135g + 9i, ci access that + 1 + c
 #   /dev/infiniband/uverbsN 231:(192+N)  (fixed: IB_UVERBS_BASE_MINOR)
 #   /dev/infiniband/rdma_cm: a misc device with a dynamic minor; we use 10:58
 #   /dev/fakefpga0 240:0 (240-254 are reserved for local/experimental use): the CDI test device
@@ -23,6 +25,11 @@
 #   /proc/driver/nvidia/version; libcuda/libnvidia-ml/libnvidia-ptxjitcompiler/libnvidia-encode of
 #   550.54.15 and a stale libnvidia-cfg of 535.104.05 (must be skipped) in /usr/lib/x86_64-linux-gnu.
 #   RDMA: uverbs0 efa, uverbs1 mlx5_core, uverbs2 efa, uverbs3 mlx5_core.
+#   MIG: GPU 1 is in MIG mode with GI 1 (CI 0) and GI 2 (CIs 0, 1): MIG devices 1:0 (caps 147, 148),
+#   1:1 (156, 157), 1:2 (156, 158), in /proc/driver/nvidia/capabilities/gpu1/mig/gi*/[ci*/]access;
+#   the fake libnvidia-ml (NVML) names them MIG-fake0001-0000-0000-0000-0000000GGCC (GG = GI, CC = CI).
+#   CDI: example-fpga.json (a non-NVIDIA device) and nvidia.yaml, shaped like `nvidia-ctk cdi
+#   generate`'s output for this fake driver (devices 0..3, 1:0, all; mounts, hooks).
 #   Test helper: PREFIX/test/cuda-probe dlopens libcuda.so.1 through the loader and calls cuInit and
 #   cuDriverGetVersion (the fake returns 12040).
 set -euo pipefail
@@ -50,6 +57,7 @@ node nvidia-uvm 511 0 666
 node nvidia-uvm-tools 511 1 666
 node nvidia-caps/nvidia-cap1 510 1 400
 node nvidia-caps/nvidia-cap2 510 2 444
+for cap in 147 148 156 157 158; do node nvidia-caps/nvidia-cap$cap 510 $cap 444; done
 for i in 0 1 2 3; do node infiniband/uverbs$i 231 $((192 + i)) 666; done
 node infiniband/rdma_cm 10 58 666
 node fakefpga0 240 0 666
@@ -64,6 +72,30 @@ for i in 0 1 2 3; do
     "$i" "$i" "$i" "$i" > "$d/information"
 done
 
+# --- MIG: the capability procfs of GPU 1's instances, the driver's minor table, /proc/devices ---
+printf 'Character devices:\n  1 mem\n 10 misc\n195 nvidia-frontend\n231 infiniband_verbs\n510 nvidia-caps\n511 nvidia-uvm\n' \
+  > "$root/proc/devices"
+access() {  # access FILE MINOR: the driver's access file of one capability
+  mkdir -p "$(dirname "$1")"
+  printf 'DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n' "$2" > "$1"
+}
+caps=$root/proc/driver/nvidia/capabilities
+access "$caps/mig/config" 1
+access "$caps/mig/monitor" 2
+access "$caps/gpu1/mig/gi1/access" 147
+access "$caps/gpu1/mig/gi1/ci0/access" 148
+access "$caps/gpu1/mig/gi2/access" 156
+access "$caps/gpu1/mig/gi2/ci0/access" 157
+access "$caps/gpu1/mig/gi2/ci1/access" 158
+mkdir -p "$root/proc/driver/nvidia-caps"
+{
+  echo "config 1"; echo "monitor 2"
+  for g in 0 1 2 3; do for i in $(seq 0 14); do
+    echo "gpu$g/gi$i/access $((3 + 135 * g + 9 * i))"
+    for c in $(seq 0 7); do echo "gpu$g/gi$i/ci$c/access $((3 + 135 * g + 9 * i + 1 + c))"; done
+  done; done
+} > "$root/proc/driver/nvidia-caps/mig-minors"
+
 # --- driver libraries: tiny real shared objects with the driver's sonames ---
 cat > "$work/cuda.c" <<'C'
 /* Fake libcuda: the two entry points the probe calls. */
@@ -74,12 +106,52 @@ cat > "$work/stub.c" <<'C'
 /* Fake driver library: one exported symbol so the file is a real, loadable ELF object. */
 const char *gantry_fake_driver_library(void) { return "fake"; }
 C
+cat > "$work/nvml.c" <<'C'
+/* Fake NVML: the calls Gantry makes to name MIG devices, answering for the fake GPUs above (GPU 1
+ * in MIG mode with GI 1/CI 0, GI 2/CI 0, GI 2/CI 1). Return codes as NVML's: 0 success,
+ * 2 invalid argument, 3 not supported, 6 not found. */
+#include <stdio.h>
+struct fake_device { int gpu; int mig; };
+static struct fake_device gpus[4] = {{0, -1}, {1, -1}, {2, -1}, {3, -1}};
+static struct fake_device migs[3] = {{1, 0}, {1, 1}, {1, 2}};
+static const unsigned gi[3] = {1, 2, 2}, ci[3] = {0, 0, 1};
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = 4; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, struct fake_device **d) {
+    if (i >= 4) return 2;
+    *d = &gpus[i];
+    return 0;
+}
+int nvmlDeviceGetMinorNumber(struct fake_device *d, unsigned *m) { *m = (unsigned)d->gpu; return 0; }
+int nvmlDeviceGetMaxMigDeviceCount(struct fake_device *d, unsigned *n) { *n = d->gpu == 1 ? 7 : 0; return 0; }
+int nvmlDeviceGetMigDeviceHandleByIndex(struct fake_device *d, unsigned i, struct fake_device **m) {
+    if (d->gpu != 1 || i >= 3) return 6;
+    *m = &migs[i];
+    return 0;
+}
+int nvmlDeviceGetUUID(struct fake_device *d, char *buf, unsigned len) {
+    if (d->mig < 0) snprintf(buf, len, "GPU-fake0000-0000-0000-0000-00000000000%d", d->gpu);
+    else snprintf(buf, len, "MIG-fake0001-0000-0000-0000-0000000%02u%02u", gi[d->mig], ci[d->mig]);
+    return 0;
+}
+int nvmlDeviceGetGpuInstanceId(struct fake_device *d, unsigned *v) {
+    if (d->mig < 0) return 3;
+    *v = gi[d->mig];
+    return 0;
+}
+int nvmlDeviceGetComputeInstanceId(struct fake_device *d, unsigned *v) {
+    if (d->mig < 0) return 3;
+    *v = ci[d->mig];
+    return 0;
+}
+C
 mklib() {  # mklib SOURCE SONAME FILE
   gcc -shared -fPIC -o "$root/$libdir/$3" -Wl,-soname,"$2" "$work/$1"
   ln -sf "$3" "$root/$libdir/$2"
 }
 mklib cuda.c libcuda.so.1 libcuda.so.$version
-mklib stub.c libnvidia-ml.so.1 libnvidia-ml.so.$version
+mklib nvml.c libnvidia-ml.so.1 libnvidia-ml.so.$version
 mklib stub.c libnvidia-ptxjitcompiler.so.1 libnvidia-ptxjitcompiler.so.$version
 mklib stub.c libnvidia-encode.so.1 libnvidia-encode.so.$version
 mklib stub.c libnvidia-cfg.so.1 libnvidia-cfg.so.$stale
@@ -148,6 +220,69 @@ cat > "$root/etc/cdi/example-fpga.json" <<JSON
 }
 JSON
 
+# --- a CDI spec (YAML) shaped like `nvidia-ctk cdi generate` writes for this driver ---
+# Device nodes and mounts name host paths; the hooks are nvidia-ctk programs Gantry does not run
+# (create-symlinks' links are made, update-ldcache's effect comes from the container's ldconfig).
+cdi_gpu() {  # cdi_gpu NAME NODE...
+  echo "- name: \"$1\""
+  echo "  containerEdits:"
+  echo "    deviceNodes:"
+  shift
+  for n in "$@"; do echo "    - path: $n"; done
+}
+{
+  cat <<YAML
+---
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+YAML
+  for i in 0 1 2 3; do cdi_gpu $i /dev/nvidia$i; done
+  cdi_gpu 1:0 /dev/nvidia1 /dev/nvidia-caps/nvidia-cap147 /dev/nvidia-caps/nvidia-cap148
+  cdi_gpu all /dev/nvidia0 /dev/nvidia1 /dev/nvidia2 /dev/nvidia3
+  cat <<YAML
+containerEdits:
+  env:
+  - NVIDIA_VISIBLE_DEVICES=void
+  deviceNodes:
+  - path: /dev/nvidia-modeset
+  - path: /dev/nvidia-uvm
+  - path: /dev/nvidia-uvm-tools
+  - path: /dev/nvidiactl
+  hooks:
+  - hookName: createContainer
+    path: /usr/bin/nvidia-ctk
+    args:
+    - nvidia-ctk
+    - hook
+    - create-symlinks
+    - --link
+    - libcuda.so.1::/$libdir/libcuda.so
+  - hookName: createContainer
+    path: /usr/bin/nvidia-ctk
+    args:
+    - nvidia-ctk
+    - hook
+    - update-ldcache
+    - --folder
+    - /$libdir
+  mounts:
+  - hostPath: /$libdir/libcuda.so.$version
+    containerPath: /$libdir/libcuda.so.$version
+    options:
+    - ro
+    - nosuid
+    - nodev
+    - bind
+  - hostPath: /$libdir/libnvidia-ml.so.$version
+    containerPath: /$libdir/libnvidia-ml.so.$version
+    options: [ro, nosuid, nodev, bind]
+  - hostPath: /usr/bin/nvidia-smi
+    containerPath: /usr/bin/nvidia-smi
+    options: [ro, nosuid, nodev, bind]
+YAML
+} > "$root/etc/cdi/nvidia.yaml"
+
 # --- test helper: resolves libcuda.so.1 through the dynamic loader, as CUDA applications do ---
 cat > "$work/probe.c" <<'C'
 /* cuda-probe: dlopen("libcuda.so.1") by soname (ld.so cache lookup), call cuInit and
@@ -171,4 +306,4 @@ int main(void) {
 C
 gcc -O2 -o "$root/test/cuda-probe" "$work/probe.c" -ldl
 chmod -R a+rX "$root"
-echo "fakehw: fake host root in $root (driver $version, 4 GPUs, uverbs0/2 efa, uverbs1/3 mlx5)"
+echo "fakehw: fake host root in $root (driver $version, 4 GPUs, GPU 1 with 3 MIG devices, uverbs0/2 efa, uverbs1/3 mlx5)"

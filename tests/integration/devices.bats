@@ -1,8 +1,9 @@
 # fixtures: registry images slurm
 # Devices and wiring inside containers started by the SPANK plugin (issue 7), on the Slurm harness
 # with fake hardware: tests/harness/fakehw.sh builds a host root with real device nodes (mknod, real
-# major/minor numbers), sysfs-like EFA/mlx5 driver links and a versioned fake driver library set
-# with its ld.so cache; gantry.conf points host_root at it. Everything else is the real code path:
+# major/minor numbers), sysfs-like EFA/mlx5 driver links, a versioned fake driver library set
+# with its ld.so cache, a MIG-mode GPU (procfs capabilities, fake NVML) and CDI specs in JSON and
+# YAML; gantry.conf points host_root at it. Everything else is the real code path:
 # srun -> plugin -> select_devices -> launcher -> the ranks.
 
 load helpers
@@ -82,12 +83,13 @@ as_user() {
     'ls /dev | grep nvidia | tr "\n" " "; echo; stat -c "%n %F %t:%T" /dev/nvidia0 /dev/nvidia2 /dev/nvidiactl /dev/nvidia-uvm; ls /dev/nvidia-caps; echo "CVD=$CUDA_VISIBLE_DEVICES NVD=$NVIDIA_VISIBLE_DEVICES"'
   echo "$output"
   [ "$status" -eq 0 ]
-  [ "${lines[0]}" = "nvidia-caps nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidia0 nvidia2 nvidiactl " ]
+  [ "${lines[0]}" = "nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidia0 nvidia2 nvidiactl " ]
   echo "$output" | grep -qx '/dev/nvidia0 character special file c3:0'
   echo "$output" | grep -qx '/dev/nvidia2 character special file c3:2'
   echo "$output" | grep -qx '/dev/nvidiactl character special file c3:ff'
   echo "$output" | grep -qx '/dev/nvidia-uvm character special file 1ff:0'
-  echo "$output" | grep -qx 'nvidia-cap1'
+  # The host's nvidia-caps are all MIG capabilities (config, monitor, GPU 1's instances): none asked for.
+  ! echo "$output" | grep -q '^nvidia-cap' || false
   # Only two device nodes exist inside, so CUDA must number them from 0.
   echo "$output" | grep -qx 'CVD=0,1 NVD=0,2'
 }
@@ -117,7 +119,7 @@ as_user() {
   run_user env NVIDIA_VISIBLE_DEVICES=none srun -n1 --container-image="$DEBIAN" bash -c 'ls /dev | grep nvidia | tr "\n" " "; nvidia-smi | head -1'
   echo "$output"
   [ "$status" -eq 0 ]
-  [ "${lines[0]}" = "nvidia-caps nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidiactl NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 (fake)" ]
+  [ "${lines[0]}" = "nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidiactl NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 (fake)" ]
 }
 
 @test "ldconfig -p inside resolves libcuda.so.1; the loader finds it; nvidia-smi runs; stale and video libraries stay out" {
@@ -130,13 +132,50 @@ as_user() {
   [ "$(echo "$output" | grep -cx '4')" -eq 2 ]                       # nvidia-smi -L: four GPUs
   [ "$(echo "$output" | grep -cx '550.54.15')" -eq 2 ]               # firmware of the running driver only
   [ "$(echo "$output" | grep -cx 'persistenced-socket')" -eq 2 ]
-  ! echo "$output" | grep -q 'libnvidia-cfg'                         # 535.104.05: stale, skipped
+  ! echo "$output" | grep -q 'libnvidia-cfg' || false               # 535.104.05: stale, skipped
   [ "$(echo "$warnings" | grep -c 'skipping .*libnvidia-cfg.so.535.104.05.*not of the running driver 550.54.15')" -eq 1 ]
-  ! echo "$output" | grep -q 'libnvidia-encode'                      # video not asked for
-  ! echo "$output" | grep -qx '535.104.05'
+  ! echo "$output" | grep -q 'libnvidia-encode' || false            # video not asked for
+  ! echo "$output" | grep -qx '535.104.05' || false
   run_user env NVIDIA_VISIBLE_DEVICES=0 NVIDIA_DRIVER_CAPABILITIES=compute,utility,video srun -n1 --container-image="$DEBIAN" bash -c 'ldconfig -p | grep -c libnvidia-encode.so.1'
   echo "$output"
   [ "$output" = "1" ]
+}
+
+@test "MIG: <gpu>:<mig> and MIG-<uuid> get the parent GPU and the instance's nvidia-caps nodes only" {
+  # GPU 1 of the fake driver is in MIG mode: 1:1 is GI 2 / CI 0, whose caps are 156 and 157 (major
+  # 510, nvidia-caps in the fake /proc/devices).
+  run_user env NVIDIA_VISIBLE_DEVICES=1:1 srun -n1 --container-image="$TINY" sh -c \
+    'ls /dev | grep "^nvidia[0-9]"; stat -c "%n %t:%T" /dev/nvidia-caps/*; echo "CVD=$CUDA_VISIBLE_DEVICES NVD=$NVIDIA_VISIBLE_DEVICES"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "$(printf 'nvidia1\n/dev/nvidia-caps/nvidia-cap156 1fe:9c\n/dev/nvidia-caps/nvidia-cap157 1fe:9d\nCVD=0 NVD=1:1')" ]
+  # A MIG UUID (resolved through the driver's NVML, here the fake one) on every node, with the
+  # monitor capability (nvidia-cap2) asked for.
+  run_user env NVIDIA_VISIBLE_DEVICES=MIG-fake0001-0000-0000-0000-00000000201 NVIDIA_MIG_MONITOR_DEVICES=all \
+    srun -N3 -n3 --container-image="$TINY" sh -c 'echo $(ls /dev | grep "^nvidia[0-9]") $(ls /dev/nvidia-caps)'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | sort -u)" = "nvidia1 nvidia-cap156 nvidia-cap158 nvidia-cap2" ]
+  [ "$(echo "$output" | wc -l)" -eq 3 ]
+  run_user env NVIDIA_VISIBLE_DEVICES=1:5 srun -n1 --container-image="$TINY" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "NVIDIA_VISIBLE_DEVICES=1:5: no MIG device '1:5' on this node (MIG devices: 1:0, 1:1, 1:2)"
+}
+
+@test "CDI in YAML: an nvidia-ctk-shaped spec gives the GPU, the driver library by soname and nvidia-smi" {
+  run_user env NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=2 srun -n1 --container-image="$DEBIAN" --container-mounts="$FAKE/test:/probe:ro" bash -c \
+    'echo $(ls /dev | grep nvidia); /probe/cuda-probe; readlink /usr/lib/x86_64-linux-gnu/libcuda.so; nvidia-smi | head -1'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidia2 nvidiactl" ]
+  [ "${lines[1]}" = "cuda driver version 12040 from /usr/lib/x86_64-linux-gnu/libcuda.so.1" ]
+  [ "${lines[2]}" = "libcuda.so.1" ]                       # nvidia-ctk's create-symlinks hook, made by Gantry
+  [ "${lines[3]}" = "NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 (fake)" ]
+  # The MIG device the spec defines: its parent and both capabilities.
+  run_user env GANTRY_CDI_DEVICES=nvidia.com/gpu=1:0 srun -n1 --container-image="$TINY" sh -c 'echo $(ls /dev | grep "^nvidia[0-9]") $(ls /dev/nvidia-caps)'
+  echo "$output"
+  [ "$output" = "nvidia1 nvidia-cap147 nvidia-cap148" ]
 }
 
 @test "a GPU the node lacks or an unknown capability fails the step with the reason" {

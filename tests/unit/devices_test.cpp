@@ -1,7 +1,8 @@
 // Unit tests for the devices module: GPU requests (indices, UUIDs, all/none/void, precedence),
 // driver capabilities, the ld.so cache parser, driver version and GPU discovery from a host root,
-// EFA/mlx filtering by sysfs driver links, CDI specs, hostlist expansion, PMIx mapping and the
-// PyTorch variables. Host roots are built in a temporary directory (device nodes only when root).
+// EFA/mlx filtering by sysfs driver links, CDI specs (JSON and YAML), MIG devices (procfs, NVML
+// of the fake driver), hostlist expansion, PMIx mapping and the PyTorch variables. Host roots are
+// built in a temporary directory (device nodes only when root).
 #include "gantry/devices.hpp"
 
 #include <sys/stat.h>
@@ -114,7 +115,7 @@ TEST_CASE("GPU request: all, none, void, CDI names and bad entries") {
     auto bad = gpu_request({"NVIDIA_VISIBLE_DEVICES=0,gpu-one"}, {});
     REQUIRE_FALSE(bad.ok());
     CHECK(bad.error().message.find("'gpu-one' is not a GPU index") != std::string::npos);
-    CHECK_FALSE(gpu_request({"NVIDIA_VISIBLE_DEVICES=MIG-1234"}, {}).ok());
+    CHECK(gpu_request({"NVIDIA_VISIBLE_DEVICES=MIG-1234"}, {})->ids == std::vector<std::string>{"MIG-1234"});
 }
 
 TEST_CASE("driver capabilities") {
@@ -280,7 +281,7 @@ TEST_CASE("CDI: spec-wide and device edits; unknown devices fail") {
       "containerEdits":{"env":["VENDOR_DRIVER=1"],"mounts":[{"hostPath":"/usr/lib/libvendor.so.1","containerPath":"/usr/lib/vendor/libvendor.so.1","options":["ro"]}]},
       "devices":[{"name":"a","containerEdits":{"deviceNodes":[{"path":"/dev/vgpu0"}],"env":["VENDOR_VISIBLE=a"]}},
                  {"name":"b","containerEdits":{"deviceNodes":[{"path":"/dev/vgpu1","hostPath":"/dev/vendor/gpu1"}]}}]})");
-    r.write("/var/run/cdi/other.yaml", "kind: x.com/y\n");
+    r.write("/var/run/cdi/other.yaml", "cdiVersion: 0.6.0\nkind: x.com/y\ndevices:\n- name: z\n");
     auto sel = select_devices(config_for(r), {"GANTRY_CDI_DEVICES=vendor.com/gpu=a,vendor.com/gpu=b"}, ImageConfig{});
     REQUIRE(sel.ok());
     REQUIRE(sel->devices.size() == 2);
@@ -290,9 +291,291 @@ TEST_CASE("CDI: spec-wide and device edits; unknown devices fail") {
     REQUIRE(sel->mounts.size() == 1);
     CHECK(sel->mounts[0].read_only);
     CHECK(sel->ld_library_dirs == std::vector<std::string>{"/usr/lib/vendor"});
-    auto missing = select_devices(config_for(r), {"GANTRY_CDI_DEVICES=x.com/y=z"}, ImageConfig{});
+    CHECK(select_devices(config_for(r), {"GANTRY_CDI_DEVICES=x.com/y=z"}, ImageConfig{}).ok());  // from the YAML
+    auto missing = select_devices(config_for(r), {"GANTRY_CDI_DEVICES=x.com/y=w"}, ImageConfig{});
     REQUIRE_FALSE(missing.ok());
-    CHECK(missing.error().message.find("YAML specs are not read") != std::string::npos);
+    CHECK(missing.error().message == "CDI device x.com/y=w is not defined by any spec in /etc/cdi or /var/run/cdi");
+}
+
+// A spec the way `nvidia-ctk cdi generate` writes it (YAML, its default), for a driver whose
+// libcuda is in the root's ld.so cache; the same spec in JSON must give the same edits.
+const char* kNvidiaCtkYaml = R"(---
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+- name: GPU-fake0000-0000-0000-0000-000000000001
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia1
+containerEdits:
+  env:
+  - NVIDIA_VISIBLE_DEVICES=void
+  deviceNodes:
+  - path: /dev/nvidiactl
+  - path: /dev/nvidia-uvm
+  hooks:
+  - hookName: createContainer
+    path: /usr/bin/nvidia-ctk
+    args:
+    - nvidia-ctk
+    - hook
+    - create-symlinks
+    - --link
+    - libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so
+  - hookName: createContainer
+    path: /usr/bin/nvidia-ctk
+    args: [nvidia-ctk, hook, update-ldcache, --folder, /usr/lib/x86_64-linux-gnu]
+  mounts:
+  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    options:
+    - ro
+    - nosuid
+    - nodev
+    - bind
+  - hostPath: /usr/bin/nvidia-smi
+    containerPath: /usr/bin/nvidia-smi
+    options: [ro, nosuid, nodev, bind]
+)";
+
+const char* kNvidiaCtkJson = R"({"cdiVersion":"0.5.0","kind":"nvidia.com/gpu",
+  "devices":[{"name":"0","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia0"}]}},
+             {"name":"GPU-fake0000-0000-0000-0000-000000000001","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia1"}]}}],
+  "containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=void"],
+    "deviceNodes":[{"path":"/dev/nvidiactl"},{"path":"/dev/nvidia-uvm"}],
+    "hooks":[{"hookName":"createContainer","path":"/usr/bin/nvidia-ctk","args":["nvidia-ctk","hook","create-symlinks","--link","libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"]},
+             {"hookName":"createContainer","path":"/usr/bin/nvidia-ctk","args":["nvidia-ctk","hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]}],
+    "mounts":[{"hostPath":"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15","containerPath":"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15","options":["ro","nosuid","nodev","bind"]},
+              {"hostPath":"/usr/bin/nvidia-smi","containerPath":"/usr/bin/nvidia-smi","options":["ro","nosuid","nodev","bind"]}]}})";
+
+void driver_files(const TempRoot& r) {
+    r.write("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "ELF (fake)");
+    r.link("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.550.54.15");
+    r.write("/usr/bin/nvidia-smi", "#!/bin/sh\n");
+    r.write("/etc/ld.so.cache", make_cache({{0x0303, "libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"}}));
+}
+
+TEST_CASE("CDI: an nvidia-ctk spec in YAML, and the same in JSON, give the same edits") {
+    TempRoot y, j;
+    driver_files(y);
+    driver_files(j);
+    y.write("/etc/cdi/nvidia.yaml", kNvidiaCtkYaml);
+    j.write("/var/run/cdi/nvidia.json", kNvidiaCtkJson);
+    std::vector<std::string> env = {"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=GPU-fake0000-0000-0000-0000-000000000001"};
+    auto sel = select_devices(config_for(y), env, ImageConfig{});
+    REQUIRE(sel.ok());
+    std::vector<std::string> nodes;
+    for (const auto& d : sel->devices) nodes.push_back(d.path);
+    CHECK(nodes == std::vector<std::string>{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia1"});
+    CHECK(sel->devices[2].host_path == y.path + "/dev/nvidia1");
+    CHECK(sel->env == std::vector<std::string>{"NVIDIA_VISIBLE_DEVICES=void"});
+    REQUIRE(sel->mounts.size() == 2);
+    CHECK(sel->mounts[0] == DeviceMount{y.path + "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+                                        "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", true});
+    CHECK(sel->ld_library_dirs == std::vector<std::string>{"/usr/lib/x86_64-linux-gnu"});
+    // The soname link the host's cache names (update-ldcache's effect) and create-symlinks' link.
+    CHECK(sel->symlinks ==
+          std::vector<DeviceSymlink>{{"/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.550.54.15"},
+                                     {"/usr/lib/x86_64-linux-gnu/libcuda.so", "libcuda.so.1"}});
+    CHECK(sel->summary.find("cdi nvidia.com/gpu=GPU-fake0000-0000-0000-0000-000000000001 (1 hooks not run)") !=
+          std::string::npos);
+
+    auto from_json = select_devices(config_for(j), env, ImageConfig{});
+    REQUIRE(from_json.ok());
+    CHECK(from_json->env == sel->env);
+    CHECK(from_json->symlinks == sel->symlinks);
+    CHECK(from_json->ld_library_dirs == sel->ld_library_dirs);
+    REQUIRE(from_json->devices.size() == sel->devices.size());
+    for (size_t i = 0; i < sel->devices.size(); ++i) CHECK(from_json->devices[i].path == sel->devices[i].path);
+    REQUIRE(from_json->mounts.size() == 2);
+    CHECK(from_json->mounts[1].path == "/usr/bin/nvidia-smi");
+}
+
+TEST_CASE("CDI: broken specs are reported by file and problem") {
+    auto fails = [](const std::string& name, const std::string& text) {
+        TempRoot r;
+        r.write("/etc/cdi/" + name, text);
+        auto sel = select_devices(config_for(r), {"GANTRY_CDI_DEVICES=a.com/b=c"}, ImageConfig{});
+        REQUIRE_FALSE(sel.ok());
+        std::string msg = sel.error().message, prefix =
+                                                   "CDI device a.com/b=c is not defined by any spec in /etc/cdi "
+                                                   "or /var/run/cdi (skipped CDI spec " +
+                                                   r.path + "/etc/cdi/" + name + ": ";
+        CHECK(msg.find(prefix) == 0);
+        return msg.substr(prefix.size(), msg.size() - prefix.size() - 1);
+    };
+    CHECK(fails("bad.yaml", "cdiVersion: 0.5.0\nkind: [a.com/b\n").find("not valid YAML (line ") == 0);
+    CHECK(fails("bad.json", "{\"cdiVersion\": ") == "not valid JSON");
+    CHECK(fails("nokind.yml", "cdiVersion: 0.5.0\ndevices: []\n") == "kind '' is not vendor/class");
+    CHECK(fails("kind.yaml", "cdiVersion: 0.5.0\nkind: gpu\ndevices: []\n") == "kind 'gpu' is not vendor/class");
+    CHECK(fails("version.yaml", "kind: a.com/b\ndevices: []\n") == "no cdiVersion");
+    CHECK(fails("devices.yaml", "cdiVersion: 0.5.0\nkind: a.com/b\n") == "no devices list");
+    CHECK(fails("name.yaml", "cdiVersion: 0.5.0\nkind: a.com/b\ndevices:\n- containerEdits: {}\n") ==
+          "device 0 has no name");
+    CHECK(fails("list.yaml", "- 1\n- 2\n") == "not a mapping of cdiVersion, kind, devices");
+    // A broken spec beside a good one: the good one's devices work, with a warning naming the other.
+    TempRoot r;
+    r.write("/etc/cdi/good.yaml",
+            "cdiVersion: 0.6.0\nkind: a.com/b\ndevices:\n- name: c\n  containerEdits:\n    env: [C=1]\n");
+    r.write("/etc/cdi/vendor.json", "{");
+    auto sel = select_devices(config_for(r), {"GANTRY_CDI_DEVICES=a.com/b=c"}, ImageConfig{});
+    REQUIRE(sel.ok());
+    CHECK(sel->env == std::vector<std::string>{"C=1"});
+    CHECK(has(sel->warnings, "CDI spec " + r.path + "/etc/cdi/vendor.json: not valid JSON (skipped)"));
+    // Aliases: a node inside itself, and a few lines that expand to a million nodes.
+    CHECK(fails("cycle.yaml", "cdiVersion: 0.5.0\nkind: a.com/b\ndevices: &d [*d]\n") ==
+          "not valid YAML (nested or aliased too deeply)");
+    std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+    for (int i = 1; i < 7; ++i) {
+        std::string prev = "*a" + std::to_string(i - 1);
+        bomb += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + prev;
+        for (int k = 1; k < 10; ++k) bomb += ", " + prev;
+        bomb += "]\n";
+    }
+    CHECK(fails("bomb.yaml", bomb) == "not valid YAML (nested or aliased too deeply)");
+}
+
+// The driver's MIG procfs for GPU 1 of two (the layout fakehw.sh builds: GI 1/CI 0, GI 2/CIs 0 and 1).
+void mig_procfs(const TempRoot& r) {
+    for (int g = 0; g < 2; ++g)
+        r.write("/proc/driver/nvidia/gpus/0000:1" + std::to_string(g) + ":00.0/information",
+                "GPU UUID: \t GPU-fake0000-0000-0000-0000-00000000000" + std::to_string(g) + "\nMinor Number: \t " +
+                    std::to_string(g) + "\n");
+    auto access = [&](const std::string& rel, int minor) {
+        r.write("/proc/driver/nvidia/capabilities/" + rel,
+                "DeviceFileMinor: " + std::to_string(minor) + "\nDeviceFileMode: 292\nDeviceFileModify: 1\n");
+    };
+    access("mig/config", 1);
+    access("mig/monitor", 2);
+    access("gpu1/mig/gi1/access", 147);
+    access("gpu1/mig/gi1/ci0/access", 148);
+    access("gpu1/mig/gi2/access", 156);
+    access("gpu1/mig/gi2/ci0/access", 157);
+    access("gpu1/mig/gi2/ci1/access", 158);
+    r.write("/proc/driver/nvidia-caps/mig-minors", "config 1\nmonitor 2\ngpu0/gi0/access 3\ngpu0/gi0/ci0/access 4\n");
+    r.write("/proc/devices", "Character devices:\n195 nvidia-frontend\n510 nvidia-caps\n");
+}
+
+TEST_CASE("MIG: devices from the capability procfs, names accepted by the request") {
+    TempRoot r;
+    mig_procfs(r);
+    auto gpus = host_gpus(r.path);
+    REQUIRE(gpus.size() == 2);
+    auto migs = host_mig_devices(r.path, gpus);
+    REQUIRE(migs.size() == 3);
+    CHECK((migs[0].gpu == 1 && migs[0].gpu_minor == 1 && migs[0].index == 0 && migs[0].gi == 1 && migs[0].ci == 0 &&
+           migs[0].gi_minor == 147 && migs[0].ci_minor == 148));
+    CHECK((migs[2].index == 2 && migs[2].gi == 2 && migs[2].ci == 1 && migs[2].gi_minor == 156 &&
+           migs[2].ci_minor == 158));
+
+    auto req = gpu_request({"NVIDIA_VISIBLE_DEVICES=1:0,MIG-GPU-fake/2/1,MIG-abc,0"}, {});
+    REQUIRE(req.ok());
+    CHECK(req->ids == std::vector<std::string>{"1:0", "MIG-GPU-fake/2/1", "MIG-abc", "0"});
+    CHECK_FALSE(gpu_request({"NVIDIA_VISIBLE_DEVICES=1:x"}, {}).ok());
+    // Slurm's MIG GRES: SLURM_STEP_GPUS holds GRES indices, CUDA_VISIBLE_DEVICES the MIG UUIDs, which win.
+    req = gpu_request({"SLURM_STEP_GPUS=0", "CUDA_VISIBLE_DEVICES=MIG-aaaa,MIG-bbbb"}, {});
+    CHECK(req->ids == std::vector<std::string>{"MIG-aaaa", "MIG-bbbb"});
+    CHECK(req->source == "CUDA_VISIBLE_DEVICES=MIG-aaaa,MIG-bbbb");
+
+    // Without device nodes a selection still reports unknown names with the node's MIG devices.
+    auto bad = select_devices(config_for(r), {"NVIDIA_VISIBLE_DEVICES=1:3"}, ImageConfig{});
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message ==
+          "NVIDIA_VISIBLE_DEVICES=1:3: no MIG device '1:3' on this node (MIG devices: 1:0, 1:1, 1:2)");
+    auto nonvml = select_devices(config_for(r), {"NVIDIA_VISIBLE_DEVICES=MIG-fake0001-0000-0000-0000-00000000100"},
+                                 ImageConfig{});
+    REQUIRE_FALSE(nonvml.ok());
+    CHECK(nonvml.error().message.find("libnvidia-ml.so.1 is not in the host's ld.so cache (name MIG devices as "
+                                      "<gpu>:<mig> instead)") != std::string::npos);
+}
+
+TEST_CASE("MIG: the parent GPU and the instance's capability nodes only", "[root]") {
+    if (::geteuid() != 0) {
+        WARN("not root: mknod unavailable, MIG device-node selection not exercised");
+        return;
+    }
+    TempRoot r;
+    mig_procfs(r);
+    for (unsigned i = 0; i < 2; ++i) REQUIRE(r.mknod_char("/dev/nvidia" + std::to_string(i), 195, i));
+    REQUIRE(r.mknod_char("/dev/nvidiactl", 195, 255));
+    for (unsigned c : {1u, 2u, 147u, 148u, 156u, 157u, 158u})
+        REQUIRE(r.mknod_char("/dev/nvidia-caps/nvidia-cap" + std::to_string(c), 510, c));
+    auto paths = [](const ContainerEdits& e) {
+        std::string s;
+        for (const auto& d : e.devices) s += d.path + " ";
+        return s;
+    };
+    auto sel = select_devices(config_for(r), {"NVIDIA_VISIBLE_DEVICES=1:1"}, ImageConfig{});
+    REQUIRE(sel.ok());
+    CHECK(paths(*sel) == "/dev/nvidiactl /dev/nvidia-caps/nvidia-cap156 /dev/nvidia-caps/nvidia-cap157 /dev/nvidia1 ");
+    CHECK(has(sel->env, "NVIDIA_VISIBLE_DEVICES=1:1"));
+    CHECK(has(sel->env, "CUDA_VISIBLE_DEVICES=0"));
+
+    // The legacy MIG-GPU-<uuid>/<gi>/<ci> name, a whole GPU beside it, and the monitor capability.
+    sel = select_devices(
+        config_for(r),
+        {"NVIDIA_VISIBLE_DEVICES=MIG-GPU-fake0000-0000-0000-0000-000000000001/1/0,0", "NVIDIA_MIG_MONITOR_DEVICES=all"},
+        ImageConfig{});
+    REQUIRE(sel.ok());
+    CHECK(paths(*sel) ==
+          "/dev/nvidiactl /dev/nvidia-caps/nvidia-cap147 /dev/nvidia-caps/nvidia-cap148 "
+          "/dev/nvidia-caps/nvidia-cap2 /dev/nvidia0 /dev/nvidia1 ");
+    CHECK(has(sel->env, "NVIDIA_VISIBLE_DEVICES=1:0,0"));
+    CHECK(has(sel->env, "CUDA_VISIBLE_DEVICES=0,1"));
+    // A plain GPU: no MIG capability at all.
+    sel = select_devices(config_for(r), {"NVIDIA_VISIBLE_DEVICES=0"}, ImageConfig{});
+    REQUIRE(sel.ok());
+    CHECK(paths(*sel) == "/dev/nvidiactl /dev/nvidia0 ");
+    CHECK_FALSE(
+        select_devices(config_for(r), {"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MIG_CONFIG_DEVICES=1"}, ImageConfig{}).ok());
+
+    // A missing capability node, and one whose major is not nvidia-caps', fail the step.
+    fs::remove(r.path + "/dev/nvidia-caps/nvidia-cap158");
+    auto missing = select_devices(config_for(r), {"NVIDIA_VISIBLE_DEVICES=1:2"}, ImageConfig{});
+    REQUIRE_FALSE(missing.ok());
+    CHECK(missing.error().message.find("needs /dev/nvidia-caps/nvidia-cap158, which the node lacks") !=
+          std::string::npos);
+    REQUIRE(r.mknod_char("/dev/nvidia-caps/nvidia-cap158", 240, 158));
+    auto wrong = select_devices(config_for(r), {"NVIDIA_VISIBLE_DEVICES=1:2"}, ImageConfig{});
+    REQUIRE_FALSE(wrong.ok());
+    CHECK(wrong.error().message.find("major 240 is not nvidia-caps' 510") != std::string::npos);
+}
+
+TEST_CASE("MIG UUIDs through the fake driver's NVML (fakehw.sh)", "[root]") {
+    if (::geteuid() != 0) {
+        WARN("not root: fakehw.sh needs mknod; NVML resolution not exercised");
+        return;
+    }
+    TempRoot r;
+    std::string fake = r.path + "/hw";
+    REQUIRE(std::system(
+                (std::string(GANTRY_SOURCE_DIR) + "/tests/harness/fakehw.sh " + fake + " >/dev/null").c_str()) == 0);
+    Config c;
+    c.host_root = fake;
+    auto sel = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=MIG-fake0001-0000-0000-0000-00000000201"}, ImageConfig{});
+    REQUIRE(sel.ok());
+    std::string caps;
+    for (const auto& d : sel->devices)
+        if (d.path.find("nvidia-cap") != std::string::npos || d.path == "/dev/nvidia1") caps += d.path + " ";
+    CHECK(caps == "/dev/nvidia-caps/nvidia-cap156 /dev/nvidia-caps/nvidia-cap158 /dev/nvidia1 ");
+    CHECK(has(sel->env, "NVIDIA_VISIBLE_DEVICES=1:2"));
+    auto unknown = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=MIG-fake0001-0000-0000-0000-00000000999"}, ImageConfig{});
+    REQUIRE_FALSE(unknown.ok());
+    CHECK(unknown.error().message.find("no MIG device 'MIG-fake0001-0000-0000-0000-00000000999'") != std::string::npos);
+    // The YAML spec shaped like nvidia-ctk's, for the MIG device 1:0.
+    auto cdi = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1:0"}, ImageConfig{});
+    REQUIRE(cdi.ok());
+    CHECK(has(cdi->env, "NVIDIA_VISIBLE_DEVICES=void"));
+    std::string nodes;
+    for (const auto& d : cdi->devices)
+        if (d.path.find("nvidia") != std::string::npos) nodes += d.path + " ";
+    CHECK(nodes ==
+          "/dev/nvidia-modeset /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidiactl /dev/nvidia1 "
+          "/dev/nvidia-caps/nvidia-cap147 /dev/nvidia-caps/nvidia-cap148 ");
 }
 
 TEST_CASE("hostlists and tasks per node") {
