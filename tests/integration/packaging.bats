@@ -33,7 +33,7 @@ setup_file() {
     echo "$output" | grep -q " $f\$" || { echo "missing $f"; return 1; }
   done
   # Nothing under /usr/local, nothing outside the paths above.
-  ! echo "$output" | grep -q ' \./usr/local/'
+  ! echo "$output" | grep -q ' \./usr/local/' || false
   # Both files under /etc are conffiles: upgrades keep the admin's edits.
   run dpkg-deb -I "$DEB" conffiles
   [ "$(echo "$output" | sort)" = "$(printf '/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
@@ -55,12 +55,12 @@ setup_file() {
   dpkg-deb -x "$DEB" "$dir"
   dpkg-deb -e "$DEB" "$dir/DEBIAN"
   # Every line of the shipped plugstack file is a comment or blank, and it names the packaged plugin.
-  ! grep -Evq '^[[:space:]]*(#|$)' "$dir/etc/slurm/plugstack.conf.d/gantry.conf"
+  ! grep -Evq '^[[:space:]]*(#|$)' "$dir/etc/slurm/plugstack.conf.d/gantry.conf" || false
   grep -q '^#required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so ' "$dir/etc/slurm/plugstack.conf.d/gantry.conf"
   # The maintainer script writes no Slurm file (the only mention of plugstack is the hint it prints).
   run grep -n plugstack "$dir/DEBIAN/postinst"
   echo "$output"
-  ! echo "$output" | grep -Ev '^[0-9]+:[[:space:]]*(#|echo )'
+  ! echo "$output" | grep -Ev '^[0-9]+:[[:space:]]*(#|echo )' || false
   sh -n "$dir/DEBIAN/postinst"
   # The plugin finds the CLI where the package puts it (the install prefix is compiled in).
   grep -aq '/usr/bin/gantry' "$dir/usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so"
@@ -75,8 +75,8 @@ setup_file() {
     echo "$output" | grep -qx "$f" || { echo "missing $f"; return 1; }
   done
   # Directories of Slurm and the system are not claimed by our package.
-  ! echo "$output" | grep -qx '/etc/slurm'
-  ! echo "$output" | grep -qx '/usr/lib/tmpfiles.d'
+  ! echo "$output" | grep -qx '/etc/slurm' || false
+  ! echo "$output" | grep -qx '/usr/lib/tmpfiles.d' || false
   run rpm -qp --configfiles "$RPM"
   [ "$(echo "$output" | sort)" = "$(printf '/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
   run rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$RPM"
@@ -91,7 +91,7 @@ setup_file() {
   run lintian --fail-on error,warning "$DEB"
   echo "$output"
   [ "$status" -eq 0 ]
-  ! echo "$output" | grep -E '^[EW]: '
+  ! echo "$output" | grep -E '^[EW]: ' || false
 }
 
 @test "the man pages render without warnings" {
@@ -157,6 +157,6 @@ setup_file() {
   echo "$output"
   [ "$status" -eq 0 ]
   echo "$output" | grep -q 'all checks passed'
-  ! echo "$output" | grep -q '^FAIL'
+  ! echo "$output" | grep -q '^FAIL' || false
   echo "$output" | grep -q "^ok   Debian's srun loads the packaged plugin once enabled"
 }

@@ -45,7 +45,7 @@ as_user() {
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | sort -u | wc -l)" -eq 1 ]
   host_ns=$(readlink /proc/self/ns/mnt)
-  ! echo "$output" | grep -qx "$host_ns"
+  ! echo "$output" | grep -qx "$host_ns" || false
 }
 
 @test "image environment and WorkingDir apply; --container-workdir overrides" {
@@ -124,7 +124,7 @@ JOB
   [ "$status" -ne 0 ]
   echo "$output" | grep -q "failed to import docker image"
   run sinfo -h -o '%t' 
-  ! echo "$output" | grep -Eq 'drain|down'
+  ! echo "$output" | grep -Eq 'drain|down' || false
 }
 
 @test "--container-image specified twice with different values is refused" {
