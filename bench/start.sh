@@ -2,6 +2,8 @@
 # Container start-up cost: `gantry run IMAGE true` per backend vs `true` on the host, and vs
 # unsquashfs-then-run (Enroot's create+start). Usage: bench/start.sh [IMAGE.sqsh] [RUNS]
 # Runs as the caller (root: kernel, fuse, extract; user: fuse, extract). Prints medians in ms.
+# kernel: the first run makes the node-wide image mount, the others reuse it (docs/runtime.md), as
+# every step after the first on a Slurm node does.
 set -euo pipefail
 gantry=${GANTRY:-${GANTRY_BUILD_DIR:-build}/runtime/gantry}
 image=${1:?usage: bench/start.sh IMAGE.sqsh [RUNS]}

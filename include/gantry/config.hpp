@@ -22,6 +22,9 @@ struct Config {
     std::string scratch_path = "/tmp";
     // auto | kernel | fuse | extract
     std::string mount_backend = "auto";
+    // Kernel backend: seconds a node-wide image mount stays after its last container left (reused
+    // by later steps and jobs meanwhile); 0 releases it as soon as it is idle.
+    int mount_idle_seconds = 300;
     // Squashfs compressor for new images: zstd | lz4 | gzip | xz | lzo | none, and block size.
     std::string compressor = "lz4";  // fastest to convert and to read (docs/squashfs.md)
     int compression_level = 0;  // 0: the compressor's default

@@ -123,6 +123,8 @@ private:
     std::string state_file_;
     bool owned_ = false;   // this handle stops the holder on destruction
     bool is_child_ = false;  // the holder is our child: reap it with waitpid
+    bool kernel_mount_ = false;  // root stopping a kernel-backend container: sweeps idle image mounts
+    Config config_;
 };
 
 // Enters the container in the CALLING process: setns into the holder's namespaces, chdir to the
@@ -151,5 +153,11 @@ std::string runtime_dir(const Config& config);
 
 // Names of the containers with state files in runtime_dir(config).
 std::vector<std::string> list_containers(const Config& config);
+
+// Kernel backend: unmounts the node-wide image mounts (<runtime_path>/images) that no container has
+// used for config.mount_idle_seconds. A mount seen unused for the first time starts its idle clock
+// (there is no daemon that saw its last user leave). Root only (0 for others); returns how many it
+// released. Called by privileged `gantry run`, Container::stop and the plugin's job epilog.
+Result<int> release_idle_mounts(const Config& config);
 
 }  // namespace gantry

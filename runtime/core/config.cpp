@@ -66,6 +66,13 @@ const std::map<std::string, Setter>& setters() {
              c.mount_backend = v;
              return {};
          }},
+        {"mount_idle_seconds",
+         [](Config& c, const std::string& v) -> Status {
+             auto n = parse_int(v, 0, 7 * 24 * 3600);
+             if (!n) return n.error();
+             c.mount_idle_seconds = static_cast<int>(*n);
+             return {};
+         }},
         {"compressor",
          [](Config& c, const std::string& v) -> Status {
              GANTRY_TRY(one_of(v, {"zstd", "lz4", "gzip", "xz", "lzo", "none"}));

@@ -260,6 +260,8 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     auto backend = launcher::choose_backend(spec, privileged_ok);
     if (!backend) return backend.error();
     s.backend = *backend;
+    // Every privileged start also releases the node-wide image mounts idle for too long.
+    if (launcher::running_as_real_root()) (void)release_idle_mounts(spec.config);
 
     if (!spec.workdir.empty()) {
         auto w = normalize_container_path(spec.workdir, "working directory");
@@ -331,6 +333,8 @@ Result<Container> Container::create(const ContainerSpec& spec) {
                                         spec.remap_root};
     c.owned_ = !spec.detach;
     c.is_child_ = !spec.detach;
+    c.kernel_mount_ = s.backend == MountBackend::kernel;
+    c.config_ = spec.config;
     if (!state_file.empty()) {
         c.state_file_ = state_file;
         auto w = write_state(state_file, c.state_);
@@ -354,11 +358,14 @@ Result<Container> Container::open(const std::string& name, const Config& config)
     Container c;
     c.state_ = *st;
     c.state_file_ = path;
+    c.kernel_mount_ = st->backend == "kernel";
+    c.config_ = config;
     return c;
 }
 
 Container::Container(Container&& o) noexcept
-    : state_(std::move(o.state_)), state_file_(std::move(o.state_file_)), owned_(o.owned_), is_child_(o.is_child_) {
+    : state_(std::move(o.state_)), state_file_(std::move(o.state_file_)), owned_(o.owned_), is_child_(o.is_child_),
+      kernel_mount_(o.kernel_mount_), config_(std::move(o.config_)) {
     o.owned_ = false;
     o.state_.holder_pid = -1;
 }
@@ -370,6 +377,8 @@ Container& Container::operator=(Container&& o) noexcept {
         state_file_ = std::move(o.state_file_);
         owned_ = o.owned_;
         is_child_ = o.is_child_;
+        kernel_mount_ = o.kernel_mount_;
+        config_ = std::move(o.config_);
         o.owned_ = false;
         o.state_.holder_pid = -1;
     }
@@ -385,6 +394,11 @@ Status Container::stop() {
     pid_t pid = state_.holder_pid;
     if (pid <= 0) return {};
     if (!state_file_.empty()) ::unlink(state_file_.c_str());
+    // Once the holder is gone its reference on the node-wide image mount is too: start that mount's
+    // idle clock now (or release it, with mount_idle_seconds = 0) rather than at some later sweep.
+    Defer sweep([&] {
+        if (kernel_mount_ && launcher::running_as_real_root()) (void)release_idle_mounts(config_);
+    });
     if (is_child_) {
         ::kill(pid, SIGTERM);
         ::waitpid(pid, nullptr, 0);

@@ -40,6 +40,7 @@ struct Setup {
     std::string home;            // HOME inside
     std::string workdir;         // working directory inside
     pid_t fuse_daemon = -1;
+    UniqueFd image_lease;        // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp)
     UniqueFd scratch_dir;        // extract backend: directory holding the unpacked tree
     std::string scratch_name;    // its entry in scratch_dir, removed when the holder exits
 };
@@ -64,6 +65,16 @@ void remove_tree(int dirfd, const std::string& name);
 bool running_as_real_root();
 bool is_trusted_path(const std::string& path);
 Status mount_image_kernel(Setup& s);
+
+// shared_mounts.cpp: the node-wide kernel mount of one image, as handed to one container.
+struct SharedImageMount {
+    UniqueFd lease;           // keep open for the container's life: it is the reference
+    UniqueFd tree;            // detached clone of the mount, to attach in the container's namespace
+    std::string mount_point;  // <runtime_path>/images/<key>/root on the host
+};
+// Mounts `image` once per node (or reuses that mount) and takes a reference on it. Root only; the
+// caller has checked the image is trusted. Runs in the host mount namespace.
+Result<SharedImageMount> acquire_shared_mount(const std::string& image, const Config& config);
 
 // rootfs.cpp: the steps that assemble "/" (see Container::create for their order)
 Status mount_staging_area(Setup& s);
