@@ -123,6 +123,7 @@ std::string gantry_cli(const Settings& settings) {
 
 struct Captured {
     int status = -1;
+    int signal = 0;  // the signal that ended the program, 0 when it exited
     std::string out, err;
 };
 
@@ -190,6 +191,7 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
     c.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
     if (c.status == 126) return make_error("could not switch to uid " + std::to_string(uid) + " to run " + argv[0]);
     if (c.status == 125 && userns_fd >= 0) return make_error("could not enter the container's user namespace to run " + argv[0]);
     if (c.status == 127) return make_error("could not run " + argv[0] + " (set gantry= in plugstack.conf)");
@@ -244,8 +246,17 @@ Result<std::pair<std::string, std::string>> pull_as_user(const Settings& setting
     if (!config.store_path.empty()) argv.insert(argv.end(), {"--store", config.store_path});
     argv.push_back(image);
     if (::access(settings.config.c_str(), F_OK) == 0) env.push_back("GANTRY_CONFIG=" + settings.config);
+    // The nodes of this step share a failed producer's error instead of each retrying the same pull
+    // in turn (runtime/store/pull.cpp); a killed producer is still taken over.
+    env.push_back("GANTRY_PULL_GROUP=" + std::to_string(id.jobid) + "." + std::to_string(id.stepid));
     auto r = run_as_user(id.uid, id.gid, id.groups, argv, env);
     if (!r) return r.error();
+    if (r->signal != 0) {
+        // Killed (OOM killer, an admin, a dying node): it printed nothing useful, so say what happened.
+        // Its staging area stays for whoever takes over the image next.
+        return make_error("failed to import docker image " + image + ": gantry pull on this node was killed by signal " +
+                          std::to_string(r->signal) + " (" + strsignal(r->signal) + ")");
+    }
     if (r->status != 0) {
         std::string why = last_line(r->err);
         if (starts_with(why, "gantry: ")) why = why.substr(8);
@@ -336,7 +347,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         spec.image_path = *o.image;
     } else {
         auto ref = parse_reference(*o.image);
-        if (!ref) return ref.error();
+        // Pyxis scripts grep for this phrase whatever went wrong with the image, a bad name included.
+        if (!ref) return ref.error().wrap("failed to import docker image " + *o.image);
         std::string image = *o.image;
         if (ref->digest.empty())
             if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
@@ -578,6 +590,7 @@ void finish_step(spank_t, const Settings&) {
 }
 
 void clean_up_job(spank_t sp, const Settings& settings) {
+    (void)release_idle_mounts(load_plugin_config(settings));  // node-wide kernel image mounts idle too long
     if (settings.container_scope != "job") return;
     uint32_t jobid = 0;
     if (!item(sp, S_JOB_ID, &jobid)) return;

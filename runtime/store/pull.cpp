@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
+#include <ctime>
 #include <mutex>
 #include <thread>
 
@@ -14,6 +16,7 @@
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 
 namespace gantry {
 namespace {
@@ -52,6 +55,13 @@ private:
     std::optional<Error> error_;
     bool finished_ = false;
 };
+
+using ProgressUpdate = std::function<void(const std::function<void(PullProgress&)>&)>;
+
+Result<PullResult> produce_locked(const Config& config, const ImageStore& store, const ImageReference& ref,
+                                  const PullOptions& options, RegistryClient& client, const std::string& digest,
+                                  PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
+                                  std::atomic<uint64_t>& bytes_done);
 
 }  // namespace
 
@@ -102,6 +112,16 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     }
 
     // One producer per digest. Others wait here and find the image published when they get the lock.
+    // Waiters of one Slurm job step (the plugin sets GANTRY_PULL_GROUP to JOBID.STEPID) share the
+    // producer's outcome: when it fails cleanly (registry gone, 401, disk full) each waiter would
+    // otherwise repeat the same pull with the same retries one after the other, N nodes x the retry
+    // budget, for a step that has failed already. A producer killed outright leaves no note, so a
+    // waiter still takes over its work. Other steps and jobs (other users, other credentials) never
+    // adopt the note and try for themselves.
+    const char* group_env = std::getenv("GANTRY_PULL_GROUP");
+    const std::string group = group_env != nullptr ? group_env : "";
+    const std::string failure_note = store.root() + "/locks/" + digest_hex(digest) + ".failed";
+    const int64_t waiting_since = static_cast<int64_t>(std::time(nullptr));
     auto lock = store.lock_producer(digest, options.producer_timeout, [&](const std::string& holder) {
         update([&](PullProgress& p) {
             p.phase = PullProgress::Phase::waiting;
@@ -114,7 +134,39 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
     }
+    if (!group.empty()) {
+        // "GROUP\nHOST:PID\nMESSAGE", written by a producer of this step since we started waiting
+        // (2 s of slack for clocks of nodes that share the store).
+        struct stat note_st {};
+        auto note = try_read_file(failure_note);
+        if (note && ::stat(failure_note.c_str(), &note_st) == 0 && note_st.st_mtime + 2 >= waiting_since) {
+            auto first = note->find('\n');
+            auto second = first == std::string::npos ? first : note->find('\n', first + 1);
+            if (second != std::string::npos && note->substr(0, first) == group) {
+                const std::string context = "pulling " + ref.str();
+                std::string why = trim(note->substr(second + 1));
+                if (starts_with(why, context + ": ")) why = why.substr(context.size() + 2);
+                return make_error(context + ": the producer of this step (" +
+                                  note->substr(first + 1, second - first - 1) + ") failed: " + why);
+            }
+        }
+    }
+    auto produced = produce_locked(config, store, ref, options, client, digest, result, update, cancel, bytes_done);
+    if (produced) {
+        ::unlink(failure_note.c_str());
+    } else if (!group.empty()) {
+        (void)write_file_atomic(failure_note, group + "\n" + host_and_pid() + "\n" + produced.error().message + "\n", 0644);
+    }
+    return produced;
+}
 
+namespace {
+
+// The producer's part of pull_image, run while holding the producer lock.
+Result<PullResult> produce_locked(const Config& config, const ImageStore& store, const ImageReference& ref,
+                                  const PullOptions& options, RegistryClient& client, const std::string& digest,
+                                  PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
+                                  std::atomic<uint64_t>& bytes_done) {
     ImageReference pinned = ref;
     pinned.digest = digest;
     auto image = client.resolve(pinned, options.platform);
@@ -137,10 +189,10 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     ::unlink(output.c_str());
 
     std::vector<LayerBlob> layers;
-    progress.layers_total = image->layers.size();
+    uint64_t bytes_total = 0;
     for (size_t i = 0; i < image->layers.size(); ++i) {
         const auto& d = image->layers[i];
-        progress.bytes_total += d.size;
+        bytes_total += d.size;
         layers.push_back({blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest,
                           i < cfg->diff_ids.size() ? cfg->diff_ids[i] : std::string()});
     }
@@ -155,7 +207,11 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         if (!download_status) board.fail(download_status.error());
         board.finish();
     });
-    update([](PullProgress& p) { p.phase = PullProgress::Phase::downloading; });
+    update([&](PullProgress& p) {
+        p.phase = PullProgress::Phase::downloading;
+        p.layers_total = layers.size();
+        p.bytes_total = bytes_total;
+    });
 
     std::atomic<bool> converting{true};
     std::thread reporter([&] {
@@ -209,5 +265,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
     return result;
 }
+
+}  // namespace
 
 }  // namespace gantry

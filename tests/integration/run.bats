@@ -225,7 +225,7 @@ grun() { as_user "$GANTRY" run "$@"; }
   done
   run grun --backend extract "$IMGDIR/img.sqsh" only-in-image x
   [ "$output" = "only-in-image x" ]
-  ! ls -d /tmp/gantry-extract-* 2>/dev/null
+  ! ls -d /tmp/gantry-extract-* 2>/dev/null || false
   run grun --backend kernel "$IMGDIR/img.sqsh" true
   [ "$status" -eq 125 ]
   [[ "$output" == *"kernel backend needs root"* ]]
