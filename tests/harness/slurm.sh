@@ -142,11 +142,19 @@ wait_for_pidfile() {
   return 1
 }
 
-# spawn CMD...: start a daemon detached from us: own session, no inherited lock fd, no stdio of
-# ours (CTest waits for its child's pipes to close, so a daemon holding them would hang the run).
-# Sets spawned_pid.
+# spawn CMD...: start a daemon detached from us: own session, no stdio of ours (CTest waits for its
+# child's pipes to close, so a daemon holding them would hang the run) and no other inherited
+# descriptor: a lock our caller holds (`flock LOCK -c "slurm.sh start"`, our own lock on fd 9) must
+# not outlive the caller inside munged or a node's holder. Sets spawned_pid (the subshell execs the
+# command, so it is the daemon's pid).
 spawn() {
-  setsid "$@" </dev/null 9>&- &
+  (
+    for fd in /proc/"$BASHPID"/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+    done
+    exec setsid "$@" </dev/null
+  ) &
   spawned_pid=$!
 }
 
