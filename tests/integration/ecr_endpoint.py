@@ -17,35 +17,20 @@ the test CA that signed --tls-cert (AWS_CA_BUNDLE).
 import argparse
 import base64
 import datetime
-import fcntl
-import hmac
 import http.server
 import json
-import os
-import re
 import socketserver
 import ssl
 import sys
-import threading
 import time
 
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
+from loopback import Refused, Server, bump, check_sigv4, serve
 
-AUTH_RE = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
-                     r"SignedHeaders=([^,]+), Signature=([0-9a-f]{64})$")
-
-
-def bump(path):
-    """Adds one to the number in `path` under an exclusive lock (several endpoint threads)."""
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        text = f.read().strip()
-        f.seek(0)
-        f.truncate()
-        f.write(str(int(text or "0") + 1) + "\n")
+# How ECR names each refusal of the SigV4 check (loopback.check_sigv4).
+ECR_ERRORS = {"missing": "MissingAuthenticationTokenException", "key": "UnrecognizedClientException",
+              "scope": "InvalidSignatureException", "date": "IncompleteSignatureException",
+              "expired": "InvalidSignatureException", "header": "InvalidSignatureException",
+              "token": "UnrecognizedClientException", "signature": "InvalidSignatureException"}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -95,46 +80,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         target = self.headers.get("X-Amz-Target", "")
         if target != "AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken":
             return self.error(400, "UnknownOperationException", "unexpected X-Amz-Target %r" % target)
-        m = AUTH_RE.match(self.headers.get("Authorization", ""))
-        if not m:
-            return self.error(403, "MissingAuthenticationTokenException", "no SigV4 Authorization header")
-        akid, date, region, service, signed_headers, signature = m.groups()
-        if akid not in opts.keys:
-            return self.error(403, "UnrecognizedClientException", "The security token included in the request is invalid.")
-        if region != opts.region or service != "ecr":
-            return self.error(403, "InvalidSignatureException", "Credential should be scoped to a valid region/service")
-        amz_date = self.headers.get("X-Amz-Date", "")
         try:
-            when = datetime.datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ")
-        except ValueError:
-            return self.error(400, "IncompleteSignatureException", "bad X-Amz-Date")
-        now = self.now()
-        if abs((now - when).total_seconds()) > 300:
-            return self.error(403, "InvalidSignatureException",
-                              "Signature expired: %s is now earlier than %s (%s - 5 min.)" % (
-                                  amz_date, (now - datetime.timedelta(minutes=5)).strftime("%Y%m%dT%H%M%SZ"),
-                                  now.strftime("%Y%m%dT%H%M%SZ")))
-        # Rebuild the request with exactly the headers the client signed, then let botocore sign it.
-        names = signed_headers.split(";")
-        headers = {}
-        for n in names:
-            v = self.headers.get(n)
-            if v is None:
-                return self.error(403, "InvalidSignatureException", "signed header %s missing" % n)
-            headers[n] = v
-        token = headers.get("x-amz-security-token")
-        if opts.session_token and token != opts.session_token:
-            return self.error(403, "UnrecognizedClientException", "The security token included in the request is invalid.")
-        req = AWSRequest(method="POST", url="http://%s%s" % (self.headers.get("Host"), self.path), data=body,
-                         headers=headers)
-        signer = SigV4Auth(Credentials(akid, opts.keys[akid], token), "ecr", region)
-        req.context["timestamp"] = amz_date
-        canonical = signer.canonical_request(req)
-        expected = signer.signature(signer.string_to_sign(req, canonical), req)
-        if not hmac.compare_digest(expected, signature):
-            self.log_message("canonical request botocore computed:\n%s", canonical)
-            return self.error(403, "InvalidSignatureException",
-                              "The request signature we calculated does not match the signature you provided.")
+            akid, signed_headers = check_sigv4(self, body, opts.keys, opts.region, "ecr", opts.session_token, self.now())
+        except Refused as r:
+            if r.detail:
+                self.log_message("%s", r.detail)
+            return self.error(r.status, ECR_ERRORS[r.reason], r.message)
+        region = opts.region
         bump(opts.count_file)
         self.log_message("token for %s (signature verified by botocore, signed headers %s)", akid, signed_headers)
         token_text = base64.b64encode(("AWS:" + opts.password).encode()).decode()
@@ -142,10 +94,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             "authorizationToken": token_text,
             "expiresAt": time.time() + opts.lifetime,
             "proxyEndpoint": "https://%s.dkr.ecr.%s.amazonaws.com" % (opts.account, region)}]})
-
-
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
 
 
 def main():
@@ -169,11 +117,7 @@ def main():
     open(opts.count_file, "w").write("0\n")
     srv = Server(("127.0.0.1", 0), Handler)
     srv.opts = opts
-    tmp = opts.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d\n" % srv.server_address[1])
-    os.rename(tmp, opts.port_file)
-    srv.serve_forever()
+    serve(srv, opts.port_file)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ as "<kind> <status>", so tests can tell which source was used and that IMDSv1 (n
 import argparse
 import http.server
 import json
-import os
 import secrets
-import socketserver
 import sys
 import time
 import urllib.parse
+
+from loopback import Server, serve
 
 ROLE = "gantry-test-role"
 
@@ -92,10 +92,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return self.send("sts", 200, xml, "text/xml")
 
 
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--port-file", required=True)
@@ -111,11 +107,7 @@ def main():
     srv.opts = opts
     srv.tokens = set()
     open(opts.log, "a").close()
-    tmp = opts.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d\n" % srv.server_address[1])
-    os.rename(tmp, opts.port_file)
-    srv.serve_forever()
+    serve(srv, opts.port_file)
 
 
 if __name__ == "__main__":

@@ -11,33 +11,17 @@ Each request is appended to --log ("assume-role <status> <RoleArn> <RoleSessionN
 for a refusal; never a secret); each credential handed out increments the number in --count-file.
 """
 import argparse
-import datetime
-import fcntl
-import hmac
 import http.server
-import os
-import re
-import socketserver
 import sys
 import time
 import urllib.parse
 
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
+from loopback import Refused, Server, bump, check_sigv4, serve
 
-AUTH_RE = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
-                     r"SignedHeaders=([^,]+), Signature=([0-9a-f]{64})$")
-
-
-def bump(path):
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.seek(0)
-        n = int(f.read().strip() or "0")
-        f.seek(0)
-        f.truncate()
-        f.write("%d\n" % (n + 1))
+# How STS names each refusal of the SigV4 check (loopback.check_sigv4).
+STS_ERRORS = {"missing": "MissingAuthenticationToken", "key": "InvalidClientTokenId", "scope": "SignatureDoesNotMatch",
+              "date": "IncompleteSignature", "expired": "SignatureDoesNotMatch", "header": "SignatureDoesNotMatch",
+              "token": "InvalidClientTokenId", "signature": "SignatureDoesNotMatch"}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -77,38 +61,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             params.update({k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
         if params.get("Action") != "AssumeRole":
             return self.refuse(400, "InvalidAction", "unexpected Action %r" % params.get("Action"))
-        m = AUTH_RE.match(self.headers.get("Authorization", ""))
-        if not m:
-            return self.refuse(403, "MissingAuthenticationToken", "no SigV4 Authorization header")
-        akid, _date, region, service, signed_headers, signature = m.groups()
-        if akid not in o.keys:
-            return self.refuse(403, "InvalidClientTokenId", "The security token included in the request is invalid.")
-        if region != o.region or service != "sts":
-            return self.refuse(403, "SignatureDoesNotMatch", "Credential should be scoped to a valid region/service")
-        amz_date = self.headers.get("X-Amz-Date", "")
         try:
-            when = datetime.datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ")
-        except ValueError:
-            return self.refuse(400, "IncompleteSignature", "bad X-Amz-Date")
-        if abs((datetime.datetime.utcnow() - when).total_seconds()) > 300:
-            return self.refuse(403, "SignatureDoesNotMatch", "Signature expired: %s" % amz_date)
-        headers = {}
-        for n in signed_headers.split(";"):
-            v = self.headers.get(n)
-            if v is None:
-                return self.refuse(403, "SignatureDoesNotMatch", "signed header %s missing" % n)
-            headers[n] = v
-        token = headers.get("x-amz-security-token")
-        if o.source_session_token and token != o.source_session_token:
-            return self.refuse(403, "InvalidClientTokenId", "The security token included in the request is invalid.")
-        req = AWSRequest(method=self.command, url="http://%s%s" % (self.headers.get("Host"), self.path), data=body,
-                         headers=headers)
-        signer = SigV4Auth(Credentials(akid, o.keys[akid], token), "sts", region)
-        req.context["timestamp"] = amz_date
-        expected = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
-        if not hmac.compare_digest(expected, signature):
-            return self.refuse(403, "SignatureDoesNotMatch",
-                               "The request signature we calculated does not match the signature you provided.")
+            _akid, signed_headers = check_sigv4(self, body, o.keys, o.region, "sts", o.source_session_token)
+        except Refused as r:
+            return self.refuse(r.status, STS_ERRORS[r.reason], r.message)
         if params.get("RoleArn") != o.role_arn:
             return self.refuse(403, "AccessDenied", "not authorized to perform sts:AssumeRole on %s" %
                                params.get("RoleArn"))
@@ -125,10 +81,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         "<SessionToken>%s</SessionToken><Expiration>%s</Expiration></Credentials>"
                         "</AssumeRoleResult></AssumeRoleResponse>" % (
                             o.role_arn, session, session, o.access_key, o.secret_key, o.session_token, exp))
-
-
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
 
 
 def main():
@@ -150,11 +102,7 @@ def main():
     open(opts.log, "a").close()
     srv = Server(("127.0.0.1", 0), Handler)
     srv.opts = opts
-    tmp = opts.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d\n" % srv.server_address[1])
-    os.rename(tmp, opts.port_file)
-    srv.serve_forever()
+    serve(srv, opts.port_file)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,7 @@ import base64
 import hashlib
 import http.server
 import json
-import os
 import secrets
-import socketserver
 import ssl
 import sys
 import threading
@@ -34,6 +32,8 @@ import urllib.parse
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+from loopback import Server, serve
 
 
 def b64url(data):
@@ -150,10 +150,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, answer)
 
 
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--port-file", required=True)
@@ -181,11 +177,7 @@ def main():
         ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
         srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     open(opts.log, "a").close()
-    tmp = opts.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d\n" % srv.server_address[1])
-    os.rename(tmp, opts.port_file)
-    srv.serve_forever()
+    serve(srv, opts.port_file)
 
 
 if __name__ == "__main__":
