@@ -54,30 +54,14 @@ start_token_registry() {
   [ -s "$d/token.port" ] || { cat "$d/token.out" >&2; echo "token_server.py did not start" >&2; return 1; }
   export TOKREG_REALM=https://127.0.0.1:$(tr -d '\n' <"$d/token.port")/token
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  cat >"$d/config.yml" <<EOF
-# docker-registry in token mode, written by tests/integration/auth.bats
-version: 0.1
-log: {level: info, formatter: text}
-storage:
-  filesystem: {rootdirectory: $d/storage}
-http:
-  addr: 127.0.0.1:$port
-  secret: gantry-token-test-$RANDOM$RANDOM
-  tls: {certificate: $certs/server.pem, key: $certs/server.key}
-auth:
+  gantry_private_registry "$d" "127.0.0.1:$port" tls "$certs/server.pem" "$certs/server.key" auth "auth:
   token:
     realm: $TOKREG_REALM
     service: $TOKREG_SERVICE
     issuer: gantry-test-issuer
-    rootcertbundle: $d/jwt.pem
-EOF
-  docker-registry serve "$d/config.yml" >"$d/registry.log" 2>&1 3>&- &
-  echo $! >"$d/registry.pid"
+    rootcertbundle: $d/jwt.pem" || return 1
+  mv "$d/pid" "$d/registry.pid"
   export TOKREG=127.0.0.1:$port
-  for i in $(seq 300); do
-    curl -s -o /dev/null --cacert "$GANTRY_TEST_REGISTRY_CA" "https://$TOKREG/v2/" && break
-    sleep 0.05
-  done
   skopeo copy -q --dest-cert-dir "$GANTRY_TEST_REGISTRY_CERT_DIR" \
     --dest-creds "$GANTRY_TEST_REGISTRY_USER:$GANTRY_TEST_REGISTRY_PASSWORD" \
     "oci:$GANTRY_TEST_OCI_TINY:latest" "docker://$TOKREG/gantry-test/tiny:latest" || {

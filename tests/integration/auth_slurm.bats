@@ -41,25 +41,9 @@ node_registry() {
   openssl x509 -req -in "$d/server.csr" -CA "$GANTRY_TEST_REGISTRY_CA" -CAkey "$ca_dir/ca.key" -CAcreateserial \
     -CAserial "$d/ca.srl" -out "$d/server.pem" -days 1 -extfile "$d/server.ext" 2>/dev/null
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])')
-  cat >"$d/config.yml" <<EOF
-# docker-registry for tests/integration/auth_slurm.bats: the harness TLS registry's content and users
-version: 0.1
-log: {level: info, formatter: text}
-storage:
-  filesystem: {rootdirectory: $d/storage}
-http:
-  addr: 0.0.0.0:$port
-  secret: gantry-auth-slurm-$RANDOM$RANDOM
-  tls: {certificate: $d/server.pem, key: $d/server.key}
-auth:
-  htpasswd: {realm: gantry-auth-slurm, path: $d/htpasswd}
-EOF
-  docker-registry serve "$d/config.yml" >"$d/registry.log" 2>&1 </dev/null 3>&- &
-  REG_PID=$!
-  for i in $(seq 200); do
-    curl -s -o /dev/null --cacert "$GANTRY_TEST_REGISTRY_CA" "https://127.0.0.1:$port/v2/" && break
-    sleep 0.05
-  done
+  gantry_private_registry "$d" "0.0.0.0:$port" tls "$d/server.pem" "$d/server.key" \
+    auth "$(printf 'auth:\n  htpasswd: {realm: gantry-auth-slurm, path: %s/htpasswd}' "$d")" || return 1
+  REG_PID=$(cat "$d/pid")
   if [ "$GANTRY_TEST_MODE" = multi ]; then TREG=gantry-login:$port; else TREG=127.0.0.1:$port; fi
   # The plugin's gantry.conf: a store of this test's own (an image already in the shared store would
   # need no credentials) and the harness CA for the registry's certificate.

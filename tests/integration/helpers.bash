@@ -105,3 +105,45 @@ gantry_plugin_conf() {
     for l in "$@"; do echo "$l"; done; } > "$GANTRY_HARNESS_DIR/gantry.conf"
   mkdir -p "$GANTRY_TEST_FSX/store" && chmod 1777 "$GANTRY_TEST_FSX/store"
 }
+
+# gantry_private_registry DIR LISTEN [tls CERT KEY] [auth YAML]: a docker-registry of one test's own
+# (so a test may kill it, or give it its own auth, without touching the harness's), listening on LISTEN
+# (e.g. 127.0.0.1:PORT, or 0.0.0.0:PORT for the cluster's nodes), storage, config and log in DIR
+# (storage may be filled beforehand), its pid in DIR/pid. `auth YAML` is the config's `auth:` block,
+# as text. Returns once /v2/ answers. Only stdio goes to the daemon: bats waits for every holder of
+# its fd 3 to close it.
+gantry_private_registry() {
+  local dir=$1 listen=$2 cert= key= auth= scheme=http i
+  shift 2
+  while [ $# -gt 0 ]; do
+    case $1 in
+      tls) cert=$2 key=$3 scheme=https; shift 3 ;;
+      auth) auth=$2; shift 2 ;;
+      *) echo "gantry_private_registry: unknown argument $1" >&2; return 2 ;;
+    esac
+  done
+  mkdir -p "$dir/storage"
+  {
+    printf 'version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n'
+    printf 'storage:\n  filesystem:\n    rootdirectory: %s/storage\n' "$dir"
+    printf 'http:\n  addr: %s\n  secret: gantry-test-%s\n' "$listen" "$RANDOM$RANDOM"
+    [ -z "$cert" ] || printf '  tls:\n    certificate: %s\n    key: %s\n' "$cert" "$key"
+    [ -z "$auth" ] || printf '%s\n' "$auth"
+  } >"$dir/config.yml"
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-"; fi
+    done
+    exec setsid docker-registry serve "$dir/config.yml" >>"$dir/registry.log" 2>&1 </dev/null
+  ) &
+  echo $! >"$dir/pid"
+  disown "$!"  # a test that kills it on purpose wants no job report from bash
+  for ((i = 0; i < 200; i++)); do
+    curl -sk -o /dev/null "$scheme://127.0.0.1:${listen##*:}/v2/" && return 0
+    sleep 0.05
+  done
+  echo "private registry on $listen did not start:" >&2
+  tail -5 "$dir/registry.log" >&2
+  return 1
+}

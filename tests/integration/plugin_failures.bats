@@ -69,39 +69,18 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])'
 }
 
-# private_registry DIR PORT [tls]: starts a docker-registry of this test's own on 0.0.0.0:PORT (the
-# nodes reach it as gantry-login:PORT), storage and log in DIR; `tls` adds a certificate from DIR/ca
-# and htpasswd Basic auth. Its pid is in DIR/pid. Own instances, so killing one leaves the harness's
-# registries alone for later tests.
+# private_registry DIR PORT [tls]: a registry of this test's own on 0.0.0.0:PORT (the nodes reach it
+# as gantry-login:PORT); `tls` adds the certificate from DIR/ca and htpasswd Basic auth. Own instances,
+# so killing one leaves the harness's registries alone for later tests.
 private_registry() {
-  local dir=$1 port=$2 tls=${3:-} i
-  mkdir -p "$dir/storage"
-  {
-    printf 'version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n'
-    printf 'storage:\n  filesystem:\n    rootdirectory: %s/storage\n' "$dir"
-    printf 'http:\n  addr: 0.0.0.0:%s\n' "$port"
-    if [ -n "$tls" ]; then
-      printf '  tls:\n    certificate: %s/ca/server.pem\n    key: %s/ca/server.key\n' "$dir" "$dir"
-      printf 'auth:\n  htpasswd:\n    realm: gantry-fail\n    path: %s/htpasswd\n' "$dir"
-    fi
-  } > "$dir/config.yml"
-  # Only stdio goes to the daemon: bats waits for every holder of its fd 3 to close it.
-  (
-    for fd in /proc/self/fd/*; do
-      fd=${fd##*/}
-      [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
-    done
-    exec setsid docker-registry serve "$dir/config.yml" >>"$dir/registry.log" 2>&1 </dev/null
-  ) &
-  echo $! > "$dir/pid"
-  PRIVATE_PIDS+=("$!")
-  disown "$!"  # killing it on purpose is no news for bash's job report
-  for ((i = 0; i < 100; i++)); do
-    curl -sk -o /dev/null "http${tls:+s}://127.0.0.1:$port/v2/" && return 0
-    sleep 0.1
-  done
-  echo "private registry on port $port did not start:"; cat "$dir/registry.log"
-  return 1
+  local dir=$1 port=$2
+  if [ "${3:-}" = tls ]; then
+    gantry_private_registry "$dir" "0.0.0.0:$port" tls "$dir/ca/server.pem" "$dir/ca/server.key" \
+      auth "$(printf 'auth:\n  htpasswd:\n    realm: gantry-fail\n    path: %s/htpasswd' "$dir")" || return 1
+  else
+    gantry_private_registry "$dir" "0.0.0.0:$port" || return 1
+  fi
+  PRIVATE_PIDS+=("$(cat "$dir/pid")")
 }
 
 # make_tls DIR: a CA and a server certificate for gantry-login (the name the nodes use) and 127.0.0.1.
