@@ -135,17 +135,23 @@ struct Captured {
 // inside the container refuse callers from outside its user namespace); `root_of` (a "/proc/PID/root"
 // in that namespace) is then opened as descriptor kRootFd, reachable as /proc/self/fd/<kRootFd>/ by
 // the program after it lost the namespace's capabilities in execve.
+// With `fd3_in`, that descriptor is the program's fd 3 (credentials handed to the store owner's pull);
+// with `fd3_out`, what the program writes to its fd 3 is collected there (the job user's half hands the
+// credentials it used back this way): a pipe, never argv, the environment or a file.
 constexpr int kRootFd = 200;
+constexpr int kCredentialsFd = 3;
 Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
                              const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             int userns_fd = -1, const std::string& root_of = "") {
+                             int userns_fd = -1, const std::string& root_of = "", int fd3_in = -1,
+                             std::string* fd3_out = nullptr) {
     std::vector<char*> cargv, cenv;
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
     for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
     cenv.push_back(nullptr);
-    int out[2], err[2];
+    int out[2], err[2], side[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return system_error("creating pipes");
+    if (fd3_out != nullptr && ::pipe2(side, O_CLOEXEC) != 0) return system_error("creating pipes");
     pid_t pid = ::fork();
     if (pid < 0) return system_error("forking " + argv[0]);
     if (pid == 0) {
@@ -153,6 +159,10 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
         ::dup2(err[1], STDERR_FILENO);
         int devnull = ::open("/dev/null", O_RDONLY);
         if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+        // dup2 onto itself would keep close-on-exec: then clear the flag instead.
+        int third = fd3_out != nullptr ? side[1] : fd3_in;
+        if (third >= 0 && (third == kCredentialsFd ? ::fcntl(third, F_SETFD, 0) : ::dup2(third, kCredentialsFd)) < 0)
+            ::_exit(125);
         // Drop to the job user for good: groups first, then gid, then uid (after setuid we could not).
         if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(126);
         if (::getuid() != uid || ::geteuid() != uid) ::_exit(126);
@@ -166,16 +176,18 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     }
     ::close(out[1]);
     ::close(err[1]);
+    if (side[1] >= 0) ::close(side[1]);
     Captured c;
-    pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-    int open_fds = 2;
+    std::string side_text;
+    pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {side[0], POLLIN, 0}};
+    int open_fds = side[0] >= 0 ? 3 : 2;
     char buf[8192];
     while (open_fds > 0) {
-        if (::poll(fds, 2, -1) < 0) {
+        if (::poll(fds, side[0] >= 0 ? 3 : 2, -1) < 0) {
             if (errno == EINTR) continue;
             break;
         }
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 3; ++i) {
             if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
             ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
             if (n <= 0) {
@@ -183,7 +195,7 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
                 fds[i].fd = -1;
                 --open_fds;
             } else {
-                (i == 0 ? c.out : c.err).append(buf, static_cast<size_t>(n));
+                (i == 0 ? c.out : i == 1 ? c.err : side_text).append(buf, static_cast<size_t>(n));
             }
         }
     }
@@ -192,8 +204,11 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     }
     c.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
+    if (fd3_out != nullptr) *fd3_out = std::move(side_text);
     if (c.status == 126) return make_error("could not switch to uid " + std::to_string(uid) + " to run " + argv[0]);
     if (c.status == 125 && userns_fd >= 0) return make_error("could not enter the container's user namespace to run " + argv[0]);
+    if (c.status == 125 && (fd3_in >= 0 || fd3_out != nullptr))
+        return make_error("could not pass the credentials pipe to " + argv[0]);
     if (c.status == 127) return make_error("could not run " + argv[0] + " (set gantry= in plugstack.conf)");
     return c;
 }
@@ -238,6 +253,24 @@ Result<JobIdentity> identity(spank_t sp) {
     return id;
 }
 
+// The outcome of a `gantry pull` run by the plugin, as one line a user can act on.
+Status pull_failure(const Captured& r, const std::string& image, const std::string& who) {
+    if (r.signal != 0) {
+        // Killed (OOM killer, an admin, a dying node): it printed nothing useful, so say what happened.
+        // Its staging area stays for whoever takes over the image next.
+        return make_error("failed to import docker image " + image + ": gantry pull" + who + " on this node was killed by signal " +
+                          std::to_string(r.signal) + " (" + strsignal(r.signal) + ")");
+    }
+    if (r.status != 0) {
+        std::string why = last_line(r.err);
+        if (starts_with(why, "gantry: ")) why = why.substr(8);
+        if (why.find("failed to import docker image") == std::string::npos)
+            why = "failed to import docker image " + image + ": " + why;
+        return make_error(why);
+    }
+    return {};
+}
+
 // Pulls a registry image into the store as the job user and returns (digest, squashfs path).
 Result<std::pair<std::string, std::string>> pull_as_user(const Settings& settings, const Config& config,
                                                          const JobIdentity& id, const std::string& image,
@@ -251,23 +284,89 @@ Result<std::pair<std::string, std::string>> pull_as_user(const Settings& setting
     env.push_back("GANTRY_PULL_GROUP=" + std::to_string(id.jobid) + "." + std::to_string(id.stepid));
     auto r = run_as_user(id.uid, id.gid, id.groups, argv, env);
     if (!r) return r.error();
-    if (r->signal != 0) {
-        // Killed (OOM killer, an admin, a dying node): it printed nothing useful, so say what happened.
-        // Its staging area stays for whoever takes over the image next.
-        return make_error("failed to import docker image " + image + ": gantry pull on this node was killed by signal " +
-                          std::to_string(r->signal) + " (" + strsignal(r->signal) + ")");
-    }
-    if (r->status != 0) {
-        std::string why = last_line(r->err);
-        if (starts_with(why, "gantry: ")) why = why.substr(8);
-        if (why.find("failed to import docker image") == std::string::npos)
-            why = "failed to import docker image " + image + ": " + why;
-        return make_error(why);
-    }
+    GANTRY_TRY(pull_failure(*r, image, ""));
     std::string line = last_line(r->out);
     auto space = line.find(' ');
     if (space == std::string::npos) return make_error("unexpected output from gantry pull: '" + line + "'");
     return std::make_pair(line.substr(0, space), line.substr(space + 1));
+}
+
+// Pulls into a trusted store (owned by root or gantry.conf's store_owner, not writable by the job
+// user), which needs two halves because the user cannot write the store and root must not parse
+// registry bytes:
+//  1. as the job user: resolve the reference with the user's own credentials (the registry authorises
+//     THE USER: docs/store.md, "Private images are not handed to users who cannot pull them"); the
+//     user's `gantry pull --resolve-only` hands back, on an inherited pipe, the credentials it used;
+//  2. only when the digest is not in the store yet: as the store owner, `gantry pull` of exactly that
+//     digest with those credentials handed over on a pipe (never argv, environment or a file), in a
+//     clean environment: nothing of the job's environment (LD_PRELOAD, PATH, config paths) reaches a
+//     process that writes the trusted store. The store owner's own credential files are never read.
+Result<std::pair<std::string, std::string>> pull_into_trusted_store(const Settings& settings, const Config& config,
+                                                                    const JobIdentity& id, const ImageStore& store,
+                                                                    const std::string& image,
+                                                                    std::vector<std::string> env) {
+    bool have_config = ::access(settings.config.c_str(), F_OK) == 0;
+    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet", "--resolve-only", "--credentials-out-fd",
+                                     std::to_string(kCredentialsFd)};
+    if (!config.store_path.empty()) argv.insert(argv.end(), {"--store", config.store_path});
+    argv.push_back(image);
+    if (have_config) env.push_back("GANTRY_CONFIG=" + settings.config);
+    std::string credentials;
+    auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, -1, "", -1, &credentials);
+    if (!r) return r.error();
+    GANTRY_TRY(pull_failure(*r, image, ""));
+    std::string digest = last_line(r->out);
+    if (!validate_digest(digest)) return make_error("unexpected output from gantry pull --resolve-only: '" + digest + "'");
+    if (store.find(digest)) return std::make_pair(digest, store.squashfs_path(digest));
+
+    // The store owner's identity, from the account database like the job user's.
+    std::vector<char> buf(16384);
+    passwd pw{};
+    passwd* owner = nullptr;
+    if (::getpwnam_r(config.store_owner.c_str(), &pw, buf.data(), buf.size(), &owner) != 0 || owner == nullptr)
+        return make_error("failed to import docker image " + image + ": store_owner '" + config.store_owner +
+                          "' is not an account on this node");
+    int ngroups = 64;
+    std::vector<gid_t> groups(static_cast<size_t>(ngroups));
+    if (::getgrouplist(owner->pw_name, owner->pw_gid, groups.data(), &ngroups) < 0) ngroups = 0;
+    groups.resize(static_cast<size_t>(ngroups));
+    if (groups.empty()) groups.push_back(owner->pw_gid);
+    std::string pinned = image;
+    if (auto ref = parse_reference(image); ref && ref->digest.empty()) pinned += "@" + digest;
+
+    // The credentials go into a pipe whose read end is the pull's fd 3; they fit the pipe's buffer
+    // (they are a few KiB), and the write end is non-blocking, so slurmstepd never waits on a reader
+    // that has not started: anything larger fails here instead.
+    int pipefd[2];
+    if (::pipe2(pipefd, O_CLOEXEC) != 0) return system_error("creating a pipe for the credentials");
+    (void)::fcntl(pipefd[1], F_SETFL, O_NONBLOCK);
+    UniqueFd read_end(pipefd[0]);
+    UniqueFd write_end(pipefd[1]);
+    (void)::fcntl(write_end.get(), F_SETPIPE_SZ, 1 << 20);
+    if (credentials.empty()) credentials = "{}";
+    if (::write(write_end.get(), credentials.data(), credentials.size()) != static_cast<ssize_t>(credentials.size()))
+        return system_error("handing the credentials to the store owner's pull");
+    write_end.reset();
+
+    std::vector<std::string> owner_argv = {gantry_cli(settings), "pull", "--quiet", "--credentials-fd",
+                                           std::to_string(kCredentialsFd)};
+    if (!config.store_path.empty()) owner_argv.insert(owner_argv.end(), {"--store", config.store_path});
+    owner_argv.push_back(pinned);
+    std::vector<std::string> owner_env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("HOME=") + owner->pw_dir,
+                                          std::string("USER=") + owner->pw_name, "LANG=C.UTF-8"};
+    if (have_config) owner_env.push_back("GANTRY_CONFIG=" + settings.config);
+    owner_env.push_back("GANTRY_PULL_GROUP=" + std::to_string(id.jobid) + "." + std::to_string(id.stepid));
+    // Proxies are the site's network path, not code: the pull needs them where the user's half did.
+    for (const char* name : {"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"})
+        if (auto v = find_env(env, name)) owner_env.push_back(std::string(name) + "=" + *v);
+    auto o = run_as_user(owner->pw_uid, owner->pw_gid, groups, owner_argv, owner_env, -1, "", read_end.get());
+    if (!o) return o.error();
+    GANTRY_TRY(pull_failure(*o, image, " (as " + config.store_owner + ")"));
+    std::string line = last_line(o->out);
+    auto space = line.find(' ');
+    if (space == std::string::npos || line.substr(0, space) != digest)
+        return make_error("unexpected output from gantry pull: '" + line + "'");
+    return std::make_pair(digest, line.substr(space + 1));
 }
 
 Status do_prepare(spank_t sp, const Settings& settings) {
@@ -352,7 +451,12 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         std::string image = *o.image;
         if (ref->digest.empty())
             if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
-        auto pulled = pull_as_user(settings, st.config, *id, image, env);
+        // With store_owner set and a trusted store, the pull runs in two halves (user, store owner);
+        // otherwise, as ever, as the job user.
+        auto trusted_store = ImageStore::open(ImageStore::resolve_path(st.config, ""), false);
+        bool two_halves = !st.config.store_owner.empty() && trusted_store && trusted_store->trusted(st.config);
+        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, *trusted_store, image, env)
+                                 : pull_as_user(settings, st.config, *id, image, env);
         if (!pulled) return pulled.error();
         auto store = ImageStore::open(ImageStore::resolve_path(st.config, ""), false);
         if (!store) return store.error();
@@ -363,7 +467,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         st.digest = pulled->first;
         spec.image_path = stored->squashfs_path;
         spec.image_config = std::move(*cfg);
-        spec.image_trusted = store->trusted();
+        spec.image_trusted = store->trusted(st.config);
         auto in_use = store->open_in_use(pulled->first);
         if (in_use) st.image_in_use = std::move(*in_use);
     }

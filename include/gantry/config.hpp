@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,11 @@ namespace gantry {
 struct Config {
     // Shared content-addressed image store (FSx for Lustre in production). Empty: per-user default.
     std::string store_path;
+    // The account (name) that owns a trusted shared store besides root: an unprivileged system account
+    // the admin trusts to run only our converter. Empty: only a root-owned store is trusted. With it
+    // set, the plugin pulls into a store the job user cannot write as this account, after the user's
+    // own credentials authorised the image (docs/store.md, "Trusted shared store").
+    std::string store_owner;
     // Node-local runtime state: container records, locks, mount points. Must not be shared storage.
     std::string runtime_path = "/run/gantry";
     // Node-local scratch for writable upper layers and the `extract` backend.
@@ -58,5 +64,9 @@ Result<Config> load_config(const std::string& path, bool missing_ok);
 
 // GANTRY_CONFIG, else /etc/gantry/gantry.conf (missing is fine: defaults).
 Result<Config> load_default_config();
+
+// The uid of Config::store_owner; nullopt when the key is unset or names no account (then only root
+// counts as a trusted owner: an unknown name must never widen trust).
+std::optional<unsigned> store_owner_uid(const Config& config);
 
 }  // namespace gantry

@@ -28,6 +28,7 @@ struct PullProgress {
 struct PullOptions {
     Platform platform = Platform::host();
     CredentialLookup credentials;  // empty: the registry client's default sources
+    std::string credential_sources;  // names what `credentials` consults, for "no credentials" messages
     std::function<void(const PullProgress&)> on_progress;
     std::chrono::seconds producer_timeout{3600};
 };

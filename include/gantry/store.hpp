@@ -89,8 +89,9 @@ public:
     Status publish(const std::string& digest, const std::string& squashfs_tmp, ImageMetadata metadata) const;
 
     // True when the kernel may mount this store's images: the store root and images/ are owned by root
-    // and writable by nobody else, so only a trusted producer could have written the bytes.
-    bool trusted() const;
+    // or by config.store_owner and writable by nobody else, so only a trusted producer could have
+    // written the bytes.
+    bool trusted(const Config& config) const;
 
     // Marks the image used now (for least-recently-used collection).
     void touch(const std::string& digest) const;

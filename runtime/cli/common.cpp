@@ -114,7 +114,7 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     out.squashfs_path = img->squashfs_path;
     out.config = std::move(*cfg);
     out.digest = pulled->digest;
-    out.in_trusted_store = store->trusted();
+    out.in_trusted_store = store->trusted(config);
     return out;
 }
 

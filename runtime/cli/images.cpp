@@ -1,13 +1,17 @@
 // Image verbs of the CLI: pull, images, inspect, rm, gc.
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
 #include "command.hpp"
 #include "common.hpp"
+#include "gantry/auth.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/log.hpp"
@@ -51,12 +55,109 @@ Result<StoredImage> find_stored(const ImageStore& store, const std::string& imag
     return make_error("image " + image + " is not in the store " + store.root() + " (see gantry images)");
 }
 
+// Reads a whole descriptor (a pipe) to its end and closes it; at most 1 MiB.
+Result<std::string> read_fd_to_end(int fd) {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            ::close(fd);
+            return system_error("reading the credentials descriptor " + std::to_string(fd));
+        }
+        if (n == 0) break;
+        out.append(buf, static_cast<size_t>(n));
+        if (out.size() > (1u << 20)) break;
+    }
+    ::close(fd);
+    return out;
+}
+
+Result<int> parse_fd(const std::string& option, const std::string& text) {
+    char* end = nullptr;
+    long n = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || n < 3 || n > 1023) return make_error(option + ": expected a descriptor number >= 3, got '" + text + "'");
+    if (::fcntl(static_cast<int>(n), F_GETFD) < 0) return system_error(option + " " + text);
+    return static_cast<int>(n);
+}
+
+// The credential hand-over between the two halves of a pull into a trusted store (plugin/step.cpp):
+// the job user's half (--resolve-only --credentials-out-fd) resolves the reference with the user's own
+// credentials -- the registry authorises the user -- and writes the credentials it used as one JSON
+// object ({} when the registry needed none) to the descriptor; the store owner's half
+// (--credentials-fd) reads exactly that and uses nothing else, never the store account's own files.
+// Secrets travel only through the inherited pipe: never argv, the environment or a file.
+nlohmann::json credentials_to_json(const ImageReference& ref, const std::optional<Credentials>& c) {
+    if (!c) return nlohmann::json::object();
+    return {{"registry", ref.registry}, {"username", c->username}, {"password", c->password},
+            {"identity_token", c->identity_token}, {"source", c->source}};
+}
+
+Result<CredentialLookup> credentials_from_json(const std::string& text) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return make_error("--credentials-fd: the handed-over credentials are not a JSON object");
+    if (j.empty()) return CredentialLookup([](const ImageReference&) { return std::optional<Credentials>(); });
+    Credentials c;
+    std::string registry;
+    try {
+        registry = j.at("registry").get<std::string>();
+        c.username = j.value("username", "");
+        c.password = j.value("password", "");
+        c.identity_token = j.value("identity_token", "");
+        c.source = j.value("source", "") + " (the job user's, handed over by the plugin)";
+    } catch (const nlohmann::json::exception&) {
+        return make_error("--credentials-fd: the handed-over credentials name no registry");
+    }
+    // Only for the registry the user's half resolved against: the pull never goes anywhere else with them.
+    return CredentialLookup([c, registry](const ImageReference& r) {
+        return r.registry == registry ? std::optional<Credentials>(c) : std::nullopt;
+    });
+}
+
+// The job user's half: resolve only (no store access: a trusted store is not the user's to write),
+// print the digest, hand the credentials that were used to the descriptor.
+int resolve_only(const Config& config, const ImageReference& ref, const Platform& platform, int out_fd) {
+    std::optional<Credentials> used;
+    bool looked_up = false;
+    CredentialLookup chain = default_credential_lookup();
+    RegistryOptions ropts;
+    ropts.credential_sources = default_credential_sources();
+    ropts.credentials = [&](const ImageReference& r) {
+        auto c = chain(r);
+        if (r.registry == ref.registry) {
+            used = c;
+            looked_up = true;
+        }
+        return c;
+    };
+    RegistryClient client(config, ropts);
+    auto digest = client.resolve_digest(ref, platform);
+    if (!digest) return fail(digest.error().wrap("failed to import docker image " + ref.str()));
+    std::string payload = credentials_to_json(ref, looked_up ? used : std::nullopt).dump();
+    for (size_t off = 0; off < payload.size();) {
+        ssize_t n = ::write(out_fd, payload.data() + off, payload.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return fail(system_error("handing over the credentials"));
+        off += static_cast<size_t>(n);
+    }
+    ::close(out_fd);
+    std::printf("%s\n", digest->c_str());
+    return 0;
+}
+
 int cmd_pull(std::vector<std::string> args) {
     auto store_opt = take_option(args, "--store");
     auto platform_opt = take_option(args, "--platform");
     bool quiet = take_flag(args, "--quiet") || take_flag(args, "-q");
+    // Hidden: the two halves of the plugin's pull into a trusted store (see credentials_to_json).
+    bool resolve_only_flag = take_flag(args, "--resolve-only");
+    auto creds_out_opt = take_option(args, "--credentials-out-fd");
+    auto creds_in_opt = take_option(args, "--credentials-fd");
     if (auto st = reject_unknown_options(args); !st) return fail(st.error());
     if (args.size() != 1) return fail(make_error("pull takes exactly one IMAGE (usage: gantry pull [--store DIR] [--platform OS/ARCH[/VARIANT]] [--quiet] IMAGE)"));
+    if (resolve_only_flag != creds_out_opt.has_value())
+        return fail(make_error("--resolve-only and --credentials-out-fd go together"));
     auto config = load_config();
     if (!config) return fail(config.error());
     auto ref = parse_reference(args[0]);
@@ -66,6 +167,22 @@ int cmd_pull(std::vector<std::string> args) {
         auto p = Platform::parse(*platform_opt);
         if (!p) return fail(p.error());
         opts.platform = *p;
+    }
+    if (creds_out_opt) {
+        auto fd = parse_fd("--credentials-out-fd", *creds_out_opt);
+        if (!fd) return fail(fd.error());
+        return resolve_only(*config, *ref, opts.platform, *fd);
+    }
+    if (creds_in_opt) {
+        auto fd = parse_fd("--credentials-fd", *creds_in_opt);
+        if (!fd) return fail(fd.error());
+        auto text = read_fd_to_end(*fd);
+        if (!text) return fail(text.error());
+        auto lookup = credentials_from_json(*text);
+        if (!lookup) return fail(lookup.error());
+        opts.credentials = std::move(*lookup);
+        opts.credential_sources = "the job user's credentials handed over by the plugin (" +
+                                  std::string(*text == "{}" ? "none" : "for one registry") + ")";
     }
     auto store = open_store(*config, store_opt.value_or(""), true);
     if (!store) return fail(store.error());

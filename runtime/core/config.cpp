@@ -1,6 +1,8 @@
 // Parser for gantry.conf (see include/gantry/config.hpp for the format).
 #include "gantry/config.hpp"
 
+#include <pwd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -58,6 +60,14 @@ Setter bool_key(bool Config::*field) {
 const std::map<std::string, Setter>& setters() {
     static const std::map<std::string, Setter> table = {
         {"store_path", string_key(&Config::store_path)},
+        {"store_owner",
+         [](Config& c, const std::string& v) -> Status {
+             // An account name, not a uid: the same name resolves on every node through NSS.
+             if (v == "root") return make_error("store_owner = root is the default; leave the key unset");
+             if (v.find_first_of(" \t:/") != std::string::npos) return make_error("'" + v + "' is not an account name");
+             c.store_owner = v;
+             return {};
+         }},
         {"runtime_path", string_key(&Config::runtime_path)},
         {"scratch_path", string_key(&Config::scratch_path)},
         {"mount_backend",
@@ -155,6 +165,17 @@ Result<Config> load_config(const std::string& path, bool missing_ok) {
     std::stringstream ss;
     ss << f.rdbuf();
     return parse_config(ss.str(), path);
+}
+
+std::optional<unsigned> store_owner_uid(const Config& config) {
+    if (config.store_owner.empty()) return std::nullopt;
+    std::vector<char> buf(16384);
+    passwd pw{};
+    passwd* found = nullptr;
+    if (::getpwnam_r(config.store_owner.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr)
+        return std::nullopt;
+    if (pw.pw_uid == 0) return std::nullopt;  // root is trusted anyway; nothing to add
+    return static_cast<unsigned>(pw.pw_uid);
 }
 
 Result<Config> load_default_config() {

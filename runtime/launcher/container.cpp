@@ -256,7 +256,7 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     GANTRY_TRY(resolve_identity(spec, s.id));
     GANTRY_TRY(launcher::check_squashfs(spec.image_path));
     GANTRY_TRY(check_mount_sources(spec.mounts));
-    bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted && launcher::is_trusted_path(spec.image_path);
+    bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted && launcher::is_trusted_path(spec.image_path, spec.config.store_owner);
     auto backend = launcher::choose_backend(spec, privileged_ok);
     if (!backend) return backend.error();
     s.backend = *backend;

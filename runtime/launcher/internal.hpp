@@ -63,7 +63,9 @@ void remove_tree(int dirfd, const std::string& name);
 
 // privileged.cpp
 bool running_as_real_root();
-bool is_trusted_path(const std::string& path);
+// Root-owned (or owned by gantry.conf's store_owner account) and not writable by others, file and
+// every ancestor: the gate for kernel loop mounts (privileged.cpp says why).
+bool is_trusted_path(const std::string& path, const std::string& store_owner);
 Status mount_image_kernel(Setup& s);
 
 // shared_mounts.cpp: the node-wide kernel mount of one image, as handed to one container.

@@ -5,8 +5,11 @@
 // Why this is safe:
 //  - The kernel parses only images our own writer produced into a store that only a trusted account
 //    can write (BRIEF §5): `ContainerSpec::image_trusted` is set by the store, and we re-check that
-//    every directory on the way to the file and the file itself are root-owned and not writable by
-//    anybody else. A file a user supplied never gets here (it is served by squashfuse_ll instead).
+//    every directory on the way to the file and the file itself are owned by root or by the
+//    configured store owner and not writable by anybody else. The store owner (gantry.conf
+//    `store_owner`) is an unprivileged account the admin trusts to run only our converter; users
+//    cannot write what it owns, and the plugin runs pulls as it only after the user's own
+//    credentials authorised the image. A file a user supplied never gets here (squashfuse_ll serves it).
 //  - The node-wide mount is read-only, nosuid, nodev, below a directory only root can enter; the
 //    container gets a detached clone of it, attached in a private mount namespace of the holder.
 //  - Right after this step the holder switches to the job user and enters an unprivileged user
@@ -29,19 +32,24 @@ namespace gantry::launcher {
 
 bool running_as_real_root() { return ::getuid() == 0 && ::geteuid() == 0; }
 
-bool is_trusted_path(const std::string& path) {
+bool is_trusted_path(const std::string& path, const std::string& store_owner) {
+    Config owner_only;
+    owner_only.store_owner = store_owner;
+    auto owner = store_owner_uid(owner_only);  // nullopt when unset or unknown: root only
+    auto trusted_owner = [&](uid_t uid) { return uid == 0 || (owner && uid == *owner); };
     char real[PATH_MAX];
     if (::realpath(path.c_str(), real) == nullptr) return false;
     std::string p = real;
     struct stat st {};
-    if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0)
+    if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || !trusted_owner(st.st_uid) || (st.st_mode & 022) != 0)
         return false;
-    // Each ancestor: root-owned, and not writable by others unless sticky (like /tmp: others cannot
-    // rename or replace a root-owned entry in it).
+    // Each ancestor: owned by root or the store owner and not writable by others; a directory others
+    // may write must be root-owned and sticky (like /tmp: others cannot rename or replace an entry
+    // they do not own in it).
     for (auto slash = p.rfind('/'); slash != std::string::npos; slash = p.rfind('/', slash - 1)) {
         std::string dir = slash == 0 ? "/" : p.substr(0, slash);
-        if (::stat(dir.c_str(), &st) != 0 || st.st_uid != 0) return false;
-        if ((st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0) return false;
+        if (::stat(dir.c_str(), &st) != 0 || !trusted_owner(st.st_uid)) return false;
+        if ((st.st_mode & 022) != 0 && ((st.st_mode & S_ISVTX) == 0 || st.st_uid != 0)) return false;
         if (slash == 0) break;
     }
     return true;
@@ -49,7 +57,7 @@ bool is_trusted_path(const std::string& path) {
 
 Status mount_image_kernel(Setup& s) {
     const std::string& image = s.spec->image_path;
-    if (!running_as_real_root() || !s.spec->image_trusted || !is_trusted_path(image))
+    if (!running_as_real_root() || !s.spec->image_trusted || !is_trusted_path(image, s.spec->config.store_owner))
         return make_error("refusing to kernel-mount " + image + ": not a trusted store image or not root");
     // Still in the host mount namespace: find or make the node-wide mount and take a reference.
     auto shared = acquire_shared_mount(image, s.spec->config);

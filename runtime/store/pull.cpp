@@ -91,6 +91,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     RegistryOptions ropts;
     ropts.max_connections = config.max_connections;
     ropts.credentials = options.credentials;
+    ropts.credential_sources = options.credential_sources;
     ropts.cancel = &cancel;
     ropts.on_progress = [&](uint64_t done) { bytes_done = done; };
     RegistryClient client(config, ropts);

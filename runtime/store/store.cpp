@@ -204,10 +204,15 @@ Status ImageStore::publish(const std::string& digest, const std::string& squashf
     return {};
 }
 
-bool ImageStore::trusted() const {
+bool ImageStore::trusted(const Config& config) const {
+    // The store owner is an unprivileged account the admin trusts to run only our converter; users
+    // cannot write a store it (or root) owns without group/other write, so the bytes in images/ were
+    // written by our own squashfs writer. An unknown store_owner name adds nobody.
+    auto owner = store_owner_uid(config);
     for (const std::string& dir : {root_, root_ + "/images"}) {
         struct stat st {};
-        if (::stat(dir.c_str(), &st) != 0 || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return false;
+        if (::stat(dir.c_str(), &st) != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return false;
+        if (st.st_uid != 0 && (!owner || st.st_uid != *owner)) return false;
     }
     return true;
 }

@@ -28,6 +28,13 @@ TEST_CASE("gantry.conf: errors name file, line and key") {
     CHECK_FALSE(gantry::parse_config("block_size = 1000\n", "c").ok());    // not a power of two
     CHECK_FALSE(gantry::parse_config("mount_backend = nfs\n", "c").ok());  // not a backend
     CHECK_FALSE(gantry::parse_config("host_dev = maybe\n", "c").ok());
+    // store_owner: an account name; root is the default and "root" itself is refused as redundant.
+    auto owner = gantry::parse_config("store_owner = gantry\n", "c");
+    REQUIRE(owner.ok());
+    CHECK(owner->store_owner == "gantry");
+    CHECK(gantry::Config{}.store_owner.empty());
+    CHECK_FALSE(gantry::parse_config("store_owner = root\n", "c").ok());
+    CHECK_FALSE(gantry::parse_config("store_owner = a:b\n", "c").ok());
     CHECK_FALSE(gantry::parse_config("just a line\n", "c").ok());
 }
 

@@ -193,3 +193,37 @@ TEST_CASE("store path precedence: option, GANTRY_STORE, gantry.conf, XDG cache")
     CHECK(ImageStore::resolve_path(cfg, "") == "/xdg/gantry");
     CHECK_FALSE(ImageStore::open("relative/path", true).ok());
 }
+
+TEST_CASE("trusted store: owned by root or the configured store_owner, writable by nobody else") {
+    // chown needs root; the suite runs as root in CI (the kernel backend's tests need it anyway).
+    if (::geteuid() != 0) {
+        WARN("not root: cannot chown the store to another account");
+        return;
+    }
+    TempStore t;
+    ImageStore store = t.open();
+    ::chmod(t.dir.c_str(), 0755);
+    Config root_only;
+    Config with_owner;
+    with_owner.store_owner = "daemon";  // uid 1 on Debian: an account that is not root
+    Config unknown_owner;
+    unknown_owner.store_owner = "gantry-no-such-account";
+    REQUIRE(store_owner_uid(with_owner).has_value());
+    CHECK_FALSE(store_owner_uid(unknown_owner).has_value());
+    CHECK_FALSE(store_owner_uid(root_only).has_value());
+    CHECK(store.trusted(root_only));  // root-owned 0755
+    CHECK(store.trusted(with_owner));
+
+    uid_t daemon_uid = *store_owner_uid(with_owner);
+    REQUIRE(::chown(t.dir.c_str(), daemon_uid, 0) == 0);
+    REQUIRE(::chown((t.dir + "/images").c_str(), daemon_uid, 0) == 0);
+    CHECK_FALSE(store.trusted(root_only));      // owned by an account nobody named
+    CHECK(store.trusted(with_owner));           // the store owner's
+    CHECK_FALSE(store.trusted(unknown_owner));  // an unknown name never widens trust
+
+    ::chmod((t.dir + "/images").c_str(), 0775);  // the owner's group could write images/
+    CHECK_FALSE(store.trusted(with_owner));
+    ::chmod((t.dir + "/images").c_str(), 0755);
+    ::chmod(t.dir.c_str(), 01777);  // anybody could replace images/
+    CHECK_FALSE(store.trusted(with_owner));
+}

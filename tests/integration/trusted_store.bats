@@ -1,0 +1,202 @@
+# fixtures: registry images slurm
+# A trusted shared store through the SPANK plugin (issue 4, docs/store.md "Trusted shared store"): the
+# store belongs to a system account named by gantry.conf's store_owner, so the job user cannot write
+# it; the plugin pulls into it as that account after the registry authorised the job user, and the
+# kernel backend serves its images, one loop mount per image per node shared by concurrent steps.
+# Steps run on gnode1 only: the kernel mounts live in that node's mount namespace, and teardown
+# releases them there.
+
+load helpers
+
+OWNER=gantry-store
+
+setup() {
+  gantry_load_env registry images slurm
+  gantry_cluster_registry
+  U=$GANTRY_TEST_USER
+  NODE=gnode1
+  [ "$GANTRY_TEST_MODE" = multi ] || NODE=$(hostname -s)
+  WORK=$(mktemp -d "$GANTRY_TEST_FSX/trusted-test.XXXXXX")
+  chown "$U" "$WORK"
+  REG_PID=
+  # A dedicated unprivileged system account owns the store, as an admin would set it up.
+  id -u "$OWNER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$OWNER"
+  # Below /var/lib: every ancestor is root-owned and not writable by others, which the kernel
+  # backend's path check demands (a harness dir below /srv or /check need not be).
+  TSTORE=/var/lib/gantry-test-store-$$
+  rm -rf "$TSTORE"
+  for d in "" images refs used locks staging; do install -d -o "$OWNER" -g "$OWNER" -m 0755 "$TSTORE/$d"; done
+  write_conf "$REG"
+}
+
+teardown() {
+  [ -z "$REG_PID" ] || { kill "$REG_PID" 2>/dev/null || true; }
+  release_kernel_mounts
+  rm -rf "$WORK" "$TSTORE"
+}
+
+# write_conf REGISTRY [LINE...]: the plugin's gantry.conf: the trusted store, its owner, REGISTRY as an
+# insecure one, node-wide mounts released as soon as no container uses them.
+write_conf() {
+  local reg=$1
+  shift
+  { printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nmount_idle_seconds = 0\n' "$TSTORE" "$OWNER" "$reg"
+    for l in "$@"; do echo "$l"; done; } >"$GANTRY_HARNESS_DIR/gantry.conf"
+}
+
+# in_node CMD...: a command in the node's mount namespace (where its kernel image mounts are).
+in_node() {
+  if [ "$GANTRY_TEST_MODE" = multi ]; then "$BATS_TEST_DIRNAME/../harness/slurm.sh" exec "$NODE" -- "$@"; else "$@"; fi
+}
+
+# Whatever is left of this test's kernel mounts (a failed test): unmounted in the node, loops detached.
+release_kernel_mounts() {
+  local f
+  for f in "$TSTORE"/images/*.sqsh; do
+    [ -e "$f" ] || continue
+    in_node sh -c 'grep -o " /run/gantry/images/[^ ]*" /proc/self/mountinfo | while read -r m; do umount -l "$m" 2>/dev/null; done' || true
+    losetup -j "$f" | cut -d: -f1 | while read -r l; do losetup -d "$l" 2>/dev/null || true; done
+  done
+}
+
+# loops_of_store: loop devices (machine-wide) backed by an image of the trusted store.
+loops_of_store() {
+  local f n=0
+  for f in "$TSTORE"/images/*.sqsh; do
+    [ -e "$f" ] || continue
+    n=$((n + $(losetup -j "$f" | grep -c . || true)))
+  done
+  echo "$n"
+}
+
+# as_user CMD...: run as the test user from the shared directory, with a home of this test's own.
+as_user() {
+  runuser -u "$U" -- env -C "$WORK" HOME="$WORK/home" "$@"
+}
+
+# node_registry: a TLS + htpasswd registry of this test's own (copy of the harness's TLS registry
+# storage and htpasswd) that the nodes reach; TREG is its name from the nodes. As in auth_slurm.bats.
+node_registry() {
+  local ca_dir d=$WORK/registry port
+  ca_dir=$(dirname "$GANTRY_TEST_REGISTRY_CA")
+  mkdir -p "$d"
+  cp -a "$GANTRY_TEST_REGISTRY_TLS_STORAGE" "$d/storage"
+  cp "$ca_dir/../htpasswd" "$d/htpasswd"
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$d/server.key" -out "$d/server.csr" \
+    -subj "/CN=gantry-login" 2>/dev/null
+  printf '%s\n' "subjectAltName=DNS:gantry-login,IP:127.0.0.1" "extendedKeyUsage=serverAuth" >"$d/server.ext"
+  openssl x509 -req -in "$d/server.csr" -CA "$GANTRY_TEST_REGISTRY_CA" -CAkey "$ca_dir/ca.key" -CAcreateserial \
+    -CAserial "$d/ca.srl" -out "$d/server.pem" -days 1 -extfile "$d/server.ext" 2>/dev/null
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])')
+  gantry_private_registry "$d" "0.0.0.0:$port" tls "$d/server.pem" "$d/server.key" \
+    auth "$(printf 'auth:\n  htpasswd: {realm: gantry-trusted, path: %s/htpasswd}' "$d")" || return 1
+  REG_PID=$(cat "$d/pid")
+  if [ "$GANTRY_TEST_MODE" = multi ]; then TREG=gantry-login:$port; else TREG=127.0.0.1:$port; fi
+  write_conf "$REG" "ca_bundle = $GANTRY_TEST_REGISTRY_CA"
+}
+
+# docker_config PASSWORD: the test user's ~/.docker/config.json for TREG with that password.
+docker_config() {
+  mkdir -p "$WORK/home/.docker"
+  printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$TREG" \
+    "$(printf '%s:%s' "$GANTRY_TEST_REGISTRY_USER" "$1" | base64 -w0)" >"$WORK/home/.docker/config.json"
+  chmod 600 "$WORK/home/.docker/config.json"
+  chown -R "$U" "$WORK/home"
+}
+
+@test "srun into a trusted store: pulled as the store account, kernel-mounted, one loop mount shared by concurrent steps" {
+  # The job user cannot write the store: the old behaviour (pull as the user) could not fill it.
+  ! runuser -u "$U" -- touch "$TSTORE/images/probe" 2>/dev/null || false
+  run as_user timeout 180 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" \
+    sh -c 'cat /work/README; awk '\''$5 == "/work" { for (i = 7; $i != "-"; i++); print $(i + 1) }'\'' /proc/self/mountinfo'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx "tiny work dir"
+  # The image's directories (bound into the container's tmpfs skeleton root) are the kernel's
+  # squashfs (a loop mount), not squashfuse.
+  echo "$output" | grep -qx squashfs
+  ! echo "$output" | grep -q "fuse" || false
+  # The image was written by the store account, read-only, in the store's images/.
+  sqsh=$(ls "$TSTORE"/images/*.sqsh)
+  [ "$(echo "$sqsh" | wc -l)" -eq 1 ]
+  [ "$(stat -c %U "$sqsh")" = "$OWNER" ]
+  [ "$(stat -c %a "$sqsh")" = 444 ]
+  [ "$(stat -c %U "$TSTORE/images/$(basename "$sqsh" .sqsh).json")" = "$OWNER" ]
+
+  # Two steps at once on one node: both see the image on the same squashfs mount (same device), and the
+  # machine has exactly one loop device backed by the image while they run.
+  as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" \
+    sh -c 'awk '\''$5 == "/work" { print $3 }'\'' /proc/self/mountinfo; sleep 6' >"$WORK/dev1" &
+  p1=$!
+  as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" \
+    sh -c 'awk '\''$5 == "/work" { print $3 }'\'' /proc/self/mountinfo; sleep 6' >"$WORK/dev2" &
+  p2=$!
+  for i in $(seq 100); do [ -s "$WORK/dev1" ] && [ -s "$WORK/dev2" ] && break; sleep 0.1; done
+  loops_while_running=$(loops_of_store)
+  wait "$p1"
+  wait "$p2"
+  cat "$WORK/dev1" "$WORK/dev2"
+  [ -s "$WORK/dev1" ]
+  [ "$(cat "$WORK/dev1")" = "$(cat "$WORK/dev2")" ]
+  echo "loop devices while both ran: $loops_while_running"
+  [ "$loops_while_running" -eq 1 ]
+  # Still one image, not pulled again; with mount_idle_seconds = 0 the mount went with the last step.
+  [ "$(ls "$TSTORE"/images/*.sqsh | wc -l)" -eq 1 ]
+  for i in $(seq 50); do [ "$(loops_of_store)" -eq 0 ] && break; sleep 0.1; done
+  [ "$(loops_of_store)" -eq 0 ]
+}
+
+@test "trusted store and a private registry: the job user's credentials authorise the pull; others are refused although the image is stored" {
+  node_registry
+  PASSWORD=$GANTRY_TEST_REGISTRY_PASSWORD
+  # 1. No credentials: refused before anything is pulled.
+  mkdir -p "$WORK/home" && chown "$U" "$WORK/home"
+  run as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" true
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  echo "$output" | grep -q "no credentials found for $TREG"
+  [ -z "$(ls "$TSTORE/images/")" ]
+
+  # 2. The user's own valid credentials: the store account pulls with them (it has none of its own).
+  docker_config "$PASSWORD"
+  run as_user timeout 180 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" sh -c 'cat /work/README; env'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx "tiny work dir"
+  sqsh=$(ls "$TSTORE"/images/*.sqsh)
+  [ "$(stat -c %U "$sqsh")" = "$OWNER" ]
+  # The blobs came from the registry with authentication (the store account's pull, with the user's credentials).
+  grep -q 'GET /v2/gantry-test/tiny/blobs/.*" 200 ' "$WORK/registry/registry.log" ||
+    grep -q 'uri=/v2/gantry-test/tiny/blobs/' "$WORK/registry/registry.log"
+  ! echo "$output" | grep -qF "${PASSWORD:0:40}" || false
+
+  # 3. Wrong credentials: refused by the registry although the image is in the trusted store.
+  docker_config "wrong-$RANDOM-password"
+  run as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" cat /work/README
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  echo "$output" | grep -q "authentication to $TREG failed"
+  ! echo "$output" | grep -qx "tiny work dir" || false
+
+  # The secret is in no log of the node and nowhere under the store (argv and environment never held
+  # it: the plugin hands it over on a pipe, which the slurmd log would show if it were on a command line).
+  log=${GANTRY_SLURMD_LOG_PATTERN//%n/$NODE}
+  [ -f "$log" ]
+  ! grep -rqF "${PASSWORD:0:40}" "$log" "$TSTORE" || false
+}
+
+@test "without store_owner the store owned by another account is not trusted: the plugin pulls as the user, who cannot write it" {
+  write_conf "$REG"
+  sed -i '/^store_owner/d' "$GANTRY_HARNESS_DIR/gantry.conf"
+  run as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" true
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  [ -z "$(ls "$TSTORE/images/")" ]
+  # Nodes end idle.
+  for i in $(seq 50); do [ -z "$(sinfo -h -o '%t' | grep -v '^idle$')" ] && break; sleep 0.2; done
+  sinfo -h -o '%t'
+  [ -z "$(sinfo -h -o '%t' | grep -v '^idle$')" ]
+}
