@@ -3,6 +3,7 @@
 #include "step.hpp"
 
 #include <dlfcn.h>
+#include <slurm/slurm.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -97,6 +99,89 @@ std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& en
     std::string out = dir;  // Slurm's allocation, a few bytes once per step: left to the process
     while (out.size() > 1 && out.back() == '/') out.pop_back();
     return out;
+}
+
+// The slurmd spool directory of this node, below which Slurm's PMIx plugin makes the step's server
+// directory (PMIX_SERVER_TMPDIR, `<SlurmdSpoolDir>/pmix.<job>.<step>`) only after the container exists.
+// Read from slurmstepd's own configuration (libslurm's `slurm_conf`, the layout of the Slurm headers
+// this plugin is built against; looked up rather than linked, as above) and expanded like slurmd does
+// (%n node name, %h host name).
+std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::string>& env) {
+    auto conf = static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+    if (conf == nullptr || conf->slurmd_spooldir == nullptr || conf->slurmd_spooldir[0] != '/') return std::nullopt;
+    // This node's name: SLURMD_NODENAME is set only later, for the tasks; until then it is the step's
+    // node list at this node's (step-relative) index.
+    std::string node = find_env(env, "SLURMD_NODENAME").value_or("");
+    uint32_t nodeid = 0;
+    auto list = find_env(env, "SLURM_STEP_NODELIST");
+    if (!list) list = find_env(env, "SLURM_JOB_NODELIST");
+    if (node.empty() && list && item(sp, S_JOB_NODEID, &nodeid))
+        if (auto hosts = expand_hostlist(*list); hosts && nodeid < hosts->size()) node = (*hosts)[nodeid];
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::string short_host = host;
+    short_host = short_host.substr(0, short_host.find('.'));
+    std::string out;
+    for (const char* c = conf->slurmd_spooldir; *c != '\0'; ++c) {
+        if (c[0] == '%' && c[1] == 'n') {
+            if (node.empty()) return std::nullopt;
+            out += node, ++c;
+        } else if (c[0] == '%' && c[1] == 'h') {
+            out += short_host, ++c;
+        } else {
+            out += *c;
+        }
+    }
+    while (out.size() > 1 && out.back() == '/') out.pop_back();
+    return out;
+}
+
+// The node's MpiDefault, for steps that name no --mpi (and so carry no SLURM_MPI_TYPE).
+std::optional<std::string> slurm_mpi_default() {
+    auto conf = static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+    if (conf == nullptr || conf->mpi_default == nullptr) return std::nullopt;
+    return std::string(conf->mpi_default);
+}
+
+// What an `srun` inside a containerized batch script needs from the host besides the Slurm client the
+// image brings: the directory of slurm.conf (the job's SLURM_CONF, e.g. configless mode's cache, else
+// slurmstepd's, else the default), PlugStackConfig, the munge socket's directory (AuthInfo socket=,
+// else munge's default) and this plugin's own file (plugstack.conf names it; its libraries come from
+// the image). Bound read-only at the same paths; what does not exist is left out.
+std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
+    std::vector<std::string> out;
+    auto add_parent = [&](const std::string& file) {
+        auto slash = file.rfind('/');
+        if (file.empty() || file[0] != '/' || slash == std::string::npos || slash == 0) return;
+        out.push_back(file.substr(0, slash));
+    };
+    std::string conf = find_env(env, "SLURM_CONF").value_or("");
+    if (conf.empty() && std::getenv("SLURM_CONF") != nullptr) conf = std::getenv("SLURM_CONF");
+    add_parent(conf.empty() ? "/etc/slurm/slurm.conf" : conf);
+    std::string socket = "/run/munge/munge.socket.2";
+    auto slurm = static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+    // PlugStackConfig, when it is not beside slurm.conf: the file itself (its directory may hold
+    // slurmd's own state, e.g. the spool directory in the test harness).
+    if (slurm != nullptr && slurm->plugstack != nullptr && slurm->plugstack[0] == '/' &&
+        std::none_of(out.begin(), out.end(), [&](const std::string& d) { return starts_with(slurm->plugstack, d + "/"); }))
+        out.emplace_back(slurm->plugstack);
+    if (slurm != nullptr && slurm->authinfo != nullptr) {
+        // AuthInfo is a comma-separated list of key=value; only socket= matters here.
+        for (const auto& part : split_list(slurm->authinfo, ','))
+            if (starts_with(part, "socket=")) socket = part.substr(7);
+    }
+    add_parent(socket);
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&batch_srun_paths), &info) != 0 && info.dli_fname != nullptr &&
+        info.dli_fname[0] == '/')
+        out.emplace_back(info.dli_fname);
+    std::vector<std::string> existing;
+    for (const auto& p : out) {
+        struct stat sb {};
+        if (::stat(p.c_str(), &sb) == 0 && std::find(existing.begin(), existing.end(), p) == existing.end())
+            existing.push_back(p);
+    }
+    return existing;
 }
 
 // A program of ours: beside the configured gantry CLI, else in the build tree next to this plugin, else
@@ -488,6 +573,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             auto m = parse_mount(dir + ":" + dir + ":ro");
             if (m) spec.mounts.push_back(*m);
         }
+        // Inner srun steps: Slurm's configuration, munge and this plugin (batch_srun_paths). Safe:
+        // read-only binds of paths the job user can already read on the host.
+        if (st.config.batch_srun)
+            for (const auto& path : batch_srun_paths(env))
+                if (auto m = parse_mount(path + ":" + path + ":ro")) spec.mounts.push_back(*m);
     }
     spec.writable = o.writable.value_or(false);
     spec.remap_root = o.remap_root.value_or(false);
@@ -520,6 +610,17 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (dir && (*dir)[0] == '/' && *dir != "/" && *dir != "/tmp" && ::stat(dir->c_str(), &sb) == 0 &&
             S_ISDIR(sb.st_mode))
             edits->mounts.push_back({*dir, *dir, false});
+        // The PMIx server's own directory (the shared-memory stores clients attach to, ds12/ds21) does
+        // not exist yet either; its parent, the node's slurmd spool directory, is bound (read-write, same
+        // path) for steps launched with --mpi=pmix*, so the directory appears inside once Slurm makes it.
+        // Safe: a bind changes no permission; inside, the user reaches only what the same uid reaches on
+        // the host (root-owned entries map to the overflow id, remap-root included).
+        auto mpi = find_env(env, "SLURM_MPI_TYPE");
+        if (!mpi) mpi = slurm_mpi_default();
+        auto spool = slurmd_spool_dir(sp, env);
+        if (mpi && starts_with(*mpi, "pmix") && spool && *spool != "/" && ::stat(spool->c_str(), &sb) == 0 &&
+            S_ISDIR(sb.st_mode))
+            edits->mounts.push_back({*spool, *spool, false});
     }
     spec.devices = std::move(*edits);
     // --- end devices ---

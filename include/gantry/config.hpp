@@ -51,6 +51,10 @@ struct Config {
     bool efa_host_libs = false;
     bool pmix = true;
     bool pytorch = true;
+    // An `srun` inside a containerized batch script (#SBATCH --container-image): the batch step's
+    // container also gets Slurm's configuration directory, the munge socket directory and the SPANK
+    // plugin itself, read-only at their host paths (the image brings the Slurm client).
+    bool batch_srun = true;
 
     // Path the values were read from, empty for built-in defaults.
     std::string source;

@@ -123,6 +123,7 @@ const std::map<std::string, Setter>& setters() {
         {"efa", bool_key(&Config::efa)},
         {"efa_host_libs", bool_key(&Config::efa_host_libs)},
         {"pmix", bool_key(&Config::pmix)},
+        {"batch_srun", bool_key(&Config::batch_srun)},
         {"pytorch", bool_key(&Config::pytorch)},
     };
     return table;

@@ -99,10 +99,10 @@ std::vector<std::string> task_environment(const Config& config, const std::vecto
                                 {"PMIX_GDS_MODULE", "PMIX_MCA_gds"}}) {
             auto v = env_value(task_env, from);
             if (!v || env_value(task_env, to)) continue;
-            // The shared-memory dstores (ds12, ds21) live in the server's PMIX_SERVER_TMPDIR. Slurm
-            // creates it after the step's container exists, so it is bound only when it was already
-            // there; when the task (called after joining) cannot reach it, the clients are told to
-            // use the hash store, which works over the server connection alone.
+            // The shared-memory dstores (ds12, ds21) live in the server's PMIX_SERVER_TMPDIR. The
+            // plugin binds its parent (the slurmd spool directory) because Slurm creates it after
+            // the container; when the task (called after joining) still cannot reach it, the clients
+            // are told to use the hash store, which works over the server connection alone.
             std::string value = *v;
             auto tmpdir = env_value(task_env, "PMIX_SERVER_TMPDIR");
             if (std::string(from) == "PMIX_GDS_MODULE" && tmpdir && ::access(tmpdir->c_str(), X_OK) != 0)

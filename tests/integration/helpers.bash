@@ -147,3 +147,27 @@ gantry_private_registry() {
   tail -5 "$dir/registry.log" >&2
   return 1
 }
+
+# gantry_apt_image DIR KEY EXTRA PACKAGE...: a squashfs test image DIR/image.sqsh made of the harness's
+# debian rootfs (images fixture) plus PACKAGEs installed with apt in a chroot, then the shell command
+# EXTRA run with the root directory as $1 (":" for nothing). Cached: rebuilt only when KEY (the
+# caller's recipe: bump it when EXTRA or its inputs change) or the package list changes.
+gantry_apt_image() {
+  local dir=$1 key=$2 extra=$3
+  shift 3
+  local recipe="$key $*"
+  if [ -f "$dir/image.sqsh" ] && [ "$(cat "$dir/recipe" 2>/dev/null)" = "$recipe" ]; then return 0; fi
+  rm -rf "$dir" && mkdir -p "$dir/root"
+  tar -C "$dir/root" -xf "$GANTRY_HARNESS_DIR/cache/debian-bookworm-minbase.tar"
+  cp /etc/resolv.conf "$dir/root/etc/resolv.conf"
+  # A private mount namespace: /proc and /dev for dpkg's scripts vanish with it.
+  unshare --mount --fork sh -c "mount -t proc proc '$dir/root/proc' && mount --rbind /dev '$dir/root/dev' &&
+    chroot '$dir/root' sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends $* && apt-get clean'" > "$dir/apt.log" 2>&1 ||
+    { tail -20 "$dir/apt.log" >&2; return 1; }
+  rm -rf "$dir/root/var/lib/apt/lists/"*
+  sh -c "$extra" sh "$dir/root"
+  mksquashfs "$dir/root" "$dir/image.sqsh" -comp lz4 -noappend -quiet -no-progress
+  chmod 644 "$dir/image.sqsh"
+  echo "$recipe" > "$dir/recipe"
+}

@@ -193,6 +193,50 @@ JOB
   grep -qx "tiny work dir" "$WORK/batch.out"
 }
 
+@test "sbatch: an srun inside the containerized batch script inherits the image; its own --container-image overrides" {
+  # The image brings the Slurm client (and the libraries our plugin needs, since srun loads the
+  # plugstack's plugins); the plugin binds the cluster's configuration, munge and itself (batch_srun).
+  gantry_apt_image "$GANTRY_HARNESS_DIR/cache/plugin-slurmclient" v1 'echo slurm-client image > "$1/etc/gantry-marker"' \
+    slurm-client libcurl4 libyaml-0-2
+  local img=$GANTRY_HARNESS_DIR/cache/plugin-slurmclient/image.sqsh
+  cat > "$WORK/batch.sh" <<JOB
+#!/bin/sh
+#SBATCH --container-image=$img
+#SBATCH -N2 --ntasks-per-node=1
+echo "batch \$(cat /etc/gantry-marker)"
+srun -N2 -n2 sh -c 'echo "inner \$SLURM_PROCID \$(cat /etc/gantry-marker)"' | sort
+srun -N1 -n1 --container-image=$REG/gantry-test/tiny cat /work/README
+JOB
+  chown "$U" "$WORK/batch.sh"
+  run as_user sbatch --wait -o "$WORK/batch.out" "$WORK/batch.sh"
+  echo "$output"; cat "$WORK/batch.out" || true
+  [ "$status" -eq 0 ]
+  [ "$(cat "$WORK/batch.out")" = "$(printf 'batch slurm-client image\ninner 0 slurm-client image\ninner 1 slurm-client image\ntiny work dir')" ]
+  # Switched off in gantry.conf: the batch script still runs in the container, without the
+  # cluster's munge socket or our plugin inside.
+  local sock
+  sock=$(scontrol show config | sed -n 's/^AuthInfo *= *.*socket=\([^,]*\).*/\1/p')
+  [ -n "$sock" ] || sock=/run/munge/munge.socket.2
+  cat > "$WORK/batch2.sh" <<JOB
+#!/bin/sh
+#SBATCH --container-image=$img
+#SBATCH -N1
+cat /etc/gantry-marker
+for f in "$sock" "$GANTRY_BUILD_DIR/plugin/spank_gantry.so"; do [ -e "\$f" ] && echo "\$f visible"; done
+true
+JOB
+  chown "$U" "$WORK/batch2.sh"
+  run as_user sbatch --wait -o "$WORK/batch2.out" "$WORK/batch2.sh"
+  cat "$WORK/batch2.out" || true
+  [ "$status" -eq 0 ]
+  [ "$(cat "$WORK/batch2.out")" = "$(printf 'slurm-client image\n%s visible\n%s visible' "$sock" "$GANTRY_BUILD_DIR/plugin/spank_gantry.so")" ]
+  gantry_plugin_conf "batch_srun = 0"
+  run as_user sbatch --wait -o "$WORK/batch3.out" "$WORK/batch2.sh"
+  cat "$WORK/batch3.out" || true
+  [ "$status" -eq 0 ]
+  [ "$(cat "$WORK/batch3.out")" = "slurm-client image" ]
+}
+
 @test "field-guide job: 2 nodes, #SBATCH options, MASTER_ADDR from scontrol, /dev/infiniband and shared mounts" {
   # The harness has no EFA: uverbs nodes made with mknod (real major 231) stand in for them.
   made_ib=0
