@@ -12,6 +12,10 @@
 #   slurm.sh status              print the daemons and sinfo; exit 1 unless all are up.
 #   slurm.sh exec NODE -- CMD    run CMD inside NODE's namespaces (hostname, mounts, network).
 #   slurm.sh stop-node NODE      stop NODE's slurmd only (node-failure tests); start-node NODE restarts it.
+#   slurm.sh crash-node NODE     SIGKILL NODE's slurmd and every process in its namespaces at once, like
+#                                a node that loses power; start-node NODE boots it again.
+#   GANTRY_SLURM_PROCTRACK=proctrack/cgroup slurm.sh start: track steps with cgroups (v1) like
+#                                production clusters, instead of proctrack/linuxproc.
 #
 # State, logs and data: ${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}/slurm; the variables tests need are
 # written to $GANTRY_HARNESS_DIR/slurm.env. See docs/testing.md, section "Slurm cluster".
@@ -519,7 +523,7 @@ SlurmdLogFile=$state/nodes/%n/slurmd.log
 SlurmdDebug=$debug
 # The VM has fewer cores than the nodes claim; make slurmd report the configured resources.
 SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
+ProctrackType=$proctrack
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -549,6 +553,13 @@ EOF
   # Non-root srun reads only the default path, so the config goes there too.
   cp "$conf" "$etc_conf"
   chmod 0644 "$etc_conf"
+  # proctrack/cgroup (what production clusters run) needs cgroup.conf beside slurm.conf; the harness
+  # uses the cgroup v1 hierarchies (each slurmd gets /sys/fs/cgroup/<ctrl>/slurm_<node>).
+  rm -f "$(dirname "$conf")/cgroup.conf" /etc/slurm/cgroup.conf
+  if [ "$proctrack" = proctrack/cgroup ]; then
+    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$(dirname "$conf")/cgroup.conf"
+    cp "$(dirname "$conf")/cgroup.conf" /etc/slurm/cgroup.conf
+  fi
 }
 
 wait_for_idle() {
@@ -638,6 +649,12 @@ cmd_start() {
   # Far more CPUs than the VM has (slurmd reports the configured ones, see config_overrides), so
   # that several multi-rank jobs fit side by side, as on real many-core nodes.
   cpus=${GANTRY_SLURM_CPUS:-32}
+  # How slurmd tracks a step's processes: linuxproc (by process tree) unless asked for cgroup, which
+  # needs the cgroup v1 hierarchies (tests/integration/cgroup.bats).
+  proctrack=${GANTRY_SLURM_PROCTRACK:-proctrack/linuxproc}
+  if [ "$proctrack" = proctrack/cgroup ] && [ ! -d /sys/fs/cgroup/freezer ]; then
+    die "GANTRY_SLURM_PROCTRACK=proctrack/cgroup needs the cgroup v1 freezer hierarchy (/sys/fs/cgroup/freezer)"
+  fi
   ctl_host=$(hostname -s)
   if [ "$nodes" -eq 1 ]; then
     mode=single

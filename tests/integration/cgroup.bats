@@ -1,0 +1,74 @@
+# fixtures: registry images slurm
+# The plugin under proctrack/cgroup, the process tracking production clusters run (ParallelCluster
+# among them): slurmd puts each step's tasks into a freezer cgroup and kills whatever is left in it
+# when the step ends. Containers must live exactly as long as they should: an unnamed one with its
+# step (a rank's background process inside it dies too), a named one (--container-name) across the
+# job's steps, its writes kept, until the job ends.
+# The file restarts the harness cluster with GANTRY_SLURM_PROCTRACK=proctrack/cgroup (cgroup v1, each
+# slurmd under /sys/fs/cgroup/freezer/slurm_<node>) and restores the default cluster afterwards.
+
+load helpers
+
+setup_file() {
+  if [ ! -d /sys/fs/cgroup/freezer ]; then
+    skip "no cgroup v1 freezer hierarchy on this machine"
+  fi
+  "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" stop >/dev/null
+  GANTRY_SLURM_PROCTRACK=proctrack/cgroup "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" start >/dev/null
+}
+
+teardown_file() {
+  "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" stop >/dev/null
+  "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" start >/dev/null
+}
+
+setup() {
+  gantry_load_env registry images slurm
+  gantry_cluster_registry
+  gantry_plugin_conf
+  TINY="$REG#gantry-test/tiny"
+  U=$GANTRY_TEST_USER
+  WORK=$(mktemp -d "$GANTRY_TEST_FSX/cgroup-test.XXXXXX")
+  chown "$U" "$WORK"
+}
+
+teardown() {
+  rm -rf "$WORK"
+}
+
+as_user() {
+  runuser -u "$U" -- env -C "$WORK" "$@"
+}
+
+# containers_on NODE: how many named containers NODE's runtime directory records.
+containers_on() {
+  "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$1" -- sh -c 'ls /run/gantry/containers 2>/dev/null | wc -l'
+}
+
+@test "proctrack/cgroup: the ranks run in the step's freezer cgroup inside the container" {
+  grep -q '^ProctrackType=proctrack/cgroup' "$GANTRY_SLURM_STATE/slurm.conf"
+  run as_user srun -N3 -n3 --container-image="$TINY" sh -c 'grep freezer /proc/self/cgroup; cat /work/README'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^[0-9]*:freezer:/slurm_gnode[0-9]/uid_[0-9]*/job_[0-9]*/step_0$')" -eq 3 ]
+  [ "$(echo "$output" | grep -c '^tiny work dir$')" -eq 3 ]
+}
+
+@test "proctrack/cgroup: a named container keeps its writes across steps; a rank's leftover process dies with its step" {
+  cat > "$WORK/job.sh" <<JOB
+#!/bin/sh
+srun -n1 --container-image=$TINY --container-name=keep --container-writable sh -c 'echo kept > /data; sleep 300 >/dev/null 2>&1 & echo started'
+# The step is over: proctrack/cgroup killed the sleep left behind in its cgroup.
+pgrep -u $U -x sleep >/dev/null && echo "sleep survived" || echo "sleep gone"
+srun -n1 --container-name=keep sh -c 'cat /data'
+srun -n1 --container-name=keep sh -c 'echo again >> /data; cat /data'
+JOB
+  chown "$U" "$WORK/job.sh"
+  run as_user salloc -N1 -w gnode1 sh "$WORK/job.sh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -v '^salloc:')" = "$(printf 'started\nsleep gone\nkept\nkept\nagain')" ]
+  # The job is over: the epilog removed the named container (container_scope=job).
+  for i in $(seq 1 50); do [ "$(containers_on gnode1)" -eq 0 ] && break; sleep 0.2; done
+  [ "$(containers_on gnode1)" -eq 0 ]
+}
