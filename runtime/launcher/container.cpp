@@ -172,7 +172,7 @@ Status set_up_container(Setup& s) {
     if (s.backend == MountBackend::extract) GANTRY_TRY(bind_extracted_image(s));
     GANTRY_TRY(prepare_writable_layer(s));
     GANTRY_TRY(write_identity_files(s));
-    GANTRY_TRY(mount_overlay_root(s));
+    GANTRY_TRY(mount_container_root(s));
     GANTRY_TRY(mount_proc_and_sys(s));
     GANTRY_TRY(mount_sysfs_views(s));
     GANTRY_TRY(set_up_dev(s));

@@ -43,7 +43,25 @@ struct Setup {
     UniqueFd image_lease;        // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp)
     UniqueFd scratch_dir;        // extract backend: directory holding the unpacked tree
     std::string scratch_name;    // its entry in scratch_dir, removed when the holder exits
+    std::vector<UniqueFd> merged_dirs;  // read-only skeleton root: its overlays (e.g. /etc), made read-only last
 };
+
+// rootfs.cpp: how one top-level entry of a read-only container's "/" is provided (mount_container_root).
+enum class RootEntryKind {
+    ours,           // only in the upper layer (a mount point or file we made): kept as it is
+    image_dir,      // an image directory: bound from the image itself (shared dentries, host-speed reads)
+    image_symlink,  // an image symlink: copied
+    image_other,    // an image file (or special file): an empty file with the image's bound over it
+    mount_point,    // an image directory that a standard mount covers whole (/proc, /dev, ...): left empty
+    merged,         // a directory in the image and in the upper layer: an overlay of the two (e.g. /etc)
+};
+struct RootEntry {
+    std::string name;
+    RootEntryKind kind;
+};
+// The top-level entries of the root, from the image and the prepared upper layer (both directory fds,
+// never following a symlink), sorted by name. `covered` names the entries a standard mount hides.
+Result<std::vector<RootEntry>> plan_root_entries(int image, int upper, const std::vector<std::string>& covered);
 
 // namespaces.cpp
 Status switch_to_user(uid_t uid, gid_t gid);
@@ -83,6 +101,8 @@ Status mount_staging_area(Setup& s);
 Status prepare_writable_layer(Setup& s);
 Status write_identity_files(Setup& s);
 Status mount_overlay_root(Setup& s);
+Status mount_skeleton_root(Setup& s);
+Status mount_container_root(Setup& s);  // the overlay when --writable or extract, the skeleton otherwise
 Status mount_proc_and_sys(Setup& s);
 Status set_up_dev(Setup& s);
 Status mount_tmp_and_run(Setup& s);

@@ -154,9 +154,10 @@ grun() { as_user "$GANTRY" run "$@"; }
 }
 
 @test "destination symlinks in the image are resolved inside it, never onto the host" {
-  run grun --mount "$SHARE:/evil" "$IMGDIR/img.sqsh" sh -c 'grep -c " /etc " /proc/self/mountinfo'
+  # Counted by the share's name: a read-only root has its own overlay mounted at /etc as well.
+  run grun --mount "$SHARE:/evil" "$IMGDIR/img.sqsh" sh -c "grep ' /etc ' /proc/self/mountinfo | grep -c '${SHARE##*/}'"
   [ "$output" = "1" ]   # /evil -> /etc landed on the image's /etc
-  run grun --mount "$SHARE:/data/climb" "$IMGDIR/img.sqsh" sh -c 'grep -c " /etc " /proc/self/mountinfo'
+  run grun --mount "$SHARE:/data/climb" "$IMGDIR/img.sqsh" sh -c "grep ' /etc ' /proc/self/mountinfo | grep -c '${SHARE##*/}'"
   [ "$output" = "1" ]
   run grun --mount "$SHARE:/evil/pwned" "$IMGDIR/img.sqsh" true
   [ "$status" -ne 0 ]
@@ -244,4 +245,64 @@ grun() { as_user "$GANTRY" run "$@"; }
   [[ "$output" == "gantry: /dev/fuse not accessible: Permission denied (use the kernel backend from Slurm, or ask the admin for fuse access)" ]]
   run grun "$IMGDIR/config.json" true
   [[ "$output" == *"not a squashfs file"* ]]
+}
+
+# A shell command printing the file system type mounted last at $1 inside (mountinfo: field 5 is the
+# mount point, the type follows " - ").
+fstype_cmd() {
+  printf 'awk -v p=%s '\''$5 == p {t = $0} END {sub(/.* - /, "", t); split(t, a, " "); print a[1]}'\'' /proc/self/mountinfo' "$1"
+}
+
+@test "read-only root: image directories bound, /etc merged and generated, new top-level mount points" {
+  run grun --mount "$SHARE:/fsx" "$IMGDIR/img.sqsh" sh -c "
+    $(fstype_cmd /); $(fstype_cmd /usr); $(fstype_cmd /etc)
+    grep -c '^$TUSER:' /etc/passwd; cat /etc/hostname; grep -c localhost /etc/hosts
+    readlink /evil; ls /evil/group; ls /usr/local/bin/only-in-image; echo fsx > /fsx/from-container
+    for p in / /usr /usr/local/bin /etc /data/in-image; do touch \$p/gantry-x 2>&1 | grep -c 'Read-only file system'; done"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "tmpfs" ]               # the skeleton
+  [ "${lines[1]}" = "fuse.squashfuse_ll" ]  # the image itself, not an overlay
+  [ "${lines[2]}" = "overlay" ]
+  [ "${lines[3]}" = "1" ]
+  [ "${lines[4]}" = "$(cat /etc/hostname)" ]
+  [ "${lines[5]}" -ge 1 ]
+  [ "${lines[6]}" = "/etc" ]                # a top-level symlink is copied, resolving inside
+  [ "${lines[7]}" = "/evil/group" ]
+  [ "${lines[8]}" = "/usr/local/bin/only-in-image" ]
+  for i in 9 10 11 12 13; do [ "${lines[$i]}" = "1" ]; done
+  [ "$(cat "$SHARE/from-container")" = "fsx" ]
+  [ ! -e "$SHARE/gantry-x" ]
+}
+
+@test "read-only root: a mount point inside an image directory merges that directory only" {
+  run grun --mount "$SHARE:/usr/local/new-dir" "$IMGDIR/img.sqsh" sh -c "
+    $(fstype_cmd /usr); $(fstype_cmd /data); only-in-image ok; ls /usr/local/new-dir >/dev/null && echo listed
+    for p in /usr /usr/local /etc; do touch \$p/gantry-x 2>&1 | grep -c 'Read-only file system'; done"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "overlay" ]
+  [ "${lines[1]}" = "fuse.squashfuse_ll" ]
+  [ "${lines[2]}" = "only-in-image ok" ]
+  [ "${lines[3]}" = "listed" ]
+  for i in 4 5 6; do [ "${lines[$i]}" = "1" ]; done
+}
+
+@test "read-only root with the kernel and extract backends; --writable keeps one overlay" {
+  run "$GANTRY" run --backend kernel "$IMGDIR/img.sqsh" sh -c "$(fstype_cmd /usr); touch /usr/x 2>&1 | grep -c Read-only; id -un"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "squashfs" ]
+  [ "${lines[1]}" = "1" ]
+  [ "${lines[2]}" = "root" ]
+  # extract keeps the single overlay: its tree is per container, and is deleted even under mounts.
+  run grun --backend extract --mount "$SHARE:/data/in-image" --mount "$SHARE:/usr" "$IMGDIR/img.sqsh" \
+    sh -c "$(fstype_cmd /); touch /bin/x 2>&1 | grep -c Read-only; ls /usr/local/bin/only-in-image 2>&1 | grep -c 'No such'"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "overlay" ]
+  [ "${lines[1]}" = "1" ]
+  [ "${lines[2]}" = "1" ]
+  ! ls -d /tmp/gantry-extract-* 2>/dev/null || false
+  # (The image's directories belong to root, unmapped for the user: / itself is the upper layer's.)
+  run grun --writable "$IMGDIR/img.sqsh" sh -c "$(fstype_cmd /); touch /x && echo wrote"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "overlay" ]
+  [ "${lines[1]}" = "wrote" ]
 }

@@ -1,16 +1,19 @@
 // Unit tests for the launcher module: mount-spec parsing, container paths, environment assembly,
-// entrypoint/cmd resolution and fd-relative resolution inside a root full of hostile symlinks.
+// entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, and the
+// plan of a read-only container's top-level entries.
 #include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "gantry/launcher.hpp"
 #include "gantry/mounts.hpp"
+#include "../../runtime/launcher/internal.hpp"
 
 using namespace gantry;
 
@@ -238,4 +241,35 @@ TEST_CASE("paths: resolution stays inside the root") {
     auto d = ensure_in_root(root.get(), "/dangling", NodeType::file);
     CHECK(::access("/nowhere-gantry-test", F_OK) != 0);
     (void)d;
+}
+
+TEST_CASE("root entries: image entries bound or copied, ours kept, directories in both merged") {
+    auto touch = [](const std::string& path) {
+        std::FILE* f = std::fopen(path.c_str(), "w");
+        REQUIRE(f);
+        std::fclose(f);
+    };
+    TempTree image, upper;
+    for (const char* d : {"/etc", "/usr", "/proc", "/tmp", "/home", "/opt"}) image.mkdir(d);
+    image.link("usr/bin", "/bin");
+    image.link("/nowhere-gantry-test", "/dangling");
+    touch(image.dir + "/vmlinuz");
+    upper.mkdir("/etc");        // generated passwd, hosts: merged with the image's /etc
+    upper.mkdir("/fsx");        // a new top-level mount point: ours alone
+    upper.mkdir("/home");       // a home below the image's /home: merged
+    touch(upper.dir + "/opt");  // a file of ours over an image directory: ours wins
+    UniqueFd img(::open(image.dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    UniqueFd up(::open(upper.dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    auto plan = launcher::plan_root_entries(img.get(), up.get(), {"proc", "tmp"});
+    REQUIRE(plan.ok());
+    std::vector<std::string> got;
+    for (const auto& e : *plan) got.push_back(e.name + "=" + std::to_string(static_cast<int>(e.kind)));
+    using K = launcher::RootEntryKind;
+    auto entry = [](const std::string& n, K k) { return n + "=" + std::to_string(static_cast<int>(k)); };
+    CHECK(got == std::vector<std::string>{entry("bin", K::image_symlink), entry("dangling", K::image_symlink),
+                                          entry("etc", K::merged), entry("fsx", K::ours), entry("home", K::merged),
+                                          entry("opt", K::ours), entry("proc", K::mount_point),
+                                          entry("tmp", K::mount_point), entry("usr", K::image_dir),
+                                          entry("vmlinuz", K::image_other)});
+    CHECK(::access("/nowhere-gantry-test", F_OK) != 0);  // the dangling link was looked at, never followed
 }
