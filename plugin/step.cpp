@@ -723,7 +723,10 @@ void task_exited(spank_t sp, const Settings& settings) {
 }
 
 // The mount points below "/" in a process's view, relative to its root ("proc", "etc/hosts"), decoded
-// from /proc/PID/mountinfo (field 5, with octal escapes such as \040 for a space).
+// from /proc/PID/mountinfo (field 5, with octal escapes such as \040 for a space). Left out: the
+// mounts that make up the root itself — a read-only container's "/" is a skeleton whose top-level
+// directories are clones of the image mount (squashfs, squashfuse) or small overlays over it (/etc):
+// those are the image, not something mounted over it.
 Result<std::vector<std::string>> mount_points_of(pid_t pid) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
     if (!in) return system_error("reading the mounts of process " + std::to_string(pid));
@@ -733,6 +736,11 @@ Result<std::vector<std::string>> mount_points_of(pid_t pid) {
         std::istringstream fields(line);
         std::string id, parent, devno, root, point;
         if (!(fields >> id >> parent >> devno >> root >> point)) continue;
+        std::string fstype;
+        if (auto dash = line.find(" - "); dash != std::string::npos)
+            fstype = line.substr(dash + 3, line.find(' ', dash + 3) - (dash + 3));
+        bool image_part = fstype == "squashfs" || fstype == "overlay" || starts_with(fstype, "fuse.squashfuse");
+        if (image_part && point.size() > 1 && point.find('/', 1) == std::string::npos) continue;
         std::string decoded;
         for (size_t i = 0; i < point.size(); ++i) {
             if (point[i] == '\\' && i + 3 < point.size()) {

@@ -176,6 +176,16 @@ JOB
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$output" = "$(printf 'saved by 0\nsaved by 1\ntiny work dir')" ]
+  # A read-only container (its "/" assembled from the image's directories) saves the whole image too,
+  # with a user mount of the step left out.
+  mkdir "$WORK/data" && chown "$U" "$WORK/data"
+  run as_user srun -n1 --container-image="$TINY" --container-mounts="$WORK/data:/data" --container-save="$WORK/ro.sqsh" true
+  [ "$status" -eq 0 ]
+  unsquashfs -l "$WORK/ro.sqsh" > "$WORK/ro.list"
+  grep -qx 'squashfs-root/work/README' "$WORK/ro.list"
+  grep -qx 'squashfs-root/bin/busybox' "$WORK/ro.list" || grep -qx 'squashfs-root/bin/sh' "$WORK/ro.list"
+  ! grep -q '^squashfs-root/data/' "$WORK/ro.list" || false
+  ! grep -q '^squashfs-root/proc/.' "$WORK/ro.list" || false
 }
 
 @test "sbatch: #SBATCH --container-image runs the batch script itself in the container" {
