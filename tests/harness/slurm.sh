@@ -534,7 +534,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 ReturnToService=2
-SlurmdTimeout=60
+# How long a dead node goes unnoticed (a crash test waits for it; the controller pings every third of
+# it): 20 s keeps that test short, and a live slurmd answers a ping in milliseconds even on a busy VM.
+SlurmdTimeout=20
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
@@ -753,6 +755,35 @@ cmd_exec() {
   exec nsenter --target "$(pid_of "$node.holder")" --net --uts --mount --wd=/ -- "$@"
 }
 
+# crash_node NODE: kill slurmd, slurmstepd and every task of NODE with SIGKILL in one go, so that none
+# of them can clean up or tell the controller (unlike stop-node). The processes are those in NODE's
+# network namespace, where only that node's daemons and jobs live; the holder survives, so the node
+# keeps its hostname and mounts for start-node. Killing only what runs inside a namespace this harness
+# created is what keeps this root-level kill away from the host and the other nodes.
+crash_node() {
+  local node=$1 holder net p pids i
+  [ "$mode" != single ] || die "crash-node needs the multi-node harness (one slurmd on the host would take the host's processes with it)"
+  holder=$(pid_of "$node.holder")
+  alive "$node.holder" sleep || die "the namespaces of $node are gone (holder not running)"
+  net=$(readlink "/proc/$holder/ns/net")
+  [ "$net" != "$(readlink /proc/1/ns/net)" ] || die "$node shares the host's network namespace; refusing to kill"
+  # Repeated: a slurmstepd may fork between the scan and the kill; what it forked is found next round.
+  for ((i = 0; i < 50; i++)); do
+    pids=
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" = "$net" ] && pids+=" $p"
+    done
+    [ -n "$pids" ] || break
+    [ "$i" -gt 0 ] || note "crashing $node: SIGKILL to$pids"
+    # shellcheck disable=SC2086 # one argument per pid
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.1
+  done
+  [ -z "$pids" ] || die "processes of $node survive SIGKILL:$pids"
+  rm -f "$run_dir/$node.slurmd.pid"
+}
+
 cmd_node() {
   local action=$1 node=${2:-}
   require_root
@@ -760,6 +791,8 @@ cmd_node() {
   case " $node_list " in *" $node "*) ;; *) die "unknown node '$node' (nodes: ${node_list% })" ;; esac
   if [ "$action" = stop ]; then
     stop_pid "$node.slurmd" slurmd
+  elif [ "$action" = crash ]; then
+    crash_node "$node"
   else
     alive "$node.slurmd" slurmd && { note "slurmd of $node already running"; return 0; }
     [ "$mode" = single ] || alive "$node.holder" sleep || die "the namespaces of $node are gone; restart the cluster"
@@ -775,5 +808,6 @@ case ${1:-} in
   exec) shift; cmd_exec "$@" ;;
   stop-node) cmd_node stop "${2:-}" ;;
   start-node) cmd_node start "${2:-}" ;;
-  *) echo "usage: $0 start [--nodes N] | stop | status | exec NODE -- CMD | stop-node NODE | start-node NODE" >&2; exit 2 ;;
+  crash-node) cmd_node crash "${2:-}" ;;
+  *) echo "usage: $0 start [--nodes N] | stop | status | exec NODE -- CMD | stop-node NODE | crash-node NODE | start-node NODE" >&2; exit 2 ;;
 esac

@@ -1,8 +1,9 @@
 # fixtures: registry images slurm
 # The SPANK plugin's failure cases on the real 3-node Slurm harness (issue 5): a bad image name, a 401,
-# a registry that dies mid-pull and a producer killed mid-download. Each must end with a clear error or
-# a successful takeover in bounded time, never a hung step, a drained node or a corrupt store. The
-# time each step took is printed (TAP comments) so that regressions in retry/backoff show up.
+# a registry that dies mid-pull, a producer killed mid-download and a producer node that crashes. Each
+# must end with a clear error or a successful takeover in bounded time, never a hung step, a drained
+# node or a corrupt store. The time each step took is printed (TAP comments) so that regressions in
+# retry/backoff show up.
 
 load helpers
 
@@ -16,12 +17,18 @@ setup() {
   chown "$U" "$WORK"
   PRIVATE_PIDS=()
   SHAPED_DEV=
+  CRASHED_NODE=
 }
 
 teardown() {
   local pid
   for pid in "${PRIVATE_PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   unshape_link
+  # A test that crashed a node and failed before booting it again must not leave the cluster short.
+  if [ -n "$CRASHED_NODE" ]; then
+    "$GANTRY_SLURM_HARNESS" start-node "$CRASHED_NODE" || true
+    scontrol update nodename="$CRASHED_NODE" state=resume 2>/dev/null || true
+  fi
   rm -rf "$WORK"
 }
 
@@ -300,4 +307,157 @@ blob_gets() {
   [ "$before" -ge 1 ]
   [ "$before" -le 2 ]
   nodes_healthy
+}
+
+# node_state NODE: Slurm's state of one node (idle, down*, drained, ...).
+node_state() {
+  sinfo -h -N -n "$1" -o %t | head -1
+}
+
+# producer_node_crash RATE: a 3-node step pulls a new 12 MB image over a link shaped to RATE; the node
+# producing it crashes mid-download (slurm.sh crash-node: slurmd, slurmstepd, pull and tasks SIGKILLed
+# at once). Checks that srun ends on its own with Slurm's node-failure message, the crashed node is down
+# (not drained), the survivors run a step from the complete image while it is down, the store holds no
+# locked or half-written leftovers, no blob crossed the network more often than there were interrupted
+# downloads plus one, and the node rejoins and runs a 3-node step after it boots again.
+producer_node_crash() {
+  local rate=$1 name digest hex blobs b n image srun_pid partial holder t0 t1 t_crash state ran max_gets i layer jobstate
+  name="nodecrash-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name" 12000000)
+  hex=${digest#sha256:}
+  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
+    "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$name/manifests/latest" | jq -r '.config.digest, .layers[].digest')
+  # The base layers are tiny's, which earlier tests fetched too: only this test's GETs count.
+  declare -A gets_before
+  for b in $blobs; do gets_before[$b]=$(blob_gets "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
+  layer=$(echo "$blobs" | tail -1)
+  image="$REG#gantry-test/$name"
+
+  shape_link "$rate"
+  t0=$(date +%s%N)
+  as_user timeout 240 srun -N3 -n3 -J "$name" --container-image="$image" sh -c 'echo "ran $(hostname) $GANTRY_CONTAINER_IMAGE_DIGEST"' \
+    > "$WORK/crash.out" 2>&1 3>&- &
+  srun_pid=$!
+  # The crash lands in the big layer, with 2 MB of it on disk (the downloader writes whole MiBs), so
+  # the taker has something to resume and 10 MB still to fetch.
+  partial=$STORE/staging/$hex/blobs/${layer#sha256:}.partial
+  for ((i = 0; i < 600; i++)); do
+    [ "$(stat -c %s "$partial" 2>/dev/null || echo 0)" -ge 2000000 ] && break
+    sleep 0.1
+  done
+  [ "$(stat -c %s "$partial")" -ge 2000000 ]
+  holder=$(cat "$STORE/locks/$hex.lock")
+  CRASHED_NODE=${holder%%:*}
+  echo "producer $holder, $partial at $(stat -c %s "$partial") bytes: crashing $CRASHED_NODE"
+  # slurmd, slurmstepd, the pull and the tasks of that node, all with SIGKILL at once.
+  "$GANTRY_SLURM_HARNESS" crash-node "$CRASHED_NODE"
+  t_crash=$(date +%s%N)
+  status=0
+  wait "$srun_pid" || status=$?
+  t1=$(date +%s%N)
+  ELAPSED=$(( (t1 - t_crash) / 100000000 ))
+  ELAPSED=$((ELAPSED / 10)).$((ELAPSED % 10))
+  echo "# producer node crashed mid-download ($rate): srun ended ${ELAPSED} s after the crash, $(( (t1 - t0) / 1000000000 )) s after its start (exit $status)" >&3
+  unshape_link
+  cat "$WORK/crash.out"
+  [ "$(cat "/proc/${holder##*:}/comm" 2>/dev/null)" != gantry ]
+  # No hang: srun ends on its own once the controller has declared the node dead (SlurmdTimeout of the
+  # harness: 20 s, plus up to a ping interval), with Slurm's message naming the node. Its exit status
+  # is not checked: Slurm 22.05's srun exits 0 when the tasks it still heard from succeeded (measured
+  # here; docs/user.md warns about it), so the message is what tells the user.
+  [ "$status" -ne 124 ]
+  less_than 90
+  grep -Eq "[Nn]ode failure on $CRASHED_NODE" "$WORK/crash.out"
+  # The controller marks the node down (not responding), never drained: nobody has to clear a drain.
+  state=$(node_state "$CRASHED_NODE")
+  echo "# state of $CRASHED_NODE after the step: $state" >&3
+  [[ $state == down* ]]
+  # The two other nodes took the pull over while the crashed node was still being waited for.
+  ran=$(grep -c "^ran .* $digest$" "$WORK/crash.out" || true)
+  echo "# tasks that ran in the crashed step: $ran of 3" >&3
+  [ "$(grep -c "^ran $CRASHED_NODE " "$WORK/crash.out")" -eq 0 ]
+  # Either both took over and ran, and the image is there; or Slurm ended the whole step first.
+  [ "$ran" -eq 2 ] || [ "$ran" -eq 0 ]
+  if [ "$ran" -eq 2 ]; then [ -e "$STORE/images/$hex.sqsh" ]; fi
+  # Neither way leaves a producer behind. When Slurm ended the step first, a survivor's pull still runs
+  # for now: it runs in slurmstepd before the tasks exist (slurm_spank_init_post_opt), and slurmstepd
+  # defers the kill until tasks run, so the node stays `completing` until the pull is over. Measured
+  # here and bounded; then nobody holds the lock.
+  t1=$(date +%s%N)
+  for ((i = 0; i < 240; i++)); do
+    flock -n "$STORE/locks/$hex.lock" true &&
+      [ "$(sinfo -h -N -o '%N %t' | awk -v n="$CRASHED_NODE" '$1 != n && $2 ~ /comp/' | wc -l)" -eq 0 ] && break
+    sleep 0.5
+  done
+  echo "# producer lock free, survivors out of completing $(( ($(date +%s%N) - t1) / 1000000 )) ms after srun ended" >&3
+  flock -n "$STORE/locks/$hex.lock" true
+  # The job's record says what happened, for scripts that only look at srun's exit status.
+  for ((i = 0; i < 60; i++)); do
+    jobstate=$(scontrol -o show job | awk -v n="JobName=$name " 'index($0, n)' | grep -o 'JobState=[A-Z_]*')
+    [ "$jobstate" != JobState=COMPLETING ] && break
+    sleep 0.5
+  done
+  echo "# job of the crashed step: $jobstate" >&3
+  [ "$jobstate" = JobState=NODE_FAIL ]
+
+  # The surviving nodes run a step from a complete image while the crashed one is down.
+  timed "2-node step on the survivors" as_user timeout 120 srun -N2 -n2 -x "$CRASHED_NODE" --container-image="$image" \
+    sh -c 'echo "ran $(hostname) $GANTRY_CONTAINER_IMAGE_DIGEST"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c "^ran .* $digest$")" -eq 2 ]
+  [ -e "$STORE/images/$hex.sqsh" ]
+  [ -e "$STORE/images/$hex.json" ]
+  # A staging area may only be left if no one holds its lock; `gantry gc` then reclaims it (docs/store.md).
+  if [ -e "$STORE/staging/$hex" ]; then
+    echo "# staging/$hex left behind; its lock must be free and gc must remove it" >&3
+    flock -n "$STORE/locks/$hex.lock" true
+    "$GANTRY_BUILD_DIR/runtime/gantry" gc --store "$STORE"
+    [ ! -e "$STORE/staging/$hex" ]
+  fi
+  [ "$(find "$STORE/staging" -name 'image.sqsh.*' | wc -l)" -eq 0 ]
+  # Every blob of the image crossed the network at most once per interrupted download plus once: twice
+  # when the survivors finished (the crashed producer's part, the rest), three times if Slurm also
+  # killed the survivor that had taken over (today it lets that pull finish, see above: twice). The
+  # interrupted layer was resumed (HTTP 206), not restarted.
+  max_gets=2
+  [ "$ran" -eq 2 ] || max_gets=3
+  for b in $blobs; do
+    n=$(( $(blob_gets "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b") - ${gets_before[$b]} ))
+    echo "# GETs of $b in this test: $n (at most $max_gets)" >&3
+    [ "$n" -le "$max_gets" ]
+  done
+  grep -qE "\"GET /v2/gantry-test/$name/blobs/$layer HTTP/[0-9.]+\" 206 " "$GANTRY_TEST_REGISTRY_HTTP_LOG"
+
+  # The node boots again: slurmd registers, the controller returns it to service (ReturnToService=2)
+  # or, on a cluster configured otherwise, the admin resumes it; then all three nodes run a step.
+  "$GANTRY_SLURM_HARNESS" start-node "$CRASHED_NODE"
+  t0=$(date +%s%N)
+  for ((i = 0; i < 60; i++)); do
+    [ "$(node_state "$CRASHED_NODE")" = idle ] && break
+    sleep 0.5
+  done
+  state=$(node_state "$CRASHED_NODE")
+  echo "# $CRASHED_NODE $state $(( ($(date +%s%N) - t0) / 1000000 )) ms after its slurmd came back" >&3
+  if [ "$state" != idle ]; then scontrol update nodename="$CRASHED_NODE" state=resume; fi
+  nodes_healthy
+  CRASHED_NODE=
+  timed "3-node step after the node came back" as_user timeout 120 srun -N3 -n3 --container-image="$image" \
+    sh -c 'echo "ran $(hostname) $GANTRY_CONTAINER_IMAGE_DIGEST"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c "^ran .* $digest$")" -eq 3 ]
+  nodes_healthy
+}
+
+@test "the producer NODE crashes mid-download: srun ends, the others take over, the node comes back" {
+  # 20 Mbit/s: slow enough to catch the layer half-way under load, fast enough that the survivors
+  # finish the pull long before the controller declares the node dead.
+  producer_node_crash 20mbit
+}
+
+@test "the producer NODE crashes on a slow link: Slurm ends the step first, the survivors' next step runs" {
+  # 2 Mbit/s: the rest of the layer takes longer than the harness's SlurmdTimeout, so the node failure
+  # ends the step while a survivor is still downloading.
+  producer_node_crash 2mbit
 }
