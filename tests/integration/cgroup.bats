@@ -57,9 +57,11 @@ containers_on() {
 @test "proctrack/cgroup: a named container keeps its writes across steps; a rank's leftover process dies with its step" {
   cat > "$WORK/job.sh" <<JOB
 #!/bin/sh
-srun -n1 --container-image=$TINY --container-name=keep --container-writable sh -c 'echo kept > /data; sleep 300 >/dev/null 2>&1 & echo started'
-# The step is over: proctrack/cgroup killed the sleep left behind in its cgroup.
-pgrep -u $U -x sleep >/dev/null && echo "sleep survived" || echo "sleep gone"
+srun -n1 --container-image=$TINY --container-name=keep --container-writable sh -c 'echo kept > /data; sleep 3017 >/dev/null 2>&1 & echo started'
+# The step is over: proctrack/cgroup kills the sleep left behind in its cgroup (slurmstepd does it
+# while it finishes the step, which may be just after srun returned: up to 10 s allowed).
+for i in \$(seq 1 50); do pgrep -u $U -f "^sleep 3017" >/dev/null || break; sleep 0.2; done
+pgrep -u $U -f "^sleep 3017" >/dev/null && echo "sleep survived" || echo "sleep gone"
 srun -n1 --container-name=keep sh -c 'cat /data'
 srun -n1 --container-name=keep sh -c 'echo again >> /data; cat /data'
 JOB

@@ -171,3 +171,25 @@ gantry_apt_image() {
   chmod 644 "$dir/image.sqsh"
   echo "$recipe" > "$dir/recipe"
 }
+
+# gantry_node_tls_registry DIR REALM: a TLS + htpasswd registry of one test's own in DIR, serving a
+# copy of the harness TLS registry (storage + htpasswd) on 0.0.0.0:PORT with a certificate for
+# gantry-login and 127.0.0.1 signed by the harness CA. Sets TREG to the name the nodes use
+# (gantry-login:PORT, or 127.0.0.1:PORT for a single-node harness on the host) and REG_PID.
+gantry_node_tls_registry() {
+  local d=$1 realm=$2 ca_dir port
+  ca_dir=$(dirname "$GANTRY_TEST_REGISTRY_CA")
+  mkdir -p "$d"
+  cp -a "$GANTRY_TEST_REGISTRY_TLS_STORAGE" "$d/storage"
+  cp "$ca_dir/../htpasswd" "$d/htpasswd"
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$d/server.key" -out "$d/server.csr" \
+    -subj "/CN=gantry-login" 2>/dev/null
+  printf '%s\n' "subjectAltName=DNS:gantry-login,IP:127.0.0.1" "extendedKeyUsage=serverAuth" >"$d/server.ext"
+  openssl x509 -req -in "$d/server.csr" -CA "$GANTRY_TEST_REGISTRY_CA" -CAkey "$ca_dir/ca.key" -CAcreateserial \
+    -CAserial "$d/ca.srl" -out "$d/server.pem" -days 1 -extfile "$d/server.ext" 2>/dev/null
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])')
+  gantry_private_registry "$d" "0.0.0.0:$port" tls "$d/server.pem" "$d/server.key" \
+    auth "$(printf 'auth:\n  htpasswd: {realm: %s, path: %s/htpasswd}' "$realm" "$d")" || return 1
+  REG_PID=$(cat "$d/pid")
+  if [ "$GANTRY_TEST_MODE" = multi ]; then TREG=gantry-login:$port; else TREG=127.0.0.1:$port; fi
+}

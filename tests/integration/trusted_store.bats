@@ -74,24 +74,9 @@ as_user() {
   runuser -u "$U" -- env -C "$WORK" HOME="$WORK/home" "$@"
 }
 
-# node_registry: a TLS + htpasswd registry of this test's own (copy of the harness's TLS registry
-# storage and htpasswd) that the nodes reach; TREG is its name from the nodes. As in auth_slurm.bats.
+# node_registry: the test's own TLS registry the nodes reach (gantry_node_tls_registry; TREG, REG_PID).
 node_registry() {
-  local ca_dir d=$WORK/registry port
-  ca_dir=$(dirname "$GANTRY_TEST_REGISTRY_CA")
-  mkdir -p "$d"
-  cp -a "$GANTRY_TEST_REGISTRY_TLS_STORAGE" "$d/storage"
-  cp "$ca_dir/../htpasswd" "$d/htpasswd"
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$d/server.key" -out "$d/server.csr" \
-    -subj "/CN=gantry-login" 2>/dev/null
-  printf '%s\n' "subjectAltName=DNS:gantry-login,IP:127.0.0.1" "extendedKeyUsage=serverAuth" >"$d/server.ext"
-  openssl x509 -req -in "$d/server.csr" -CA "$GANTRY_TEST_REGISTRY_CA" -CAkey "$ca_dir/ca.key" -CAcreateserial \
-    -CAserial "$d/ca.srl" -out "$d/server.pem" -days 1 -extfile "$d/server.ext" 2>/dev/null
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])')
-  gantry_private_registry "$d" "0.0.0.0:$port" tls "$d/server.pem" "$d/server.key" \
-    auth "$(printf 'auth:\n  htpasswd: {realm: gantry-trusted, path: %s/htpasswd}' "$d")" || return 1
-  REG_PID=$(cat "$d/pid")
-  if [ "$GANTRY_TEST_MODE" = multi ]; then TREG=gantry-login:$port; else TREG=127.0.0.1:$port; fi
+  gantry_node_tls_registry "$WORK/registry" gantry-trusted || return 1
   write_conf "$REG" "ca_bundle = $GANTRY_TEST_REGISTRY_CA"
 }
 
