@@ -101,13 +101,19 @@ std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& en
     return out;
 }
 
+// slurmstepd's own configuration: libslurm's `slurm_conf`, in the layout of the Slurm headers this
+// plugin is built against. Looked up rather than linked (it is slurmstepd's, not the SPANK API's);
+// null outside slurmstepd/srun.
+const slurm_conf_t* stepd_slurm_conf() {
+    return static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+}
+
 // The slurmd spool directory of this node, below which Slurm's PMIx plugin makes the step's server
 // directory (PMIX_SERVER_TMPDIR, `<SlurmdSpoolDir>/pmix.<job>.<step>`) only after the container exists.
-// Read from slurmstepd's own configuration (libslurm's `slurm_conf`, the layout of the Slurm headers
-// this plugin is built against; looked up rather than linked, as above) and expanded like slurmd does
-// (%n node name, %h host name).
+// Read from slurmstepd's configuration (stepd_slurm_conf) and expanded like slurmd does (%n node name,
+// %h host name).
 std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::string>& env) {
-    auto conf = static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+    auto conf = stepd_slurm_conf();
     if (conf == nullptr || conf->slurmd_spooldir == nullptr || conf->slurmd_spooldir[0] != '/') return std::nullopt;
     // This node's name: SLURMD_NODENAME is set only later, for the tasks; until then it is the step's
     // node list at this node's (step-relative) index.
@@ -138,7 +144,7 @@ std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::s
 
 // The node's MpiDefault, for steps that name no --mpi (and so carry no SLURM_MPI_TYPE).
 std::optional<std::string> slurm_mpi_default() {
-    auto conf = static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+    auto conf = stepd_slurm_conf();
     if (conf == nullptr || conf->mpi_default == nullptr) return std::nullopt;
     return std::string(conf->mpi_default);
 }
@@ -159,7 +165,7 @@ std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
     if (conf.empty() && std::getenv("SLURM_CONF") != nullptr) conf = std::getenv("SLURM_CONF");
     add_parent(conf.empty() ? "/etc/slurm/slurm.conf" : conf);
     std::string socket = "/run/munge/munge.socket.2";
-    auto slurm = static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+    auto slurm = stepd_slurm_conf();
     // PlugStackConfig, when it is not beside slurm.conf: the file itself (its directory may hold
     // slurmd's own state, e.g. the spool directory in the test harness).
     if (slurm != nullptr && slurm->plugstack != nullptr && slurm->plugstack[0] == '/' &&
@@ -538,12 +544,14 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
         // With store_owner set and a trusted store, the pull runs in two halves (user, store owner);
         // otherwise, as ever, as the job user.
-        auto trusted_store = ImageStore::open(ImageStore::resolve_path(st.config, ""), false);
-        bool two_halves = !st.config.store_owner.empty() && trusted_store && trusted_store->trusted(st.config);
-        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, *trusted_store, image, env)
+        // The store may not exist yet (the user's pull creates a per-user one): opened again after it.
+        const std::string store_root = ImageStore::resolve_path(st.config, "");
+        auto store = ImageStore::open(store_root, false);
+        bool two_halves = !st.config.store_owner.empty() && store && store->trusted(st.config);
+        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, *store, image, env)
                                  : pull_as_user(settings, st.config, *id, image, env);
         if (!pulled) return pulled.error();
-        auto store = ImageStore::open(ImageStore::resolve_path(st.config, ""), false);
+        if (!store) store = ImageStore::open(store_root, false);
         if (!store) return store.error();
         auto stored = store->find(pulled->first);
         if (!stored) return make_error("image " + pulled->first + " is not in the store after pulling it");

@@ -45,9 +45,14 @@ timed() {
   t0=$(date +%s%N)
   run "$@"
   t1=$(date +%s%N)
-  ELAPSED=$(( (t1 - t0) / 100000000 ))
-  ELAPSED=$((ELAPSED / 10)).$((ELAPSED % 10))
+  set_elapsed "$t0" "$t1"
   echo "# $name: step ended after ${ELAPSED} s (exit $status)" >&3
+}
+
+# set_elapsed T0 [T1]: ELAPSED = seconds from T0 to T1 (default: now), both `date +%s%N`, 0.1 s resolution.
+set_elapsed() {
+  local tenths=$(( (${2:-$(date +%s%N)} - $1) / 100000000 ))
+  ELAPSED=$((tenths / 10)).$((tenths % 10))
 }
 
 # less_than SECONDS: ELAPSED (from timed) is below the bound.
@@ -224,8 +229,7 @@ blob_gets() {
   kill -9 "$(cat "$WORK/dying/pid")"
   status=0
   wait "$srun_pid" || status=$?
-  ELAPSED=$(( ($(date +%s%N) - t0) / 100000000 ))
-  ELAPSED=$((ELAPSED / 10)).$((ELAPSED % 10))
+  set_elapsed "$t0"
   echo "# registry killed mid-pull: step ended after ${ELAPSED} s from its start (exit $status)" >&3
   unshape_link
   cat "$WORK/die.out"
@@ -277,8 +281,7 @@ blob_gets() {
   kill -9 "$producer_pid"
   status=0
   wait "$srun_pid" || status=$?
-  ELAPSED=$(( ($(date +%s%N) - t0) / 100000000 ))
-  ELAPSED=$((ELAPSED / 10)).$((ELAPSED % 10))
+  set_elapsed "$t0"
   echo "# producer killed mid-download: step ended after ${ELAPSED} s from its start (exit $status)" >&3
   unshape_link
   cat "$WORK/kill.out"
@@ -355,8 +358,7 @@ producer_node_crash() {
   status=0
   wait "$srun_pid" || status=$?
   t1=$(date +%s%N)
-  ELAPSED=$(( (t1 - t_crash) / 100000000 ))
-  ELAPSED=$((ELAPSED / 10)).$((ELAPSED % 10))
+  set_elapsed "$t_crash" "$t1"
   echo "# producer node crashed mid-download ($rate): srun ended ${ELAPSED} s after the crash, $(( (t1 - t0) / 1000000000 )) s after its start (exit $status)" >&3
   unshape_link
   cat "$WORK/crash.out"
