@@ -1,10 +1,17 @@
-// Unit tests for the core module: configuration parsing, digests, image config, strings.
+// Unit tests for the core module: configuration parsing, digests, image config, strings, thread watch.
 #include <catch2/catch.hpp>
 
 #include "gantry/config.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/threads.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
 
 TEST_CASE("gantry.conf: values, comments and defaults") {
     auto c = gantry::parse_config(
@@ -72,4 +79,46 @@ TEST_CASE("image config parsing") {
 TEST_CASE("string helpers") {
     CHECK(gantry::split_list(" a, ,b ,", ',') == std::vector<std::string>{"a", "b"});
     CHECK(gantry::format_bytes(1536) == "1.5 KiB");
+}
+
+TEST_CASE("new threads blocked in a futex wait are found; old, sleeping and short-lived ones are not") {
+    using namespace std::chrono_literals;
+    std::mutex m;
+    std::condition_variable cv;
+    bool release = false;
+    auto wait_for_release = [&] {
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return release; });
+    };
+    // A thread that already waits when the watch starts is slurmstepd's own: never reported.
+    std::thread old_waiter(wait_for_release);
+    std::this_thread::sleep_for(50ms);
+    gantry::NewBlockedThreads watch;
+    CHECK_FALSE(watch.check(0ms));
+
+    // New, but sleeping (not a futex) or gone quickly: not reported.
+    std::thread sleeper([] { std::this_thread::sleep_for(600ms); });
+    std::thread quick([] {});
+    quick.join();
+    std::this_thread::sleep_for(100ms);
+    CHECK_FALSE(watch.check(0ms));
+
+    // New and waiting: reported once it has waited long enough across observations, not before.
+    std::thread waiter(wait_for_release);
+    std::this_thread::sleep_for(100ms);
+    std::string which;
+    CHECK_FALSE(watch.check(300ms, &which));
+    std::this_thread::sleep_for(400ms);
+    CHECK(watch.check(300ms, &which));
+    CHECK(which.rfind("tid ", 0) == 0);
+
+    {
+        std::lock_guard lock(m);
+        release = true;
+    }
+    cv.notify_all();
+    waiter.join();
+    old_waiter.join();
+    sleeper.join();
+    CHECK_FALSE(watch.check(0ms));
 }
