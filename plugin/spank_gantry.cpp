@@ -66,6 +66,7 @@ int guarded(const char* hook, F&& f) {
 
 GANTRY_EXPORT int slurm_spank_init(spank_t sp, int argc, char** argv) {
     return guarded("slurm_spank_init", [&] {
+        if (spank_context() == S_CTX_REMOTE) gantry::plugin::watch_step_signals();
         route_log_to_slurm();
         char* running = nullptr;
         if (spank_get_item(sp, S_SLURM_VERSION, &running) == ESPANK_SUCCESS && running != nullptr &&

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -35,6 +36,7 @@
 #include "gantry/registry.hpp"
 #include "gantry/store.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/threads.hpp"
 
 #ifndef GANTRY_CLI_INSTALL_PATH
 #define GANTRY_CLI_INSTALL_PATH "/usr/bin/gantry"
@@ -215,8 +217,51 @@ std::string gantry_cli(const Settings& settings) {
 struct Captured {
     int status = -1;
     int signal = 0;  // the signal that ended the program, 0 when it exited
+    bool stopped = false;  // killed by us: Slurm asked to signal or end the step meanwhile
     std::string out, err;
 };
+
+// Slurm's requests to signal or end this step (scancel, srun's Ctrl-C or its forwarded signals, the
+// end of the job after a node failure or at its time limit) while the plugin still pulls the image in
+// slurm_spank_init_post_opt: slurmstepd answers such a request only once the tasks run (it waits on
+// the step's state, up to 2 x 60 s, in a thread of its message handler: src/slurmd/slurmstepd/req.c,
+// _wait_for_job_running), and the tasks run only after the pull. Without this, a cancelled step's node
+// stayed `completing` for as long as the download took. A message-handler thread that starts after
+// slurmstepd's own threads (snapshot in slurm_spank_init) and stays in one futex wait for a second is
+// such a request: the others (state, stat, attach, completion) answer at once. Any signal counts: the
+// program could not have installed a handler for it yet, and slurmd's end of a job starts with SIGCONT.
+class StepSignals {
+public:
+    bool pending() {
+        auto now = std::chrono::steady_clock::now();
+        if (!found_ && now - last_ >= std::chrono::milliseconds(200)) {
+            last_ = now;
+            std::string which;
+            if (threads_.check(std::chrono::seconds(1), &which)) {
+                found_ = true;
+                log::info("slurmstepd holds a request to signal this step (" + which +
+                          "): stopping the image pull so that the step can end");
+            }
+        }
+        return found_;
+    }
+
+private:
+    NewBlockedThreads threads_;
+    std::chrono::steady_clock::time_point last_{};
+    bool found_ = false;
+};
+
+std::optional<StepSignals>& step_signals_slot() {
+    static std::optional<StepSignals> slot;
+    return slot;
+}
+
+// The watch started by watch_step_signals, or none (outside slurmstepd).
+StepSignals* step_signals() {
+    auto& slot = step_signals_slot();
+    return slot ? &*slot : nullptr;
+}
 
 // Runs argv as the job user (never as root: the pull parses registry bytes, and credentials must be
 // read with the user's identity). fork+exec keeps slurmstepd's threads out of it; between fork and
@@ -229,12 +274,24 @@ struct Captured {
 // With `fd3_in`, that descriptor is the program's fd 3 (credentials handed to the store owner's pull);
 // with `fd3_out`, what the program writes to its fd 3 is collected there (the job user's half hands the
 // credentials it used back this way): a pipe, never argv, the environment or a file.
+// With `stop_when_step_signalled` (the pulls), the program is killed, process group and all, as soon
+// as Slurm asks to signal or end this step (see StepSignals): slurmstepd holds such a request until the
+// tasks run, and they run only after this returns.
 constexpr int kRootFd = 200;
 constexpr int kCredentialsFd = 3;
+struct RunOptions {
+    int userns_fd = -1;
+    std::string root_of;
+    int fd3_in = -1;
+    std::string* fd3_out = nullptr;
+    bool stop_when_step_signalled = false;
+};
 Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
                              const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                             int userns_fd = -1, const std::string& root_of = "", int fd3_in = -1,
-                             std::string* fd3_out = nullptr) {
+                             const RunOptions& opts = {}) {
+    const int userns_fd = opts.userns_fd, fd3_in = opts.fd3_in;
+    const std::string& root_of = opts.root_of;
+    std::string* fd3_out = opts.fd3_out;
     std::vector<char*> cargv, cenv;
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
@@ -246,6 +303,8 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     pid_t pid = ::fork();
     if (pid < 0) return system_error("forking " + argv[0]);
     if (pid == 0) {
+        // Its own process group, so that stopping it also stops what it runs (credential helpers).
+        if (opts.stop_when_step_signalled) (void)::setpgid(0, 0);
         ::dup2(out[1], STDOUT_FILENO);
         ::dup2(err[1], STDERR_FILENO);
         int devnull = ::open("/dev/null", O_RDONLY);
@@ -273,11 +332,20 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {side[0], POLLIN, 0}};
     int open_fds = side[0] >= 0 ? 3 : 2;
     char buf[8192];
+    StepSignals* signals = opts.stop_when_step_signalled ? step_signals() : nullptr;
     while (open_fds > 0) {
-        if (::poll(fds, side[0] >= 0 ? 3 : 2, -1) < 0) {
+        int ready = ::poll(fds, side[0] >= 0 ? 3 : 2, signals != nullptr ? 200 : -1);
+        if (ready < 0) {
             if (errno == EINTR) continue;
             break;
         }
+        if (signals != nullptr && !c.stopped && signals->pending()) {
+            // Safe: the pid is our own child (not reaped yet, so not reused), in its own process group.
+            (void)::kill(-pid, SIGKILL);
+            (void)::kill(pid, SIGKILL);
+            c.stopped = true;
+        }
+        if (ready == 0) continue;
         for (int i = 0; i < 3; ++i) {
             if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
             ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
@@ -346,6 +414,11 @@ Result<JobIdentity> identity(spank_t sp) {
 
 // The outcome of a `gantry pull` run by the plugin, as one line a user can act on.
 Status pull_failure(const Captured& r, const std::string& image, const std::string& who) {
+    if (r.stopped) {
+        // What is downloaded stays in the store's staging area: the next pull of the image resumes it.
+        return make_error("failed to import docker image " + image + ": the step was cancelled or signalled while " +
+                          "its image was being pulled; the pull on this node was stopped (a later pull resumes it)");
+    }
     if (r.signal != 0) {
         // Killed (OOM killer, an admin, a dying node): it printed nothing useful, so say what happened.
         // Its staging area stays for whoever takes over the image next.
@@ -373,7 +446,9 @@ Result<std::pair<std::string, std::string>> pull_as_user(const Settings& setting
     // The nodes of this step share a failed producer's error instead of each retrying the same pull
     // in turn (runtime/store/pull.cpp); a killed producer is still taken over.
     env.push_back("GANTRY_PULL_GROUP=" + std::to_string(id.jobid) + "." + std::to_string(id.stepid));
-    auto r = run_as_user(id.uid, id.gid, id.groups, argv, env);
+    RunOptions run;
+    run.stop_when_step_signalled = true;
+    auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, run);
     if (!r) return r.error();
     GANTRY_TRY(pull_failure(*r, image, ""));
     std::string line = last_line(r->out);
@@ -403,7 +478,10 @@ Result<std::pair<std::string, std::string>> pull_into_trusted_store(const Settin
     argv.push_back(image);
     if (have_config) env.push_back("GANTRY_CONFIG=" + settings.config);
     std::string credentials;
-    auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, -1, "", -1, &credentials);
+    RunOptions run;
+    run.fd3_out = &credentials;
+    run.stop_when_step_signalled = true;
+    auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, run);
     if (!r) return r.error();
     GANTRY_TRY(pull_failure(*r, image, ""));
     std::string digest = last_line(r->out);
@@ -450,7 +528,10 @@ Result<std::pair<std::string, std::string>> pull_into_trusted_store(const Settin
     // Proxies are the site's network path, not code: the pull needs them where the user's half did.
     for (const char* name : {"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"})
         if (auto v = find_env(env, name)) owner_env.push_back(std::string(name) + "=" + *v);
-    auto o = run_as_user(owner->pw_uid, owner->pw_gid, groups, owner_argv, owner_env, -1, "", read_end.get());
+    RunOptions owner_run;
+    owner_run.fd3_in = read_end.get();
+    owner_run.stop_when_step_signalled = true;
+    auto o = run_as_user(owner->pw_uid, owner->pw_gid, groups, owner_argv, owner_env, owner_run);
     if (!o) return o.error();
     GANTRY_TRY(pull_failure(*o, image, " (as " + config.store_owner + ")"));
     std::string line = last_line(o->out);
@@ -654,6 +735,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
 
 }  // namespace
 
+void watch_step_signals() { step_signals_slot().emplace(); }
+
 void pin_image_digest(spank_t sp, const Settings& settings) {
     JobOptions& o = options();
     if (!o.image || is_local_image_path(*o.image)) return;
@@ -784,8 +867,10 @@ Status save_container(const StepState& st) {
     if (!mounts) return mounts.error().wrap("--container-save");
     argv.insert(argv.end(), mounts->begin(), mounts->end());
     if (mounts->empty()) argv.pop_back();
-    auto r = run_as_user(st.uid, st.gid, st.groups, argv,
-                         {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, userns.get(), "/proc/" + pid + "/root");
+    RunOptions inside;
+    inside.userns_fd = userns.get();
+    inside.root_of = "/proc/" + pid + "/root";
+    auto r = run_as_user(st.uid, st.gid, st.groups, argv, {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, inside);
     if (!r) return r.error().wrap("--container-save " + st.save_path);
     if (r->status != 0) {
         ::unlink(tmp.c_str());

@@ -18,6 +18,10 @@ namespace gantry::plugin {
 // tag moves while the step starts. Best effort: nodes resolve it themselves when this fails.
 void pin_image_digest(spank_t sp, const Settings& settings);
 
+// slurmstepd (remote, in slurm_spank_init, before anything else): notes slurmstepd's own threads, so
+// that a pull can tell when Slurm asks to signal or end the step and stop (step.cpp, StepSignals).
+void watch_step_signals();
+
 // slurmstepd (remote, root, before tasks exist): pulls the image as the job user and creates the
 // container. Errors are kept and reported by join_step, because Slurm ignores some early failures.
 Status prepare_step(spank_t sp, const Settings& settings);
