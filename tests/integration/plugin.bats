@@ -31,6 +31,19 @@ as_user() {
   [ "$(echo "$output" | grep -c '^tiny work dir$')" -eq 4 ]
 }
 
+@test "the executable on the srun line may exist only in the image (bare name via the image's PATH, or absolute)" {
+  # tiny's /usr/local/bin/gantry-entrypoint is on no node: slurmstepd looks the command up in the task
+  # after the plugin's task_init put it in the container (Pyxis #104).
+  [ ! -e /usr/local/bin/gantry-entrypoint ]
+  run as_user srun -N3 -n3 --container-image="$TINY" gantry-entrypoint sh -c 'echo "found $GANTRY_ENTRYPOINT_RAN"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^found 1$')" -eq 3 ]
+  run as_user srun -n1 --container-image="$TINY" /usr/local/bin/gantry-entrypoint sh -c 'echo "found $GANTRY_ENTRYPOINT_RAN"'
+  [ "$status" -eq 0 ]
+  [ "$output" = "found 1" ]
+}
+
 @test "the debian image's os-release is what the ranks see" {
   run as_user srun -n2 --container-image="$DEBIAN" bash -c '. /etc/os-release; echo "$ID $VERSION_CODENAME"; test ! -e /usr/bin/cmake && echo no-host-cmake'
   echo "$output"
@@ -116,6 +129,35 @@ JOB
   echo "$output"
   [ "$status" -eq 0 ]
   echo "$output" | grep -qx first
+}
+
+@test "a requeued job starts cleanly: its named container from the first run is gone" {
+  # The job id (and so the container's name, pyxis_<jobid>_keep) stays the same across a requeue: the
+  # job epilog of the first run must have removed that container, or the second run would see its state.
+  cat > "$WORK/job.sh" <<JOB
+#!/bin/bash
+srun -n1 --container-image="$TINY" --container-name=keep --container-writable \
+  sh -c 'cat /state 2>/dev/null || echo "run \${SLURM_RESTART_COUNT:-0}: fresh container"; echo "written in run \${SLURM_RESTART_COUNT:-0}" > /state'
+echo "run \${SLURM_RESTART_COUNT:-0} done"
+[ "\${SLURM_RESTART_COUNT:-0}" -gt 0 ] || sleep 300
+JOB
+  chmod 755 "$WORK/job.sh"
+  jobid=$(as_user sbatch --parsable --requeue -N1 --open-mode=append -o "$WORK/job.out" "$WORK/job.sh")
+  for ((i = 0; i < 300; i++)); do grep -q "^run 0 done" "$WORK/job.out" 2>/dev/null && break; sleep 0.1; done
+  grep -q "^run 0 done" "$WORK/job.out"
+  scontrol requeue "$jobid"
+  # Slurm holds a requeued job back for two minutes (BeginTime) once it is pending again; let it start.
+  for ((i = 0; i < 300; i++)); do
+    [ "$(squeue -h -j "$jobid" -o %T 2>/dev/null)" = PENDING ] && scontrol update jobid="$jobid" starttime=now && break
+    sleep 0.1
+  done
+  for ((i = 0; i < 600; i++)); do grep -q "^run 1 done" "$WORK/job.out" 2>/dev/null && break; sleep 0.1; done
+  cat "$WORK/job.out"
+  grep -qx "run 0: fresh container" "$WORK/job.out"
+  grep -qx "run 1: fresh container" "$WORK/job.out"
+  ! grep -q "^written in run" "$WORK/job.out" || false
+  for ((i = 0; i < 300; i++)); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break; sleep 0.1; done
+  [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ]
 }
 
 @test "a bad image name fails the step with one clear line and the node stays up" {
