@@ -50,6 +50,37 @@ namespace {
 
 constexpr const char* kDigestVar = "GANTRY_CONTAINER_IMAGE_DIGEST";
 
+// Slurm's requests to signal or end this step (scancel, srun's Ctrl-C or its forwarded signals, the
+// end of the job after a node failure or at its time limit) while the plugin still pulls the image in
+// slurm_spank_init_post_opt: slurmstepd answers such a request only once the tasks run (it waits on
+// the step's state, up to 2 x 60 s, in a thread of its message handler: src/slurmd/slurmstepd/req.c,
+// _wait_for_job_running), and the tasks run only after the pull. Without this, a cancelled step's node
+// stayed `completing` for as long as the download took. A message-handler thread that starts after
+// slurmstepd's own threads (snapshot in slurm_spank_init) and stays in one futex wait for a second is
+// such a request: the others (state, stat, attach, completion) answer at once. Any signal counts: the
+// program could not have installed a handler for it yet, and slurmd's end of a job starts with SIGCONT.
+class StepSignals {
+public:
+    bool pending() {
+        auto now = std::chrono::steady_clock::now();
+        if (!found_ && now - last_ >= std::chrono::milliseconds(200)) {
+            last_ = now;
+            std::string which;
+            if (threads_.check(std::chrono::seconds(1), &which)) {
+                found_ = true;
+                log::info("slurmstepd holds a request to signal this step (" + which +
+                          "): stopping the image pull so that the step can end");
+            }
+        }
+        return found_;
+    }
+
+private:
+    NewBlockedThreads threads_;
+    std::chrono::steady_clock::time_point last_{};
+    bool found_ = false;
+};
+
 // State of this step in this slurmstepd; forked tasks inherit a copy.
 struct StepState {
     std::string error;                   // reported by every task when set
@@ -68,6 +99,7 @@ struct StepState {
     std::vector<gid_t> groups;
     Config config;
     std::string device_warnings;          // devices (issue 7): shown by node 0's first task
+    std::optional<StepSignals> signals;   // slurmstepd only (watch_step_signals): stops pulls of a cancelled step
 };
 
 StepState& state() {
@@ -221,48 +253,6 @@ struct Captured {
     std::string out, err;
 };
 
-// Slurm's requests to signal or end this step (scancel, srun's Ctrl-C or its forwarded signals, the
-// end of the job after a node failure or at its time limit) while the plugin still pulls the image in
-// slurm_spank_init_post_opt: slurmstepd answers such a request only once the tasks run (it waits on
-// the step's state, up to 2 x 60 s, in a thread of its message handler: src/slurmd/slurmstepd/req.c,
-// _wait_for_job_running), and the tasks run only after the pull. Without this, a cancelled step's node
-// stayed `completing` for as long as the download took. A message-handler thread that starts after
-// slurmstepd's own threads (snapshot in slurm_spank_init) and stays in one futex wait for a second is
-// such a request: the others (state, stat, attach, completion) answer at once. Any signal counts: the
-// program could not have installed a handler for it yet, and slurmd's end of a job starts with SIGCONT.
-class StepSignals {
-public:
-    bool pending() {
-        auto now = std::chrono::steady_clock::now();
-        if (!found_ && now - last_ >= std::chrono::milliseconds(200)) {
-            last_ = now;
-            std::string which;
-            if (threads_.check(std::chrono::seconds(1), &which)) {
-                found_ = true;
-                log::info("slurmstepd holds a request to signal this step (" + which +
-                          "): stopping the image pull so that the step can end");
-            }
-        }
-        return found_;
-    }
-
-private:
-    NewBlockedThreads threads_;
-    std::chrono::steady_clock::time_point last_{};
-    bool found_ = false;
-};
-
-std::optional<StepSignals>& step_signals_slot() {
-    static std::optional<StepSignals> slot;
-    return slot;
-}
-
-// The watch started by watch_step_signals, or none (outside slurmstepd).
-StepSignals* step_signals() {
-    auto& slot = step_signals_slot();
-    return slot ? &*slot : nullptr;
-}
-
 // Runs argv as the job user (never as root: the pull parses registry bytes, and credentials must be
 // read with the user's identity). fork+exec keeps slurmstepd's threads out of it; between fork and
 // exec the child only makes system calls.
@@ -289,9 +279,6 @@ struct RunOptions {
 Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
                              const std::vector<std::string>& argv, const std::vector<std::string>& env,
                              const RunOptions& opts = {}) {
-    const int userns_fd = opts.userns_fd, fd3_in = opts.fd3_in;
-    const std::string& root_of = opts.root_of;
-    std::string* fd3_out = opts.fd3_out;
     std::vector<char*> cargv, cenv;
     for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
@@ -299,7 +286,7 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     cenv.push_back(nullptr);
     int out[2], err[2], side[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return system_error("creating pipes");
-    if (fd3_out != nullptr && ::pipe2(side, O_CLOEXEC) != 0) return system_error("creating pipes");
+    if (opts.fd3_out != nullptr && ::pipe2(side, O_CLOEXEC) != 0) return system_error("creating pipes");
     pid_t pid = ::fork();
     if (pid < 0) return system_error("forking " + argv[0]);
     if (pid == 0) {
@@ -310,15 +297,15 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
         int devnull = ::open("/dev/null", O_RDONLY);
         if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
         // dup2 onto itself would keep close-on-exec: then clear the flag instead.
-        int third = fd3_out != nullptr ? side[1] : fd3_in;
+        int third = opts.fd3_out != nullptr ? side[1] : opts.fd3_in;
         if (third >= 0 && (third == kCredentialsFd ? ::fcntl(third, F_SETFD, 0) : ::dup2(third, kCredentialsFd)) < 0)
             ::_exit(125);
         // Drop to the job user for good: groups first, then gid, then uid (after setuid we could not).
         if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(126);
         if (::getuid() != uid || ::geteuid() != uid) ::_exit(126);
-        if (userns_fd >= 0 && ::setns(userns_fd, CLONE_NEWUSER) != 0) ::_exit(125);
-        if (!root_of.empty()) {
-            int root = ::open(root_of.c_str(), O_PATH | O_DIRECTORY);
+        if (opts.userns_fd >= 0 && ::setns(opts.userns_fd, CLONE_NEWUSER) != 0) ::_exit(125);
+        if (!opts.root_of.empty()) {
+            int root = ::open(opts.root_of.c_str(), O_PATH | O_DIRECTORY);
             if (root < 0 || ::dup2(root, kRootFd) < 0) ::_exit(125);
         }
         ::execve(cargv[0], cargv.data(), cenv.data());
@@ -332,7 +319,8 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {side[0], POLLIN, 0}};
     int open_fds = side[0] >= 0 ? 3 : 2;
     char buf[8192];
-    StepSignals* signals = opts.stop_when_step_signalled ? step_signals() : nullptr;
+    auto& watch = state().signals;
+    StepSignals* signals = opts.stop_when_step_signalled && watch ? &*watch : nullptr;
     while (open_fds > 0) {
         int ready = ::poll(fds, side[0] >= 0 ? 3 : 2, signals != nullptr ? 200 : -1);
         if (ready < 0) {
@@ -363,10 +351,10 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     }
     c.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
-    if (fd3_out != nullptr) *fd3_out = std::move(side_text);
+    if (opts.fd3_out != nullptr) *opts.fd3_out = std::move(side_text);
     if (c.status == 126) return make_error("could not switch to uid " + std::to_string(uid) + " to run " + argv[0]);
-    if (c.status == 125 && userns_fd >= 0) return make_error("could not enter the container's user namespace to run " + argv[0]);
-    if (c.status == 125 && (fd3_in >= 0 || fd3_out != nullptr))
+    if (c.status == 125 && opts.userns_fd >= 0) return make_error("could not enter the container's user namespace to run " + argv[0]);
+    if (c.status == 125 && (opts.fd3_in >= 0 || opts.fd3_out != nullptr))
         return make_error("could not pass the credentials pipe to " + argv[0]);
     if (c.status == 127) return make_error("could not run " + argv[0] + " (set gantry= in plugstack.conf)");
     return c;
@@ -735,7 +723,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
 
 }  // namespace
 
-void watch_step_signals() { step_signals_slot().emplace(); }
+void watch_step_signals() { state().signals.emplace(); }
 
 void pin_image_digest(spank_t sp, const Settings& settings) {
     JobOptions& o = options();

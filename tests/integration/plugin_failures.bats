@@ -126,13 +126,15 @@ unshape_link() {
   SHAPED_DEV=
 }
 
-# wait_for_partial HEX: waits (up to 60 s) until the producer of image HEX has downloaded at least
-# 1 MB of a blob into the store's staging area; prints the .partial file.
+# wait_for_partial HEX [BLOB [BYTES]]: waits (up to 60 s) until the producer of image HEX has
+# downloaded at least BYTES (default 1 MB) of BLOB (default: any blob) into the store's staging area;
+# prints the .partial file.
 wait_for_partial() {
-  local hex=$1 i f
+  local hex=$1 pattern='*' bytes=${3:-1000000} i f
+  [ -n "${2:-}" ] && pattern=${2#sha256:}
   for ((i = 0; i < 600; i++)); do
-    for f in "$STORE/staging/$hex/blobs/"*.partial; do
-      [ -f "$f" ] && [ "$(stat -c %s "$f")" -ge 1000000 ] && { echo "$f"; return 0; }
+    for f in "$STORE/staging/$hex/blobs/"$pattern.partial; do
+      [ -f "$f" ] && [ "$(stat -c %s "$f")" -ge "$bytes" ] && { echo "$f"; return 0; }
     done
     sleep 0.1
   done
@@ -322,28 +324,17 @@ cancel_mid_pull_image() {
   IMAGE="$REG#gantry-test/$1"
 }
 
-# in_big_layer: waits (up to 60 s) until the pull is 1 MB into the image's own 12 MB layer (not one
-# of the small base layers), so that the stopped download has something to resume; prints the file.
-in_big_layer() {
-  local partial=$STORE/staging/$HEX/blobs/${LAYER#sha256:}.partial i
-  for ((i = 0; i < 600; i++)); do
-    [ "$(stat -c %s "$partial" 2>/dev/null || echo 0)" -ge 1000000 ] && { echo "$partial"; return 0; }
-    sleep 0.1
-  done
-  return 1
-}
-
-# pulls_stopped T0: waits (up to 60 s) until no node is `completing` and nobody holds the image's
-# producer lock; sets ELAPSED from T0.
+# pulls_stopped HEX T0 [NODE]: waits (up to 60 s) until no node (but NODE) is `completing` and nobody
+# holds image HEX's producer lock; sets ELAPSED from T0.
 pulls_stopped() {
   local i
   for ((i = 0; i < 600; i++)); do
-    flock -n "$STORE/locks/$HEX.lock" true &&
-      [ "$(sinfo -h -N -o '%N %t' | awk '$2 ~ /comp/' | wc -l)" -eq 0 ] && break
+    flock -n "$STORE/locks/$1.lock" true &&
+      [ "$(sinfo -h -N -o '%N %t' | awk -v n="${3:-}" '$1 != n && $2 ~ /comp/' | wc -l)" -eq 0 ] && break
     sleep 0.1
   done
-  set_elapsed "$1"
-  flock -n "$STORE/locks/$HEX.lock" true
+  set_elapsed "$2"
+  flock -n "$STORE/locks/$1.lock" true
 }
 
 # resumed_step: the next 3-node step runs from the image; the layer's rest was fetched with a range
@@ -365,7 +356,7 @@ resumed_step() {
   as_user timeout 240 srun -N3 -n3 -J "cancel-$HEX" --container-image="$IMAGE" sh -c 'echo "ran $(hostname)"' \
     > "$WORK/cancel.out" 2>&1 3>&- &
   srun_pid=$!
-  partial=$(in_big_layer)
+  partial=$(wait_for_partial "$HEX" "$LAYER")  # in the big layer: the stopped download has something to resume
   holder=$(cat "$STORE/locks/$HEX.lock")
   echo "producer $holder, $partial at $(stat -c %s "$partial") bytes: scancel"
   t0=$(date +%s%N)
@@ -378,7 +369,7 @@ resumed_step() {
   [ "$status" -ne 124 ]
   # The pulls in slurmstepd noticed the pending kill and stopped; the nodes left `completing` and the
   # producer lock is free long before the ~50 s the download would have taken (at 2 Mbit/s).
-  pulls_stopped "$t0"
+  pulls_stopped "$HEX" "$t0"
   echo "# scancel mid-pull: nodes idle, producer lock free ${ELAPSED} s after scancel" >&3
   less_than 20
   [ "$(cat "/proc/${holder##*:}/comm" 2>/dev/null)" != gantry ]
@@ -400,7 +391,7 @@ EOF_JOB
   chmod 755 "$WORK/job.sh"
   shape_link 2mbit
   jobid=$(as_user sbatch --parsable -N3 -o "$WORK/job.out" "$WORK/job.sh")
-  partial=$(in_big_layer)
+  partial=$(wait_for_partial "$HEX" "$LAYER")
   holder=$(cat "$STORE/locks/$HEX.lock")
   echo "job $jobid, producer $holder, $partial at $(stat -c %s "$partial") bytes: scancel $jobid.0"
   t0=$(date +%s%N)
@@ -419,7 +410,7 @@ EOF_JOB
   cat "$WORK/job.out"
   grep -q "^step ended" "$WORK/job.out"
   less_than 20
-  pulls_stopped "$t0"
+  pulls_stopped "$HEX" "$t0"
   [ "$(cat "/proc/${holder##*:}/comm" 2>/dev/null)" != gantry ]
   ! grep -q "^ran " "$WORK/job.out" || false
   # The allocation was not harmed: the script's next step ran on all three nodes.
@@ -461,12 +452,7 @@ producer_node_crash() {
   srun_pid=$!
   # The crash lands in the big layer, with 2 MB of it on disk (the downloader writes whole MiBs), so
   # the taker has something to resume and 10 MB still to fetch.
-  partial=$STORE/staging/$hex/blobs/${layer#sha256:}.partial
-  for ((i = 0; i < 600; i++)); do
-    [ "$(stat -c %s "$partial" 2>/dev/null || echo 0)" -ge 2000000 ] && break
-    sleep 0.1
-  done
-  [ "$(stat -c %s "$partial")" -ge 2000000 ]
+  partial=$(wait_for_partial "$hex" "$layer" 2000000)
   holder=$(cat "$STORE/locks/$hex.lock")
   CRASHED_NODE=${holder%%:*}
   echo "producer $holder, $partial at $(stat -c %s "$partial") bytes: crashing $CRASHED_NODE"
@@ -503,15 +489,8 @@ producer_node_crash() {
   # in slurmstepd (slurm_spank_init_post_opt, before the tasks exist): the plugin sees slurmstepd hold
   # the kill request and stops that pull, so the survivors leave `completing` within seconds. Measured
   # here and bounded; then nobody holds the lock.
-  t1=$(date +%s%N)
-  for ((i = 0; i < 600; i++)); do
-    flock -n "$STORE/locks/$hex.lock" true &&
-      [ "$(sinfo -h -N -o '%N %t' | awk -v n="$CRASHED_NODE" '$1 != n && $2 ~ /comp/' | wc -l)" -eq 0 ] && break
-    sleep 0.1
-  done
-  set_elapsed "$t1"
+  pulls_stopped "$hex" "$(date +%s%N)" "$CRASHED_NODE"
   echo "# producer lock free, survivors out of completing ${ELAPSED} s after srun ended" >&3
-  flock -n "$STORE/locks/$hex.lock" true
   less_than 20
   # The job's record says what happened, for scripts that only look at srun's exit status.
   for ((i = 0; i < 60; i++)); do
