@@ -34,6 +34,7 @@
 #include "gantry/mounts.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/registry.hpp"
+#include "gantry/pull_report.hpp"
 #include "gantry/store.hpp"
 #include "gantry/strings.hpp"
 #include "gantry/threads.hpp"
@@ -250,6 +251,7 @@ struct Captured {
     int status = -1;
     int signal = 0;  // the signal that ended the program, 0 when it exited
     bool stopped = false;  // killed by us: Slurm asked to signal or end the step meanwhile
+    std::string overflow;  // killed by us: it wrote more than its cap to this stream ("stdout", ...)
     std::string out, err;
 };
 
@@ -263,17 +265,25 @@ struct Captured {
 // the program after it lost the namespace's capabilities in execve.
 // With `fd3_in`, that descriptor is the program's fd 3 (credentials handed to the store owner's pull);
 // with `fd3_out`, what the program writes to its fd 3 is collected there (the job user's half hands the
-// credentials it used back this way): a pipe, never argv, the environment or a file.
+// credentials it used back this way): a pipe, never argv, the environment or a file. With `report`,
+// what it writes to its fd 4 (`gantry pull --report-fd 4`, include/gantry/pull_report.hpp) is
+// collected there.
+// Everything collected is capped (kMaxCaptured per stream, kMaxPullReportBytes for the report): a
+// program that writes more (an LD_PRELOAD in the job's environment can make it print anything) is
+// killed, so slurmstepd's memory stays bounded whatever the user's program does.
 // With `stop_when_step_signalled` (the pulls), the program is killed, process group and all, as soon
 // as Slurm asks to signal or end this step (see StepSignals): slurmstepd holds such a request until the
 // tasks run, and they run only after this returns.
 constexpr int kRootFd = 200;
 constexpr int kCredentialsFd = 3;
+constexpr int kReportFd = 4;
+constexpr size_t kMaxCaptured = 64 * 1024;
 struct RunOptions {
     int userns_fd = -1;
     std::string root_of;
     int fd3_in = -1;
     std::string* fd3_out = nullptr;
+    std::string* report = nullptr;
     bool stop_when_step_signalled = false;
 };
 Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
@@ -284,22 +294,24 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     cargv.push_back(nullptr);
     for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
     cenv.push_back(nullptr);
-    int out[2], err[2], side[2] = {-1, -1};
+    int out[2], err[2], side[2] = {-1, -1}, rep[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return system_error("creating pipes");
     if (opts.fd3_out != nullptr && ::pipe2(side, O_CLOEXEC) != 0) return system_error("creating pipes");
+    if (opts.report != nullptr && ::pipe2(rep, O_CLOEXEC) != 0) return system_error("creating pipes");
     pid_t pid = ::fork();
     if (pid < 0) return system_error("forking " + argv[0]);
     if (pid == 0) {
         // Its own process group, so that stopping it also stops what it runs (credential helpers).
-        if (opts.stop_when_step_signalled) (void)::setpgid(0, 0);
+        (void)::setpgid(0, 0);
         ::dup2(out[1], STDOUT_FILENO);
         ::dup2(err[1], STDERR_FILENO);
         int devnull = ::open("/dev/null", O_RDONLY);
         if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
         // dup2 onto itself would keep close-on-exec: then clear the flag instead.
+        auto pass = [](int fd, int as) { return fd == as ? ::fcntl(fd, F_SETFD, 0) : ::dup2(fd, as); };
         int third = opts.fd3_out != nullptr ? side[1] : opts.fd3_in;
-        if (third >= 0 && (third == kCredentialsFd ? ::fcntl(third, F_SETFD, 0) : ::dup2(third, kCredentialsFd)) < 0)
-            ::_exit(125);
+        if (third >= 0 && pass(third, kCredentialsFd) < 0) ::_exit(125);
+        if (rep[1] >= 0 && pass(rep[1], kReportFd) < 0) ::_exit(125);
         // Drop to the job user for good: groups first, then gid, then uid (after setuid we could not).
         if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) ::_exit(126);
         if (::getuid() != uid || ::geteuid() != uid) ::_exit(126);
@@ -314,35 +326,56 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     ::close(out[1]);
     ::close(err[1]);
     if (side[1] >= 0) ::close(side[1]);
+    if (rep[1] >= 0) ::close(rep[1]);
     Captured c;
-    std::string side_text;
-    pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {side[0], POLLIN, 0}};
-    int open_fds = side[0] >= 0 ? 3 : 2;
+    std::string side_text, report_text;
+    struct Stream {
+        int fd;
+        std::string* text;
+        size_t cap;
+        const char* name;
+    };
+    std::vector<Stream> streams = {{out[0], &c.out, kMaxCaptured, "stdout"}, {err[0], &c.err, kMaxCaptured, "stderr"}};
+    if (side[0] >= 0) streams.push_back({side[0], &side_text, kMaxCaptured, "credentials pipe"});
+    if (rep[0] >= 0) streams.push_back({rep[0], &report_text, kMaxPullReportBytes, "report"});
+    std::vector<pollfd> fds;
+    for (const auto& s : streams) fds.push_back({s.fd, POLLIN, 0});
+    size_t open_fds = fds.size();
     char buf[8192];
     auto& watch = state().signals;
     StepSignals* signals = opts.stop_when_step_signalled && watch ? &*watch : nullptr;
+    // Safe: the pid is our own child (not reaped yet, so not reused), in its own process group.
+    auto kill_child = [&] {
+        (void)::kill(-pid, SIGKILL);
+        (void)::kill(pid, SIGKILL);
+    };
     while (open_fds > 0) {
-        int ready = ::poll(fds, side[0] >= 0 ? 3 : 2, signals != nullptr ? 200 : -1);
+        int ready = ::poll(fds.data(), fds.size(), signals != nullptr ? 200 : -1);
         if (ready < 0) {
             if (errno == EINTR) continue;
             break;
         }
         if (signals != nullptr && !c.stopped && signals->pending()) {
-            // Safe: the pid is our own child (not reaped yet, so not reused), in its own process group.
-            (void)::kill(-pid, SIGKILL);
-            (void)::kill(pid, SIGKILL);
+            kill_child();
             c.stopped = true;
         }
         if (ready == 0) continue;
-        for (int i = 0; i < 3; ++i) {
+        for (size_t i = 0; i < fds.size(); ++i) {
             if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
             ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
             if (n <= 0) {
                 ::close(fds[i].fd);
                 fds[i].fd = -1;
                 --open_fds;
+            } else if (streams[i].text->size() + static_cast<size_t>(n) > streams[i].cap) {
+                // Over its cap: stop reading everything and the program (the rest is drained by nobody).
+                if (c.overflow.empty()) c.overflow = streams[i].name;
+                kill_child();
+                for (auto& f : fds)
+                    if (f.fd >= 0) ::close(f.fd), f.fd = -1;
+                open_fds = 0;
             } else {
-                (i == 0 ? c.out : i == 1 ? c.err : side_text).append(buf, static_cast<size_t>(n));
+                streams[i].text->append(buf, static_cast<size_t>(n));
             }
         }
     }
@@ -352,10 +385,14 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     c.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
     if (opts.fd3_out != nullptr) *opts.fd3_out = std::move(side_text);
+    if (opts.report != nullptr) *opts.report = std::move(report_text);
+    if (!c.overflow.empty())
+        return make_error(argv[0] + " wrote more than " + std::to_string(c.overflow == "report" ? kMaxPullReportBytes : kMaxCaptured) +
+                          " bytes to its " + c.overflow + " and was stopped (is something in the job's environment, e.g. LD_PRELOAD, changing it?)");
     if (c.status == 126) return make_error("could not switch to uid " + std::to_string(uid) + " to run " + argv[0]);
     if (c.status == 125 && opts.userns_fd >= 0) return make_error("could not enter the container's user namespace to run " + argv[0]);
-    if (c.status == 125 && (opts.fd3_in >= 0 || opts.fd3_out != nullptr))
-        return make_error("could not pass the credentials pipe to " + argv[0]);
+    if (c.status == 125 && (opts.fd3_in >= 0 || opts.fd3_out != nullptr || opts.report != nullptr))
+        return make_error("could not pass its pipes to " + argv[0]);
     if (c.status == 127) return make_error("could not run " + argv[0] + " (set gantry= in plugstack.conf)");
     return c;
 }
@@ -400,8 +437,35 @@ Result<JobIdentity> identity(spank_t sp) {
     return id;
 }
 
-// The outcome of a `gantry pull` run by the plugin, as one line a user can act on.
-Status pull_failure(const Captured& r, const std::string& image, const std::string& who) {
+// The job user's account entry: home directory (their per-user store) and name.
+Result<passwd> account_of(uid_t uid, std::vector<char>& buf) {
+    buf.assign(16384, '\0');
+    passwd pw{};
+    passwd* found = nullptr;
+    if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr)
+        return make_error("uid " + std::to_string(uid) + " has no account entry on this node");
+    return pw;
+}
+
+// The store the job's pull uses: gantry.conf's store_path, else the job user's own store below the
+// home directory in the account database (never slurmstepd's environment, which is root's, and never
+// /tmp, where any user could have made it first).
+Result<std::string> job_store_path(const Config& config, uid_t uid) {
+    if (!config.store_path.empty()) return config.store_path;
+    std::vector<char> buf;
+    auto pw = account_of(uid, buf);
+    if (!pw) return pw.error().wrap("finding the job user's image store");
+    std::string home = pw->pw_dir != nullptr ? pw->pw_dir : "";
+    while (home.size() > 1 && home.back() == '/') home.pop_back();
+    if (home.empty() || home[0] != '/' || home == "/")
+        return make_error("the job user's home directory ('" + home + "') cannot hold a per-user image store; set store_path in gantry.conf");
+    return home + "/.cache/gantry";
+}
+
+// The outcome of a `gantry pull` run by the plugin, from its typed report (never from what it printed):
+// a line a user can act on, or the report of a successful pull.
+Result<PullReport> pull_outcome(const Captured& r, const std::string& report_text, const std::string& image,
+                                const std::string& who) {
     if (r.stopped) {
         // What is downloaded stays in the store's staging area: the next pull of the image resumes it.
         return make_error("failed to import docker image " + image + ": the step was cancelled or signalled while " +
@@ -413,68 +477,69 @@ Status pull_failure(const Captured& r, const std::string& image, const std::stri
         return make_error("failed to import docker image " + image + ": gantry pull" + who + " on this node was killed by signal " +
                           std::to_string(r.signal) + " (" + strsignal(r.signal) + ")");
     }
-    if (r.status != 0) {
-        std::string why = last_line(r.err);
-        if (starts_with(why, "gantry: ")) why = why.substr(8);
-        if (why.find("failed to import docker image") == std::string::npos)
-            why = "failed to import docker image " + image + ": " + why;
-        return make_error(why);
+    auto report = decode_pull_report(report_text);
+    if (!report) {
+        std::string said = last_line(r.err);
+        return make_error("failed to import docker image " + image + ": gantry pull" + who + " exited with status " +
+                          std::to_string(r.status) + " and no usable report (" + report.error().message + ")" +
+                          (said.empty() ? "" : "; it said: " + said.substr(0, 300)));
     }
-    return {};
+    if (report->error != PullErrorKind::none) return make_error(report->message);
+    if (r.status != 0) return make_error("failed to import docker image " + image + ": gantry pull" + who + " exited with status " + std::to_string(r.status));
+    return *report;
 }
 
-// Pulls a registry image into the store as the job user and returns (digest, squashfs path).
-Result<std::pair<std::string, std::string>> pull_as_user(const Settings& settings, const Config& config,
-                                                         const JobIdentity& id, const std::string& image,
-                                                         std::vector<std::string> env) {
-    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet"};
-    if (!config.store_path.empty()) argv.insert(argv.end(), {"--store", config.store_path});
-    argv.push_back(image);
+// Pulls a registry image as the job user into `store_root` (gantry.conf's store_path or the user's own
+// store). Everything it reports (digest, file, config) is the user's word: the image is served only
+// unprivileged (squashfuse in the user's namespace), never kernel-mounted.
+Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
+                                const std::string& image, std::vector<std::string> env) {
+    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet", "--report-fd", std::to_string(kReportFd),
+                                     "--store", store_root, image};
     if (::access(settings.config.c_str(), F_OK) == 0) env.push_back("GANTRY_CONFIG=" + settings.config);
     // The nodes of this step share a failed producer's error instead of each retrying the same pull
     // in turn (runtime/store/pull.cpp); a killed producer is still taken over.
     env.push_back("GANTRY_PULL_GROUP=" + std::to_string(id.jobid) + "." + std::to_string(id.stepid));
+    std::string report;
     RunOptions run;
+    run.report = &report;
     run.stop_when_step_signalled = true;
     auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, run);
-    if (!r) return r.error();
-    GANTRY_TRY(pull_failure(*r, image, ""));
-    std::string line = last_line(r->out);
-    auto space = line.find(' ');
-    if (space == std::string::npos) return make_error("unexpected output from gantry pull: '" + line + "'");
-    return std::make_pair(line.substr(0, space), line.substr(space + 1));
+    if (!r) return r.error().wrap("failed to import docker image " + image);
+    return pull_outcome(*r, report, image, "");
 }
 
 // Pulls into a trusted store (owned by root or gantry.conf's store_owner, not writable by the job
-// user), which needs two halves because the user cannot write the store and root must not parse
-// registry bytes:
-//  1. as the job user: resolve the reference with the user's own credentials (the registry authorises
-//     THE USER: docs/store.md, "Private images are not handed to users who cannot pull them"); the
-//     user's `gantry pull --resolve-only` hands back, on an inherited pipe, the credentials it used;
-//  2. only when the digest is not in the store yet: as the store owner, `gantry pull` of exactly that
-//     digest with those credentials handed over on a pipe (never argv, environment or a file), in a
-//     clean environment: nothing of the job's environment (LD_PRELOAD, PATH, config paths) reaches a
-//     process that writes the trusted store. The store owner's own credential files are never read.
-Result<std::pair<std::string, std::string>> pull_into_trusted_store(const Settings& settings, const Config& config,
-                                                                    const JobIdentity& id, const ImageStore& store,
-                                                                    const std::string& image,
-                                                                    std::vector<std::string> env) {
+// user): its images may be kernel-mounted, so what the plugin serves must not depend on anything the
+// job user controls, and root must not parse registry bytes. Two halves:
+//  1. as the job user: `gantry pull --credentials-only` looks up the user's credentials for the
+//     image's registry (the user's files, helpers and identity) and hands them back on a pipe;
+//  2. always (cached or not), as the store owner in a clean environment: `gantry pull` of the image
+//     with exactly those credentials (on a pipe: never argv, the environment or a file; never the
+//     account's own credential files). It asks the registry for the manifest with the user's
+//     credentials, so the registry decides whether THIS user may have the image (docs/store.md,
+//     "Private images are not handed to users who cannot pull them"), converts it if it is not stored
+//     yet, and its report -- digest, file, config -- comes from a process the job user cannot trace,
+//     preload into or otherwise tamper with. Forged credentials only get the registry's 401.
+Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
+                                           const std::string& image, std::vector<std::string> env) {
     bool have_config = ::access(settings.config.c_str(), F_OK) == 0;
-    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet", "--resolve-only", "--credentials-out-fd",
-                                     std::to_string(kCredentialsFd)};
-    if (!config.store_path.empty()) argv.insert(argv.end(), {"--store", config.store_path});
-    argv.push_back(image);
+    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--credentials-only", "--credentials-out-fd",
+                                     std::to_string(kCredentialsFd), image};
     if (have_config) env.push_back("GANTRY_CONFIG=" + settings.config);
     std::string credentials;
     RunOptions run;
     run.fd3_out = &credentials;
     run.stop_when_step_signalled = true;
     auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, run);
-    if (!r) return r.error();
-    GANTRY_TRY(pull_failure(*r, image, ""));
-    std::string digest = last_line(r->out);
-    if (!validate_digest(digest)) return make_error("unexpected output from gantry pull --resolve-only: '" + digest + "'");
-    if (store.find(digest)) return std::make_pair(digest, store.squashfs_path(digest));
+    if (!r) return r.error().wrap("failed to import docker image " + image);
+    if (r->stopped || r->signal != 0) return pull_outcome(*r, "", image, "").error();
+    if (r->status != 0) {
+        std::string why = last_line(r->err);
+        if (starts_with(why, "gantry: ")) why = why.substr(8);
+        return make_error("failed to import docker image " + image + ": looking up your registry credentials: " +
+                          (why.empty() ? "gantry pull --credentials-only failed" : why.substr(0, 300)));
+    }
 
     // The store owner's identity, from the account database like the job user's.
     std::vector<char> buf(16384);
@@ -488,12 +553,10 @@ Result<std::pair<std::string, std::string>> pull_into_trusted_store(const Settin
     if (::getgrouplist(owner->pw_name, owner->pw_gid, groups.data(), &ngroups) < 0) ngroups = 0;
     groups.resize(static_cast<size_t>(ngroups));
     if (groups.empty()) groups.push_back(owner->pw_gid);
-    std::string pinned = image;
-    if (auto ref = parse_reference(image); ref && ref->digest.empty()) pinned += "@" + digest;
 
     // The credentials go into a pipe whose read end is the pull's fd 3; they fit the pipe's buffer
-    // (they are a few KiB), and the write end is non-blocking, so slurmstepd never waits on a reader
-    // that has not started: anything larger fails here instead.
+    // (they are a few KiB: the user's half was capped), and the write end is non-blocking, so
+    // slurmstepd never waits on a reader that has not started: anything larger fails here instead.
     int pipefd[2];
     if (::pipe2(pipefd, O_CLOEXEC) != 0) return system_error("creating a pipe for the credentials");
     (void)::fcntl(pipefd[1], F_SETFL, O_NONBLOCK);
@@ -506,9 +569,8 @@ Result<std::pair<std::string, std::string>> pull_into_trusted_store(const Settin
     write_end.reset();
 
     std::vector<std::string> owner_argv = {gantry_cli(settings), "pull", "--quiet", "--credentials-fd",
-                                           std::to_string(kCredentialsFd)};
-    if (!config.store_path.empty()) owner_argv.insert(owner_argv.end(), {"--store", config.store_path});
-    owner_argv.push_back(pinned);
+                                           std::to_string(kCredentialsFd), "--report-fd", std::to_string(kReportFd),
+                                           "--store", config.store_path, image};
     std::vector<std::string> owner_env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("HOME=") + owner->pw_dir,
                                           std::string("USER=") + owner->pw_name, "LANG=C.UTF-8"};
     if (have_config) owner_env.push_back("GANTRY_CONFIG=" + settings.config);
@@ -516,17 +578,14 @@ Result<std::pair<std::string, std::string>> pull_into_trusted_store(const Settin
     // Proxies are the site's network path, not code: the pull needs them where the user's half did.
     for (const char* name : {"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"})
         if (auto v = find_env(env, name)) owner_env.push_back(std::string(name) + "=" + *v);
+    std::string report;
     RunOptions owner_run;
     owner_run.fd3_in = read_end.get();
+    owner_run.report = &report;
     owner_run.stop_when_step_signalled = true;
     auto o = run_as_user(owner->pw_uid, owner->pw_gid, groups, owner_argv, owner_env, owner_run);
-    if (!o) return o.error();
-    GANTRY_TRY(pull_failure(*o, image, " (as " + config.store_owner + ")"));
-    std::string line = last_line(o->out);
-    auto space = line.find(' ');
-    if (space == std::string::npos || line.substr(0, space) != digest)
-        return make_error("unexpected output from gantry pull: '" + line + "'");
-    return std::make_pair(digest, line.substr(space + 1));
+    if (!o) return o.error().wrap("failed to import docker image " + image);
+    return pull_outcome(*o, report, image, " (as " + config.store_owner + ")");
 }
 
 Status do_prepare(spank_t sp, const Settings& settings) {
@@ -566,6 +625,10 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     // An existing named container is reused (auto, exec) or replaced (create).
     if (!name.empty()) {
         auto existing = Container::open(name, st.config);
+        // A name is its owner's: another user can neither join, replace nor stop it (with
+        // container_scope=global, names are shared by every job on the node).
+        if (existing && existing->state().uid != id->uid)
+            return make_error("--container-name=" + *o.name + ": a container of that name belongs to another user; choose another name");
         if (existing && (mode == "auto" || mode == "exec" || mode == "no_exec")) {
             if (mode == "no_exec") {
                 st.run_on_host = true;
@@ -611,27 +674,34 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         std::string image = *o.image;
         if (ref->digest.empty())
             if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
-        // With store_owner set and a trusted store, the pull runs in two halves (user, store owner);
-        // otherwise, as ever, as the job user.
-        // The store may not exist yet (the user's pull creates a per-user one): opened again after it.
-        const std::string store_root = ImageStore::resolve_path(st.config, "");
-        auto store = ImageStore::open(store_root, false);
-        bool two_halves = !st.config.store_owner.empty() && store && store->trusted(st.config);
-        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, *store, image, env)
-                                 : pull_as_user(settings, st.config, *id, image, env);
+        // With store_owner set and a trusted store, the pull runs in two halves (user, store owner) and
+        // its image may be kernel-mounted; otherwise the job user pulls and the image is served
+        // unprivileged. Root opens nothing in a store the user can write (a per-user store, or any
+        // store that is not trusted): what it needs comes in the pull's report.
+        auto store_root = job_store_path(st.config, id->uid);
+        if (!store_root) return store_root.error().wrap("failed to import docker image " + image);
+        bool two_halves = false;
+        if (!st.config.store_owner.empty() && !st.config.store_path.empty()) {
+            auto store = ImageStore::open(st.config.store_path, false);  // stats the admin's path only
+            two_halves = store && store->trusted(st.config);
+        }
+        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env)
+                                 : pull_as_user(settings, *id, *store_root, image, env);
         if (!pulled) return pulled.error();
-        if (!store) store = ImageStore::open(store_root, false);
-        if (!store) return store.error();
-        auto stored = store->find(pulled->first);
-        if (!stored) return make_error("image " + pulled->first + " is not in the store after pulling it");
-        auto cfg = parse_image_config(stored->metadata.config_json);
-        if (!cfg) return cfg.error();
-        st.digest = pulled->first;
-        spec.image_path = stored->squashfs_path;
+        auto cfg = parse_image_config(pulled->config_json);
+        if (!cfg) return cfg.error().wrap("failed to import docker image " + image);
+        st.digest = pulled->digest;
+        spec.image_path = pulled->squashfs_path;
         spec.image_config = std::move(*cfg);
-        spec.image_trusted = store->trusted(st.config);
-        auto in_use = store->open_in_use(pulled->first);
-        if (in_use) st.image_in_use = std::move(*in_use);
+        spec.image_trusted = two_halves;
+        if (two_halves) {
+            // The trusted store's own file (the launcher checks its ownership again before mounting):
+            // a shared lock keeps `gantry gc` from removing it while the step runs.
+            auto store = ImageStore::open(st.config.store_path, false);
+            if (store) {
+                if (auto in_use = store->open_in_use(pulled->digest)) st.image_in_use = std::move(*in_use);
+            }
+        }
     }
 
     auto backend = parse_mount_backend(st.config.mount_backend);

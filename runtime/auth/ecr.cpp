@@ -4,11 +4,12 @@
 // a file lock, so that many ranks or nodes starting at once make one request to the token service.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <mutex>
+#include <string_view>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "auth/http_client.hpp"
 #include "auth/internal.hpp"
@@ -22,18 +23,35 @@ namespace gantry {
 namespace auth {
 namespace {
 
-const std::regex kEcrHost(R"(^([0-9]{12})\.dkr\.ecr(-fips)?\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$)");
-
+// <12-digit account>.dkr.ecr[-fips].<region>.amazonaws.com[.cn], parsed by hand: a plugin must run no
+// non-trivial code when Slurm loads it, and a namespace-scope std::regex compiled in a static
+// initializer crashed slurmd 24.11 inside dlopen (the statically linked libstdc++'s locale was not set
+// up yet).
 std::optional<EcrRegistry> parse_host(const std::string& host) {
-    std::smatch m;
-    if (!std::regex_match(host, m, kEcrHost)) return std::nullopt;
+    auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+    auto region_char = [&](char c) { return (c >= 'a' && c <= 'z') || is_digit(c) || c == '-'; };
+    std::string_view rest = host;
+    if (rest.size() < 12 || !std::all_of(rest.begin(), rest.begin() + 12, is_digit)) return std::nullopt;
     EcrRegistry r;
+    r.account = std::string(rest.substr(0, 12));
+    rest.remove_prefix(12);
+    auto take = [&](std::string_view word) {
+        if (rest.substr(0, word.size()) != word) return false;
+        rest.remove_prefix(word.size());
+        return true;
+    };
+    if (!take(".dkr.ecr")) return std::nullopt;
+    r.fips = take("-fips");
+    if (!take(".")) return std::nullopt;
+    r.china = rest.size() >= 3 && rest.substr(rest.size() - 3) == ".cn";
+    if (r.china) rest.remove_suffix(3);
+    constexpr std::string_view kSuffix = ".amazonaws.com";
+    if (rest.size() <= kSuffix.size() || rest.substr(rest.size() - kSuffix.size()) != kSuffix) return std::nullopt;
+    rest.remove_suffix(kSuffix.size());
+    if (!std::all_of(rest.begin(), rest.end(), region_char)) return std::nullopt;
+    r.region = std::string(rest);
     r.registry = host;
     r.ecr_host = host;
-    r.account = m[1];
-    r.fips = m[2].matched;
-    r.region = m[3];
-    r.china = m[4].matched;
     return r;
 }
 

@@ -16,6 +16,7 @@
 #include "gantry/image_config.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull.hpp"
+#include "gantry/pull_report.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/strings.hpp"
 #include "progress.hpp"
@@ -115,26 +116,13 @@ Result<CredentialLookup> credentials_from_json(const std::string& text) {
     });
 }
 
-// The job user's half: resolve only (no store access: a trusted store is not the user's to write),
-// print the digest, hand the credentials that were used to the descriptor.
-int resolve_only(const Config& config, const ImageReference& ref, const Platform& platform, int out_fd) {
-    std::optional<Credentials> used;
-    bool looked_up = false;
-    CredentialLookup chain = default_credential_lookup();
-    RegistryOptions ropts;
-    ropts.credential_sources = default_credential_sources();
-    ropts.credentials = [&](const ImageReference& r) {
-        auto c = chain(r);
-        if (r.registry == ref.registry) {
-            used = c;
-            looked_up = true;
-        }
-        return c;
-    };
-    RegistryClient client(config, ropts);
-    auto digest = client.resolve_digest(ref, platform);
-    if (!digest) return fail(digest.error().wrap("failed to import docker image " + ref.str()));
-    std::string payload = credentials_to_json(ref, looked_up ? used : std::nullopt).dump();
+// The job user's half: look up, with the user's identity and files, the credentials for the image's
+// registry and hand them to the descriptor ({} when there are none). No registry request and no store
+// access: the store owner's half resolves the reference with them, so the registry's yes/no and the
+// digest come from a process the job user cannot tamper with.
+int credentials_only(const ImageReference& ref, int out_fd) {
+    std::optional<Credentials> found = default_credential_lookup()(ref);
+    std::string payload = credentials_to_json(ref, found).dump();
     for (size_t off = 0; off < payload.size();) {
         ssize_t n = ::write(out_fd, payload.data() + off, payload.size() - off);
         if (n < 0 && errno == EINTR) continue;
@@ -142,7 +130,6 @@ int resolve_only(const Config& config, const ImageReference& ref, const Platform
         off += static_cast<size_t>(n);
     }
     ::close(out_fd);
-    std::printf("%s\n", digest->c_str());
     return 0;
 }
 
@@ -150,48 +137,62 @@ int cmd_pull(std::vector<std::string> args) {
     auto store_opt = take_option(args, "--store");
     auto platform_opt = take_option(args, "--platform");
     bool quiet = take_flag(args, "--quiet") || take_flag(args, "-q");
-    // Hidden: the two halves of the plugin's pull into a trusted store (see credentials_to_json).
-    bool resolve_only_flag = take_flag(args, "--resolve-only");
+    // Hidden: the plugin's side of a pull (plugin/step.cpp): the typed report (include/gantry/pull_report.hpp)
+    // and the two halves of a pull into a trusted store (see credentials_to_json).
+    auto report_opt = take_option(args, "--report-fd");
+    bool credentials_only_flag = take_flag(args, "--credentials-only");
     auto creds_out_opt = take_option(args, "--credentials-out-fd");
     auto creds_in_opt = take_option(args, "--credentials-fd");
-    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
-    if (args.size() != 1) return fail(make_error("pull takes exactly one IMAGE (usage: gantry pull [--store DIR] [--platform OS/ARCH[/VARIANT]] [--quiet] IMAGE)"));
-    if (resolve_only_flag != creds_out_opt.has_value())
-        return fail(make_error("--resolve-only and --credentials-out-fd go together"));
-    auto config = load_config();
-    if (!config) return fail(config.error());
+    int report_fd = -1;
+    // Every outcome goes to stderr (people) and, with --report-fd, into the report (the plugin).
+    auto finish = [&](PullErrorKind kind, const Error& error) {
+        if (report_fd >= 0) send_pull_report(report_fd, PullReport{{}, {}, {}, kind, error.message});
+        return fail(error);
+    };
+    if (report_opt) {
+        auto fd = parse_fd("--report-fd", *report_opt);
+        if (!fd) return fail(fd.error());
+        report_fd = *fd;
+    }
+    if (auto st = reject_unknown_options(args); !st) return finish(PullErrorKind::usage, st.error());
+    if (args.size() != 1)
+        return finish(PullErrorKind::usage, make_error("pull takes exactly one IMAGE (usage: gantry pull [--store DIR] [--platform OS/ARCH[/VARIANT]] [--quiet] IMAGE)"));
+    if (credentials_only_flag != creds_out_opt.has_value())
+        return finish(PullErrorKind::usage, make_error("--credentials-only and --credentials-out-fd go together"));
     auto ref = parse_reference(args[0]);
-    if (!ref) return fail(ref.error());
+    if (!ref) return finish(PullErrorKind::reference, ref.error().wrap("failed to import docker image " + args[0]));
+    if (creds_out_opt) {
+        auto fd = parse_fd("--credentials-out-fd", *creds_out_opt);
+        if (!fd) return finish(PullErrorKind::usage, fd.error());
+        return credentials_only(*ref, *fd);
+    }
+    auto config = load_config();
+    if (!config) return finish(PullErrorKind::usage, config.error());
     PullOptions opts;
     if (platform_opt) {
         auto p = Platform::parse(*platform_opt);
-        if (!p) return fail(p.error());
+        if (!p) return finish(PullErrorKind::usage, p.error());
         opts.platform = *p;
-    }
-    if (creds_out_opt) {
-        auto fd = parse_fd("--credentials-out-fd", *creds_out_opt);
-        if (!fd) return fail(fd.error());
-        return resolve_only(*config, *ref, opts.platform, *fd);
     }
     if (creds_in_opt) {
         auto fd = parse_fd("--credentials-fd", *creds_in_opt);
-        if (!fd) return fail(fd.error());
+        if (!fd) return finish(PullErrorKind::usage, fd.error());
         auto text = read_fd_to_end(*fd);
-        if (!text) return fail(text.error());
+        if (!text) return finish(PullErrorKind::usage, text.error());
         auto lookup = credentials_from_json(*text);
-        if (!lookup) return fail(lookup.error());
+        if (!lookup) return finish(PullErrorKind::usage, lookup.error());
         opts.credentials = std::move(*lookup);
         opts.credential_sources = "the job user's credentials handed over by the plugin (" +
                                   std::string(*text == "{}" ? "none" : "for one registry") + ")";
     }
     auto store = open_store(*config, store_opt.value_or(""), true);
-    if (!store) return fail(store.error());
+    if (!store) return finish(PullErrorKind::store, store.error().wrap("failed to import docker image " + args[0]));
     ProgressPrinter printer(quiet);
     opts.on_progress = [&](const PullProgress& p) { printer.show(p); };
     auto t0 = std::chrono::steady_clock::now();
     auto result = pull_image(*config, *store, *ref, opts);
     printer.finish();
-    if (!result) return fail(result.error().wrap("failed to import docker image " + args[0]));
+    if (!result) return finish(PullErrorKind::pull, result.error().wrap("failed to import docker image " + args[0]));
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!quiet && result->produced) {
         char buf[160];
@@ -199,6 +200,14 @@ int cmd_pull(std::vector<std::string> args) {
                       static_cast<unsigned long long>(result->stats.files),
                       format_bytes(result->stats.image_bytes).c_str());
         log::info(buf);
+    }
+    if (report_fd >= 0) {
+        auto img = store->find(result->digest);
+        if (!img)
+            return finish(PullErrorKind::store,
+                          make_error("image " + result->digest + " is not in the store " + store->root() + " after pulling it"));
+        send_pull_report(report_fd, PullReport{result->digest, img->squashfs_path, img->metadata.config_json,
+                                               PullErrorKind::none, {}});
     }
     std::printf("%s %s\n", result->digest.c_str(), result->squashfs_path.c_str());
     return 0;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -158,6 +159,55 @@ Status resolve_identity(const ContainerSpec& spec, launcher::Identity& id) {
     return {};
 }
 
+// The image file and the bind sources the user named, checked with the user's own rights. Root (the
+// plugin in slurmstepd) must not open or stat them itself: that would read files the user may not
+// read, and its different answers ("not a squashfs file" / "No such file or directory") would tell the
+// user about files they cannot see. So a child drops to the user (groups, gid, uid: verified) and
+// checks; only its verdict comes back, on a pipe.
+Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id) {
+    auto check = [&]() -> Status {
+        GANTRY_TRY(launcher::check_squashfs(spec.image_path));
+        return check_mount_sources(spec.mounts);
+    };
+    if (::geteuid() != 0 || id.uid == 0) return check();
+    std::vector<gid_t> groups = {id.gid};
+    if (struct passwd* pw = ::getpwuid(id.uid)) {
+        int n = 256;
+        groups.resize(static_cast<size_t>(n));
+        if (::getgrouplist(pw->pw_name, id.gid, groups.data(), &n) < 0) n = 0;
+        groups.resize(static_cast<size_t>(n));
+        if (groups.empty()) groups.push_back(id.gid);
+    }
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return system_error("creating a pipe");
+    UniqueFd rd(fds[0]), wr(fds[1]);
+    pid_t pid = ::fork();
+    if (pid < 0) return system_error("checking the image as uid " + std::to_string(id.uid));
+    if (pid == 0) {
+        rd.reset();
+        std::string verdict = "!could not switch to uid " + std::to_string(id.uid);
+        if (::setgroups(groups.size(), groups.data()) == 0 && ::setresgid(id.gid, id.gid, id.gid) == 0 &&
+            ::setresuid(id.uid, id.uid, id.uid) == 0 && ::geteuid() == id.uid) {
+            auto st = check();
+            verdict = st ? std::string() : "!" + st.error().message;
+        }
+        (void)!::write(wr.get(), verdict.data(), std::min<size_t>(verdict.size(), 4096));
+        ::_exit(0);
+    }
+    wr.reset();
+    std::string verdict;
+    char chunk[512];
+    ssize_t n;
+    while ((n = ::read(rd.get(), chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR))
+        if (n > 0 && verdict.size() < 4096) verdict.append(chunk, static_cast<size_t>(n));
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error("checking the image " + spec.image_path + " as uid " + std::to_string(id.uid) + " failed");
+    if (!verdict.empty()) return make_error(verdict.substr(1));
+    return {};
+}
+
 // The launch sequence, run by the holder. Each step is one verb; see rootfs.cpp for the mounts.
 Status set_up_container(Setup& s) {
     using namespace launcher;
@@ -254,8 +304,7 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     Setup s;
     s.spec = &spec;
     GANTRY_TRY(resolve_identity(spec, s.id));
-    GANTRY_TRY(launcher::check_squashfs(spec.image_path));
-    GANTRY_TRY(check_mount_sources(spec.mounts));
+    GANTRY_TRY(check_user_paths(spec, s.id));
     bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted && launcher::is_trusted_path(spec.image_path, spec.config.store_owner);
     auto backend = launcher::choose_backend(spec, privileged_ok);
     if (!backend) return backend.error();

@@ -62,8 +62,13 @@ Result<pid_t> spawn(const std::vector<std::string>& argv, int keep_fd, bool die_
 }  // namespace
 
 Status check_squashfs(const std::string& path) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    // Non-blocking: a FIFO or a device named as the image must fail at once, not hang the caller
+    // (slurmstepd waits for it); only a regular file can be an image.
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
     if (!fd) return system_error("opening image " + path);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return system_error("opening image " + path);
+    if (!S_ISREG(st.st_mode)) return make_error("opening image " + path + ": not a regular file (give a squashfs file)");
     char magic[4] = {};
     if (::read(fd.get(), magic, 4) != 4 || std::memcmp(magic, "hsqs", 4) != 0)
         return make_error("opening image " + path + ": not a squashfs file");

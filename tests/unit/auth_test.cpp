@@ -213,6 +213,10 @@ TEST_CASE("ECR registry names and API endpoints", "[auth][ecr]") {
     CHECK_FALSE(auth::parse_ecr_registry("12345.dkr.ecr.us-east-1.amazonaws.com").has_value());
     CHECK_FALSE(auth::parse_ecr_registry("123456789012.dkr.ecr.us-east-1.amazonaws.com.evil.example").has_value());
     CHECK_FALSE(auth::parse_ecr_registry("127.0.0.1:5000").has_value());
+    CHECK_FALSE(auth::parse_ecr_registry("1234567890123.dkr.ecr.us-east-1.amazonaws.com").has_value());
+    CHECK_FALSE(auth::parse_ecr_registry("123456789012.dkr.ecr..amazonaws.com").has_value());
+    CHECK_FALSE(auth::parse_ecr_registry("123456789012.dkr.ecr.us_east-1.amazonaws.com").has_value());
+    CHECK_FALSE(auth::parse_ecr_registry("123456789012.dkr.ecrus-east-1.amazonaws.com").has_value());
     // public.ecr.aws: no source has anything, so the registry client goes anonymous.
     CHECK_FALSE(default_credential_lookup()(ref_of("public.ecr.aws", "docker/library/busybox")).has_value());
 

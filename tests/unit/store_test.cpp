@@ -15,6 +15,7 @@
 
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
+#include "gantry/pull_report.hpp"
 #include "gantry/store.hpp"
 
 using namespace gantry;
@@ -226,4 +227,39 @@ TEST_CASE("trusted store: owned by root or the configured store_owner, writable 
     ::chmod((t.dir + "/images").c_str(), 0755);
     ::chmod(t.dir.c_str(), 01777);  // anybody could replace images/
     CHECK_FALSE(store.trusted(with_owner));
+}
+
+TEST_CASE("pull report: what the plugin reads back from gantry pull --report-fd", "[store][report]") {
+    PullReport ok{"sha256:" + std::string(64, 'a'), "/fsx/gantry/images/" + std::string(64, 'a') + ".sqsh",
+                  R"({"config":{"Env":["PATH=/bin"]}})", PullErrorKind::none, {}};
+    auto back = decode_pull_report(encode_pull_report(ok));
+    REQUIRE(back);
+    CHECK(back->digest == ok.digest);
+    CHECK(back->squashfs_path == ok.squashfs_path);
+    CHECK(back->config_json == ok.config_json);
+    CHECK(back->error == PullErrorKind::none);
+
+    PullReport failed{{}, {}, {}, PullErrorKind::pull, "failed to import docker image x: 401"};
+    back = decode_pull_report(encode_pull_report(failed));
+    REQUIRE(back);
+    CHECK(back->error == PullErrorKind::pull);
+    CHECK(back->message == failed.message);
+
+    // Invalid UTF-8 from a registry's error text is replaced, not a reason to lose the report.
+    failed.message = "bad \xff byte";
+    REQUIRE(decode_pull_report(encode_pull_report(failed)));
+
+    CHECK_FALSE(decode_pull_report(""));
+    CHECK_FALSE(decode_pull_report("sha256:abc /path"));  // the old one-line output is not a report
+    CHECK_FALSE(decode_pull_report(R"({"digest":"sha256:abc","error":{"kind":"none"}})"));  // bad digest
+    CHECK_FALSE(decode_pull_report(R"({"digest":"x","error":{"kind":"surprise","message":"m"}})"));
+    CHECK_FALSE(decode_pull_report(R"({"digest":"x"})"));
+    CHECK_FALSE(decode_pull_report(R"({"digest":7,"error":{"kind":"none"}})"));
+    // The cap holds at its boundary: one byte over is refused before parsing.
+    std::string big = encode_pull_report(ok);
+    big.insert(big.size() - 1, std::string(kMaxPullReportBytes - big.size(), ' '));
+    CHECK(big.size() == kMaxPullReportBytes);
+    CHECK(decode_pull_report(big));
+    big.insert(big.size() - 1, " ");
+    CHECK_FALSE(decode_pull_report(big));
 }
