@@ -93,11 +93,12 @@ docker_config() {
   # The job user cannot write the store: the old behaviour (pull as the user) could not fill it.
   ! runuser -u "$U" -- touch "$TSTORE/images/probe" 2>/dev/null || false
   run as_user timeout 180 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" \
-    sh -c 'cat /work/README; awk '\''$5 == "/work" { for (i = 7; $i != "-"; i++); print $(i + 1) }'\'' /proc/self/mountinfo'
+    sh -c 'cat /work/README; awk '\''$5 == "/bin" { for (i = 7; $i != "-"; i++); print $(i + 1) }'\'' /proc/self/mountinfo'
   echo "$output"
   [ "$status" -eq 0 ]
   echo "$output" | grep -qx "tiny work dir"
-  # The image's directories (bound into the container's tmpfs skeleton root) are the kernel's
+  # /bin (a top-level image directory, bound into the container's tmpfs skeleton root; not /work, which
+  # gains an overlay when the checkout lies below /work) is the kernel's
   # squashfs (a loop mount), not squashfuse.
   echo "$output" | grep -qx squashfs
   ! echo "$output" | grep -q "fuse" || false
@@ -111,10 +112,10 @@ docker_config() {
   # Two steps at once on one node: both see the image on the same squashfs mount (same device), and the
   # machine has exactly one loop device backed by the image while they run.
   as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" \
-    sh -c 'awk '\''$5 == "/work" { print $3 }'\'' /proc/self/mountinfo; sleep 6' >"$WORK/dev1" &
+    sh -c 'awk '\''$5 == "/bin" { print $3 }'\'' /proc/self/mountinfo; sleep 6' >"$WORK/dev1" &
   p1=$!
   as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" \
-    sh -c 'awk '\''$5 == "/work" { print $3 }'\'' /proc/self/mountinfo; sleep 6' >"$WORK/dev2" &
+    sh -c 'awk '\''$5 == "/bin" { print $3 }'\'' /proc/self/mountinfo; sleep 6' >"$WORK/dev2" &
   p2=$!
   for i in $(seq 100); do [ -s "$WORK/dev1" ] && [ -s "$WORK/dev2" ] && break; sleep 0.1; done
   loops_while_running=$(loops_of_store)
@@ -163,6 +164,27 @@ docker_config() {
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
   echo "$output" | grep -q "gantry: failed to import docker image"
   echo "$output" | grep -q "authentication to $TREG failed"
+  ! echo "$output" | grep -qx "tiny work dir" || false
+
+  # 4. Forged answers from the user's own side: an LD_PRELOAD in the job's environment makes the user's
+  #    half of the pull print the stored image's digest and hand over no credentials. The registry, asked
+  #    by the store account's half, still refuses: the user's side decides nothing but the credentials.
+  rm -f "$WORK/home/.docker/config.json"
+  digest=sha256:$(basename "$sqsh" .sqsh)
+  # Only in gantry itself (srun runs with the same environment).
+  printf '%s\n' '#define _GNU_SOURCE' '#include <errno.h>' '#include <stdio.h>' '#include <stdlib.h>' '#include <string.h>' \
+    '#include <unistd.h>' '__attribute__((constructor)) static void forge(void) {' \
+    '  const char* d = getenv("FORGED_DIGEST"); if (!d || strcmp(program_invocation_short_name, "gantry") != 0) return;' \
+    '  (void)!write(3, "{}", 2); printf("%s %s\n", d, getenv("FORGED_PATH")); fflush(stdout); _exit(0); }' \
+    >"$WORK/forge.c"
+  gcc -shared -fPIC -o "$WORK/forge.so" "$WORK/forge.c"
+  chmod 0755 "$WORK/forge.so"
+  run as_user timeout 120 env LD_PRELOAD="$WORK/forge.so" FORGED_DIGEST="$digest" FORGED_PATH="$sqsh" \
+    srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" cat /work/README
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  echo "$output" | grep -q "no credentials found for $TREG"
   ! echo "$output" | grep -qx "tiny work dir" || false
 
   # The secret is in no log of the node and nowhere under the store (argv and environment never held

@@ -1,0 +1,175 @@
+# fixtures: registry images slurm
+# The root side of a step, tried as a hostile cluster user would (issues 13 and 14): the shipped default
+# configuration (no store_path) uses the job user's own store from the account database, never a store
+# in /tmp or root's home that another user could have planted; a pull that prints without end cannot
+# grow slurmstepd; a FIFO named as the image fails at once; another user's named container can be
+# neither joined, replaced nor stopped.
+
+load helpers
+
+ATTACKER=gantry-attacker
+
+setup() {
+  gantry_load_env registry images slurm
+  gantry_cluster_registry
+  TINY="$REG#gantry-test/tiny"
+  U=$GANTRY_TEST_USER
+  GANTRY_TEST_USER=$ATTACKER GANTRY_TEST_UID=4243 "$BATS_TEST_DIRNAME/../harness/user.sh" >/dev/null
+  UHOME=$(getent passwd "$U" | cut -d: -f6)
+  WORK=$(mktemp -d "$GANTRY_TEST_FSX/step-trust.XXXXXX")
+  chmod 0755 "$WORK"
+  PLUGSTACK=$GANTRY_HARNESS_DIR/slurm/plugstack.conf
+  cp "$PLUGSTACK" "$WORK/plugstack.conf.orig"
+}
+
+teardown() {
+  cp "$WORK/plugstack.conf.orig" "$PLUGSTACK"
+  for who in "$U" "$ATTACKER"; do pkill -u "$who" -f 'sleep 300' 2>/dev/null || true; done
+  rm -rf "$WORK" /tmp/.cache/gantry-step-trust
+  # The per-user store of the default configuration test.
+  rm -rf "$UHOME/.cache/gantry"
+}
+
+# as USER CMD...: a command as USER from the shared directory.
+as() {
+  local who=$1
+  shift
+  runuser -u "$who" -- env -C "$WORK" "$@"
+}
+
+# preload NAME C-SOURCE: builds $WORK/NAME.so from the C source (the user's LD_PRELOAD library).
+preload() {
+  printf '%s\n' "$2" >"$WORK/$1.c"
+  gcc -shared -fPIC -o "$WORK/$1.so" "$WORK/$1.c"
+  chmod 0755 "$WORK/$1.so"
+}
+
+nodes_idle() {
+  for i in $(seq 100); do [ -z "$(sinfo -h -o '%t' | grep -v '^idle$')" ] && return 0; sleep 0.2; done
+  sinfo -h -o '%t'
+  return 1
+}
+
+@test "the shipped default (no store_path): the job user's own store from the account database; a store planted in /tmp is never used" {
+  # gantry.conf as the package ships it, plus only the test registry's address.
+  grep -v '^[[:space:]]*store_path' "$GANTRY_SOURCE_DIR/conf/gantry.conf" >"$GANTRY_HARNESS_DIR/gantry.conf"
+  echo "insecure_registries = $REG" >>"$GANTRY_HARNESS_DIR/gantry.conf"
+  rm -rf "$UHOME/.cache/gantry"
+  # The attacker plants a trojan under tiny's digest where a store resolved from root's environment
+  # without HOME would be (/tmp/.cache/gantry) and in the attacker-writable /tmp.
+  mkdir -p "$WORK/trojan/work"
+  echo "trojan ran" >"$WORK/trojan/work/README"
+  mksquashfs "$WORK/trojan" "$WORK/trojan.sqsh" -quiet -noappend -all-root >/dev/null
+  hex=${GANTRY_TEST_DIGEST_TINY#sha256:}
+  planted_before=$(stat -c %Y /tmp/.cache 2>/dev/null || echo none)
+  if [ ! -e /tmp/.cache ]; then
+    as "$ATTACKER" mkdir -p /tmp/.cache/gantry/images /tmp/.cache/gantry/refs /tmp/.cache/gantry/used /tmp/.cache/gantry/locks /tmp/.cache/gantry/staging
+    as "$ATTACKER" cp "$WORK/trojan.sqsh" "/tmp/.cache/gantry/images/$hex.sqsh"
+    PLANTED=1
+  fi
+  run as "$U" timeout 180 srun -N2 -n2 --container-image="$TINY" cat /work/README
+  echo "$output"
+  [ -n "${PLANTED:-}" ] && rm -rf /tmp/.cache
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^tiny work dir$')" -eq 2 ]
+  ! echo "$output" | grep -q trojan || false
+  # The image is in the job user's own store, found through the account database, owned by the user.
+  [ -f "$UHOME/.cache/gantry/images/$hex.sqsh" ]
+  [ "$(stat -c %U "$UHOME/.cache/gantry/images/$hex.sqsh")" = "$U" ]
+  # Nothing was created in root's home.
+  [ ! -e /root/.cache/gantry/images/$hex.sqsh ]
+  echo "planted /tmp/.cache before: $planted_before"
+}
+
+@test "a pull that prints without end (LD_PRELOAD in the job's environment) is stopped; the step fails with a short message" {
+  gantry_plugin_conf
+  # Only in gantry itself (srun runs with the same environment).
+  preload flood '#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+__attribute__((constructor)) static void flood(void) {
+  static char buf[1 << 20];
+  if (strcmp(program_invocation_short_name, "gantry") != 0) return;
+  memset(buf, 0x41, sizeof buf);
+  for (int i = 0; i < 1024; i++) if (write(1, buf, sizeof buf) < 0) break;
+  _exit(0);
+}'
+  # The peak resident size of the node's slurmstepd processes while the step runs.
+  ( peak=0; for i in $(seq 300); do
+      for r in $(ps -C slurmstepd -o rss= 2>/dev/null); do [ "$r" -gt "$peak" ] && peak=$r; done
+      echo "$peak" >"$WORK/peak.tmp" && mv "$WORK/peak.tmp" "$WORK/peak"; sleep 0.05
+    done ) 3>&- &
+  sampler=$!
+  t0=$(date +%s)
+  run as "$U" timeout 120 env LD_PRELOAD="$WORK/flood.so" srun -N1 -n1 --container-image="$TINY" true
+  t1=$(date +%s)
+  kill "$sampler" 2>/dev/null || true
+  echo "${output:0:2000}"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  echo "$output" | grep -q "wrote more than 65536 bytes to its stdout and was stopped"
+  # Short: no flood reaches the user's terminal.
+  [ "${#output}" -lt 20000 ]
+  echo "slurmstepd peak RSS: $(cat "$WORK/peak") KiB; step took $((t1 - t0)) s"
+  [ "$(cat "$WORK/peak")" -lt 102400 ]
+  nodes_idle
+}
+
+@test "a FIFO or a device node given as --container-image fails at once with a clear message; nodes return to idle" {
+  gantry_plugin_conf
+  mkfifo "$WORK/image.fifo"
+  chmod 0666 "$WORK/image.fifo"
+  t0=$(date +%s%N)
+  run as "$U" timeout 60 srun -N1 -n1 --container-image="$WORK/image.fifo" true
+  t1=$(date +%s%N)
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "image.fifo: not a regular file"
+  run as "$U" timeout 60 srun -N1 -n1 --container-image=/dev/zero true
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "/dev/zero: not a regular file"
+  echo "the FIFO step took $(((t1 - t0) / 1000000)) ms"
+  nodes_idle
+}
+
+@test "an image file the user cannot read is refused with the user's own rights (root's view is not an oracle)" {
+  gantry_plugin_conf
+  secret=$(mktemp -d /var/tmp/gantry-secret.XXXXXX)
+  chmod 0700 "$secret"
+  mksquashfs "$GANTRY_SOURCE_DIR/docs" "$secret/root-only.sqsh" -quiet -noappend >/dev/null
+  run as "$U" timeout 60 srun -N1 -n1 --container-image="$secret/root-only.sqsh" true
+  echo "$output"
+  rm -rf "$secret"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  # The user's view: permission denied on the directory, as `cat` would say, not "not a squashfs".
+  echo "$output" | grep -q "Permission denied"
+  nodes_idle
+}
+
+@test "container_scope=global: another user can neither join, replace nor stop a named container" {
+  gantry_plugin_conf
+  sed -i 's|spank_gantry.so|& container_scope=global|' "$PLUGSTACK"
+  grep -q 'container_scope=global' "$PLUGSTACK"
+  name=shared-$RANDOM
+  # The owner keeps a named container alive with a long step.
+  node=$(sinfo -h -N -o '%N' | head -1)
+  as "$U" srun -N1 -n1 -w "$node" --container-image="$TINY" --container-name="$name" \
+    sh -c 'echo mine > /tmp/owner-mark; echo started; sleep 300' >"$WORK/owner.out" 2>&1 &
+  owner=$!
+  for i in $(seq 300); do grep -q started "$WORK/owner.out" && break; sleep 0.2; done
+  cat "$WORK/owner.out"
+  grep -q started "$WORK/owner.out"
+  for mode in "" ":exec" ":create" ":auto"; do
+    run as "$ATTACKER" timeout 60 srun -N1 -n1 -w "$node" --container-image="$TINY" --container-name="$name$mode" cat /tmp/owner-mark
+    echo "mode '$mode': $output"
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+    echo "$output" | grep -q "belongs to another user"
+    ! echo "$output" | grep -qx mine || false
+  done
+  # The owner's step is still running in its container.
+  kill -0 "$owner"
+  pkill -u "$U" -f 'sleep 300' || true
+  wait "$owner" || true
+}
