@@ -54,8 +54,11 @@ GANTRY_PLUGIN=$plugin GANTRY_PLUGSTACK_ARGS="config=$conf gantry=$cli" \
   { tail -n 20 "$H/test-harness-srun.log" >&2; gantry_die "test-harness-srun: slurm.sh start failed"; }
 # shellcheck disable=SC1091
 . "$H/slurm.env"
-mkdir -p "$GANTRY_TEST_FSX/pkg-store" && chmod 1777 "$GANTRY_TEST_FSX/pkg-store"
-printf 'store_path = %s\n' "$GANTRY_TEST_FSX/pkg-store" >"$conf"
+# The configuration exactly as the package ships it (no store_path: each user's own store below the
+# home directory in the account database): the default must work out of the box.
+cp "$pkg/etc/gantry/gantry.conf" "$conf"
+user_store=$(getent passwd "$GANTRY_TEST_USER" | cut -d: -f6)/.cache/gantry
+rm -rf "$user_store"
 work=$(mktemp -d "$GANTRY_TEST_FSX/pkg-srun.XXXXXX")
 chown "$GANTRY_TEST_USER" "$work"
 as_user() { runuser -u "$GANTRY_TEST_USER" -- env -C "$work" "$@"; }
@@ -75,8 +78,9 @@ check "both ranks run the registry's digest" test "$(grep -c "^digest=$GANTRY_TE
 out2=$(as_user srun -n2 --container-image="$image" cat /work/README 2>&1) || true
 t2=$(date +%s.%N)
 check "a second step reuses the stored image" test "$(grep -c '^tiny work dir$' <<<"$out2")" -eq 2
-check "the store holds the image the CLI from the .deb pulled" test -f "$GANTRY_TEST_FSX/pkg-store/images/${GANTRY_TEST_DIGEST_TINY#sha256:}.sqsh"
-rm -rf "$work"
+check "the user's own store holds the image the CLI from the .deb pulled" test -f "$user_store/images/${GANTRY_TEST_DIGEST_TINY#sha256:}.sqsh"
+check "the shipped gantry.conf was used unchanged" cmp -s "$pkg/etc/gantry/gantry.conf" "$conf"
+rm -rf "$work" "$user_store"
 printf 'test-harness-srun: first srun (pull + convert + run) %.2f s, second srun %.2f s; %s\n' \
   "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$([ $fail -eq 0 ] && echo 'all checks passed' || echo 'FAILURES above')"
 exit $fail

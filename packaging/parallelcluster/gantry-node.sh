@@ -3,25 +3,34 @@
 # configures it for the cluster (store on FSx for Lustre, scratch on local NVMe). See docs/admin.md,
 # "AWS ParallelCluster", and cluster-snippet.yaml beside this file.
 #
-#   gantry-node.sh --deb URL|PATH --rpm URL|PATH [--store DIR] [--gc-max-bytes SIZE] [--gc-unused-for AGE]
+#   gantry-node.sh --deb URL|PATH --rpm URL|PATH [--store DIR] [--store-owner NAME] [--store-uid UID]
+#                  [--gc-max-bytes SIZE] [--gc-unused-for AGE]
 #
 # URLs may be s3:// (aws cli, the node's instance role), https:// or a local path. Only the package
 # matching the node's distribution is fetched. The packages must be built against the cluster's Slurm
 # (/opt/slurm/include) with -DGANTRY_PACKAGE_SLURM_DEPENDS=OFF (docs/admin.md).
 #
-# Every node: install the package, write /etc/gantry/gantry.conf, create the NVMe scratch directory.
+# The store is a trusted shared store (docs/store.md): owned by an unprivileged system account
+# (--store-owner, default gantry) with the same uid on every node (--store-uid, default 3939: the store's
+# files belong to that uid on the shared file system), writable by nobody else. Jobs pull into it through
+# the plugin as that account after the registry authorised the job user; the kernel mounts its images.
+# Every node: install the package, create the store account, write /etc/gantry/gantry.conf, create the
+# NVMe scratch directory.
 # Head node only (/opt/slurm/etc is NFS-shared with the compute nodes, so it is written once): create
-# the store, disable Pyxis, write the plugstack line, install the gc cron entry, and check that srun
+# the store, disable Pyxis, write the plugstack line, install the gc cron entry (run as the store's
+# owner, never as root), and check that srun
 # loads the plugin; on failure the plugstack line is removed again and the script fails, so cluster
 # creation stops with a message instead of every job failing.
 set -euo pipefail
 
-deb="" rpm="" store=/fsx/gantry gc_max=2T gc_age=30d
+deb="" rpm="" store=/fsx/gantry owner=gantry owner_uid=3939 gc_max=2T gc_age=30d
 while [ $# -gt 0 ]; do
   case $1 in
     --deb) deb=$2; shift 2 ;;
     --rpm) rpm=$2; shift 2 ;;
     --store) store=$2; shift 2 ;;
+    --store-owner) owner=$2; shift 2 ;;
+    --store-uid) owner_uid=$2; shift 2 ;;
     --gc-max-bytes) gc_max=$2; shift 2 ;;
     --gc-unused-for) gc_age=$2; shift 2 ;;
     *) echo "gantry-node: unknown argument '$1'" >&2; exit 2 ;;
@@ -100,10 +109,22 @@ install -d -m 1777 "$scratch"
 if ! mountpoint -q "$(dirname "$store")"; then
   log "warning: $(dirname "$store") is not mounted here; the store must be on shared storage (SharedStorage in the cluster config)"
 fi
+# The store's account: the same name and uid on every node, no login, no home.
+if id -u "$owner" >/dev/null 2>&1; then
+  [ "$(id -u "$owner")" = "$owner_uid" ] ||
+    die "account $owner exists with uid $(id -u "$owner"), expected $owner_uid (--store-uid): the store's files need one uid on every node"
+else
+  getent passwd "$owner_uid" >/dev/null && die "uid $owner_uid is taken by $(getent passwd "$owner_uid" | cut -d: -f1); pick another --store-uid"
+  getent group "$owner_uid" >/dev/null || groupadd --system --gid "$owner_uid" "$owner"
+  useradd --system --uid "$owner_uid" --gid "$owner_uid" --no-create-home --home-dir /nonexistent \
+    --shell /usr/sbin/nologin --comment "Gantry image store" "$owner"
+  log "created the store account $owner (uid $owner_uid)"
+fi
 install -d -m 0755 /etc/gantry
 cat >/etc/gantry/gantry.conf <<EOF
 # Written by gantry-node.sh (ParallelCluster OnNodeConfigured); see gantry.conf(5).
 store_path = $store
+store_owner = $owner
 runtime_path = /run/gantry
 scratch_path = $scratch
 EOF
@@ -114,9 +135,12 @@ log "wrote /etc/gantry/gantry.conf: store $store, scratch $scratch"
 
 # ---------------------------------------------------------------- head node: cluster-wide settings
 
-# A store every user can pull into (sticky: nobody replaces another's files); images in it are
-# mounted with squashfuse, never by the kernel (docs/store.md).
-install -d -m 1777 "$store"
+# The trusted store: the account owns it, nobody else may write it (not a 1777 directory: there any
+# user could plant files under a digest others use, docs/store.md).
+if [ -e "$store" ] && [ "$(stat -c %u "$store")" != "$owner_uid" ]; then
+  die "$store exists and is owned by uid $(stat -c %u "$store"), not $owner ($owner_uid); move it away (an old world-writable store is not safe to keep) or pass --store"
+fi
+for d in "" images refs used locks staging; do install -d -o "$owner" -g "$owner" -m 0755 "$store/$d"; done
 
 install -d -m 0755 "$slurm_etc/plugstack.conf.d"
 # Pyxis and Gantry both register --container-image; only one may be loaded. Older ParallelCluster
@@ -150,9 +174,11 @@ if ! "$srun_bin" --help 2>"$work/srun.err" | grep -q -- '--container-image'; the
 fi
 log "enabled: $line"
 
-# Least recently used images go first; images in use are never removed (docs/admin.md).
+# Least recently used images go first; images in use are never removed (docs/admin.md). Run as the
+# store's owner, not root: gc removes files, and only the owner may write the store anyway.
+install -m 0644 -o "$owner" -g "$owner" /dev/null /var/log/gantry-gc.log
 cat >/etc/cron.d/gantry-gc <<EOF
 # Written by gantry-node.sh: daily cleanup of the shared Gantry store, on the head node only.
-17 3 * * * root /usr/bin/gantry gc --store $store --max-bytes $gc_max --unused-for $gc_age >>/var/log/gantry-gc.log 2>&1
+17 3 * * * $owner /usr/bin/gantry gc --store $store --max-bytes $gc_max --unused-for $gc_age >>/var/log/gantry-gc.log 2>&1
 EOF
 log "gc: daily, --max-bytes $gc_max --unused-for $gc_age"

@@ -25,6 +25,12 @@ setup() {
 teardown() {
   cp "$WORK/plugstack.conf.orig" "$PLUGSTACK"
   for who in "$U" "$ATTACKER"; do pkill -u "$who" -f 'sleep 300' 2>/dev/null || true; done
+  # A global named container outlives its job (no epilog removes it): stop it on its node.
+  if [ -s "$WORK/global-container" ]; then
+    read -r node cname <"$WORK/global-container"
+    "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$node" -- "$GANTRY_BUILD_DIR/runtime/gantry" stop "$cname" || true
+    "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$node" -- rm -f "/run/gantry/containers/$cname.json" || true
+  fi
   rm -rf "$WORK" /tmp/.cache/gantry-step-trust
   # The per-user store of the default configuration test.
   rm -rf "$UHOME/.cache/gantry"
@@ -155,6 +161,7 @@ __attribute__((constructor)) static void flood(void) {
   name=shared-$RANDOM
   # The owner keeps a named container alive with a long step.
   node=$(sinfo -h -N -o '%N' | head -1)
+  echo "$node pyxis_$name" >"$WORK/global-container"
   as "$U" srun -N1 -n1 -w "$node" --container-image="$TINY" --container-name="$name" \
     sh -c 'echo mine > /tmp/owner-mark; echo started; sleep 300' >"$WORK/owner.out" 2>&1 &
   owner=$!
