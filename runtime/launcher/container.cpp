@@ -258,14 +258,21 @@ void send_line(int fd, const std::string& line) {
     };
     watch_parent();
     ::prctl(PR_SET_NAME, "gantry-holder", 0, 0, 0);  // tell it apart from `gantry run` in ps/pkill
+    // The holder is a fork of its creator and becomes the job user's process: in the plugin that
+    // creator is root's slurmstepd, whose descriptors (slurmd's log open for writing, the step's RPC
+    // socket, ...) the user could reach through the holder (/proc/PID/fd, ptrace). Keep only `ready`.
+    if (ready > 3) ::close_range(3, static_cast<unsigned>(ready) - 1, 0);
+    ::close_range(static_cast<unsigned>(ready) + 1, ~0U, 0);
     int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
     ::dup2(null, 0);
     // A detached holder (and the fuse daemon it starts) must not keep the caller's output open:
-    // whoever reads it would wait for EOF until the container stops. Errors go through `ready`.
-    if (s.spec->detach) {
+    // whoever reads it would wait for EOF until the container stops; a holder started by root for a
+    // user must not keep root's output (slurmstepd's may be slurmd's log). Errors go through `ready`.
+    if (s.spec->detach || (::geteuid() == 0 && s.id.uid != 0)) {
         ::dup2(null, 1);
         ::dup2(null, 2);
     }
+    if (null > 2) ::close(null);
 
     auto st = set_up_container(s);
     watch_parent();

@@ -180,3 +180,22 @@ __attribute__((constructor)) static void flood(void) {
   pkill -u "$U" -f 'sleep 300' || true
   wait "$owner" || true
 }
+
+@test "the container holder keeps none of slurmstepd's descriptors (slurmd's log, its sockets) and no root output" {
+  gantry_plugin_conf
+  as "$U" srun -N1 -n1 --container-image="$TINY" sh -c 'echo started; sleep 300' >"$WORK/step.out" 2>&1 &
+  step=$!
+  for i in $(seq 300); do grep -q started "$WORK/step.out" && break; sleep 0.2; done
+  grep -q started "$WORK/step.out"
+  holder=$(pgrep -u "$U" -x gantry-holder | head -1)
+  [ -n "$holder" ]
+  fds=$(for f in /proc/"$holder"/fd/*; do printf '%s -> %s\n' "${f##*/}" "$(readlink "$f")"; done)
+  echo "$fds"
+  pkill -u "$U" -f 'sleep 300' || true
+  wait "$step" || true
+  # stdio is /dev/null, and nothing is a socket or a file of the Slurm harness (slurmd.log, spool).
+  [ "$(echo "$fds" | awk '$1 <= 2' | grep -vc ' -> /dev/null$')" -eq 0 ]
+  ! echo "$fds" | grep -q 'socket:' || false
+  ! echo "$fds" | grep -qF "$GANTRY_SLURM_STATE" || false
+  ! echo "$fds" | grep -q '\.log$' || false
+}
