@@ -109,13 +109,15 @@ public:
 
     // One layer: all its entries, then the diff_id check, then any hard-link data still missing.
     Status convert(const LayerBlob& blob, int layer) {
-        // The layer may expand to its own limit or to what the layers above left of the image's,
-        // whichever is less; the decoder stops there, so a bomb costs no more than that.
-        const uint64_t image_left =
-            limits_.max_image_bytes - std::min(limits_.max_image_bytes, stats_.uncompressed_bytes);
-        const bool image_binds = image_left < limits_.max_layer_bytes;
-        auto opened = LayerReader::open(blob.path, blob.media_type, !blob.diff_id.empty(),
-                                        std::min(image_left, limits_.max_layer_bytes));
+        // What a layer expands to is the larger of its tar and its files' sizes: sparse files may
+        // declare far more than their data. It may expand to its own limit or to what the layers
+        // above left of the image's, whichever is less; the decoder stops at that budget, so a bomb
+        // costs no more than that, and a file declared larger is refused at its header.
+        const uint64_t image_left = limits_.max_image_bytes - std::min(limits_.max_image_bytes, expanded_);
+        image_binds_ = image_left < limits_.max_layer_bytes;
+        budget_ = std::min(image_left, limits_.max_layer_bytes);
+        file_bytes_ = 0;
+        auto opened = LayerReader::open(blob.path, blob.media_type, !blob.diff_id.empty(), budget_);
         if (!opened) return opened.error();
         LayerReader& reader = **opened;
         layer_ = layer;
@@ -131,21 +133,15 @@ public:
         }
         // Past the byte limit, whatever failed (a tar header cut short, the padding after the tar's
         // end) failed because of it.
-        if (reader.over_limit()) {
-            if (image_binds)
-                return breach("max_image_bytes", "the layers' uncompressed tars together exceed " +
-                                                     limit_value("max_image_bytes", limits_.max_image_bytes, true) +
-                                                     "; raise max_image_bytes in gantry.conf if the image is genuine");
-            return breach("max_layer_bytes", "its uncompressed tar exceeds " +
-                                                 limit_value("max_layer_bytes", limits_.max_layer_bytes, true) +
-                                                 "; raise max_layer_bytes in gantry.conf if the image is genuine");
-        }
+        if (reader.over_limit()) return over_budget();
         if (!digest) return digest.error();
         stats_.uncompressed_bytes += reader.uncompressed_bytes();
         if (!blob.diff_id.empty() && *digest != blob.diff_id)
             return make_error("uncompressed content has digest " + *digest + ", but the image config says " +
                               blob.diff_id);
-        return fetch_shadowed_data(blob);
+        GANTRY_TRY(fetch_shadowed_data(blob));
+        expanded_ += std::max(reader.uncompressed_bytes(), file_bytes_);
+        return {};
     }
 
     // The limit the last failed convert() broke, if that was why it failed.
@@ -169,6 +165,18 @@ private:
                 return st.error().wrap("entry '" + shown_name(name) + "'");
         }
         return {};
+    }
+
+    Error over_budget() {
+        if (image_binds_)
+            return breach("max_image_bytes", "the image expands beyond " +
+                                                 limit_value("max_image_bytes", limits_.max_image_bytes, true) +
+                                                 " uncompressed with this layer; raise max_image_bytes in gantry.conf "
+                                                 "if the image is genuine");
+        return breach("max_layer_bytes", "expands beyond " +
+                                             limit_value("max_layer_bytes", limits_.max_layer_bytes, true) +
+                                             " uncompressed; raise max_layer_bytes in gantry.conf if the image is "
+                                             "genuine");
     }
 
     Error breach(const char* limit, const std::string& message) {
@@ -294,6 +302,8 @@ private:
     }
 
     Status stream_data(LayerReader& reader, Inode* in) {
+        if (in->size > budget_ - file_bytes_) return over_budget();  // a sparse file's holes count too
+        file_bytes_ += in->size;
         GANTRY_TRY(writer_.begin_file(in));
         uint64_t written = 0;
         for (;;) {
@@ -337,6 +347,10 @@ private:
     ConversionStats& stats_;
     const PullLimits& limits_;
     std::optional<std::string> broken_limit_;
+    uint64_t expanded_ = 0;     // what the layers converted so far expanded to
+    uint64_t budget_ = 0;       // what this layer may expand to
+    bool image_binds_ = false;  // the budget is what is left of max_image_bytes
+    uint64_t file_bytes_ = 0;   // sizes of this layer's files written so far, holes included
     int layer_ = 0;
     std::vector<LinkTarget> targets_;
     std::unordered_map<std::string, size_t> target_index_;
