@@ -17,11 +17,11 @@ namespace gantry {
 // What one pull may expand to, against decompression bombs and runaway images: a small gzip or zstd
 // layer can inflate to terabytes on shared storage. The converter counts while it streams and stops
 // at the limit; the blob fetcher refuses declared sizes beyond max_image_bytes before downloading.
-// The defaults leave room for the largest genuine ML images (a 20 GB PyTorch image is ~40 GB of tar
-// in ~100 000 files). docs/squashfs.md, "Limits", lists every limit and where it is enforced.
+// The defaults stay well above genuine ML images (a 20 GB PyTorch image: tens of GB of tar, hundreds
+// of thousands of files at most). docs/squashfs.md, "Limits", lists every limit and where it is enforced.
 struct PullLimits {
-    uint64_t max_layer_bytes = 64ULL << 30;   // uncompressed tar bytes of one layer
-    uint64_t max_image_bytes = 256ULL << 30;  // uncompressed tar bytes of all layers of one pull
+    uint64_t max_layer_bytes = 64ULL << 30;   // uncompressed bytes of one layer (sparse files at full size)
+    uint64_t max_image_bytes = 256ULL << 30;  // the same for all layers of one pull together
     uint64_t max_layer_entries = 10'000'000;  // tar entries (headers) of one layer
 };
 
