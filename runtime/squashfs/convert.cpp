@@ -259,7 +259,9 @@ private:
     }
 
     Status hard_link(const std::vector<std::string>& path, const char* raw_target) {
-        auto target_path = squashfs::split_entry_path(raw_target);
+        std::string broken;
+        auto target_path = squashfs::split_entry_path(raw_target, &broken);
+        if (!broken.empty()) broken_limit_ = broken;
         if (!target_path) return target_path.error().wrap("hard link target '" + shown_name(raw_target) + "'");
         const std::string target_key = squashfs::join_path(*target_path);
         auto it = target_index_.find(target_key);
