@@ -14,6 +14,17 @@
 
 namespace gantry {
 
+// What one pull may expand to, against decompression bombs and runaway images: a small gzip or zstd
+// layer can inflate to terabytes on shared storage. The converter counts while it streams and stops
+// at the limit; the blob fetcher refuses declared sizes beyond max_image_bytes before downloading.
+// The defaults stay well above genuine ML images (a 20 GB PyTorch image: tens of GB of tar, hundreds
+// of thousands of files at most). docs/squashfs.md, "Limits", lists every limit and where it is enforced.
+struct PullLimits {
+    uint64_t max_layer_bytes = 64ULL << 30;   // uncompressed bytes of one layer (sparse files at full size)
+    uint64_t max_image_bytes = 256ULL << 30;  // the same for all layers of one pull together
+    uint64_t max_layer_entries = 10'000'000;  // tar entries (headers) of one layer
+};
+
 struct Config {
     // Shared content-addressed image store (FSx for Lustre in production). Empty: per-user default.
     std::string store_path;
@@ -37,6 +48,8 @@ struct Config {
     uint32_t block_size = 131072;
     // Parallel blob downloads per pull; 0: sized for the host.
     int max_connections = 0;
+    // max_layer_bytes, max_image_bytes, max_layer_entries.
+    PullLimits limits;
     // Registries (host[:port]) reachable over plain HTTP besides loopback ones.
     std::vector<std::string> insecure_registries;
     // Extra CA bundle for registry TLS; empty: the system store (or SSL_CERT_FILE).

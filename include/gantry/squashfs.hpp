@@ -5,14 +5,25 @@
 // Nothing is extracted to disk.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "gantry/config.hpp"
 #include "gantry/result.hpp"
 
 namespace gantry {
+
+// Fixed limits on the paths of tar entries (and hard link targets), after "./" and "." components
+// are dropped. Not settings: the first two are what Linux and squashfs can represent at all, and no
+// genuine image comes near the third, while a tar of millions of nested directories costs the tree
+// memory and the kernel's path walk time.
+inline constexpr size_t kMaxNameBytes = 255;   // one path component (NAME_MAX, squashfs's limit too)
+inline constexpr size_t kMaxPathBytes = 4096;  // "/a/b/c" as the container sees it, NUL included (PATH_MAX)
+inline constexpr size_t kMaxPathDepth = 256;   // components of one path
 
 struct LayerBlob {
     std::string path;        // the compressed (or plain) tar blob on disk
@@ -29,6 +40,14 @@ struct SquashfsOptions {
     uint32_t block_size = 131072;     // power of two, 4 KiB .. 1 MiB
     unsigned threads = 0;             // compressor threads; 0: number of online CPUs
     bool sync = true;                 // fsync the image before returning (it is published by rename)
+    PullLimits limits;                // counted while the layers stream (gantry.conf, gantry/config.hpp)
+};
+
+// Which layer broke which limit: the layer's blob is intact (its digest verified) but must not be
+// converted, so the caller removes it rather than keeping it for a resumed pull.
+struct LimitBreach {
+    size_t layer = 0;   // index into `layers`
+    std::string limit;  // the gantry.conf key or constant: "max_layer_bytes", "kMaxPathDepth", ...
 };
 
 struct ConversionStats {
@@ -41,10 +60,12 @@ struct ConversionStats {
 // Writes `output` (created; must not exist) from `layers` (bottom layer first, as in the manifest).
 // `wait_for(i)` is called before layer i is opened and blocks until its blob is complete (or returns
 // the download error), which lets conversion of the top layer overlap the download of the others.
-// A diff_id mismatch, a path escaping the root, or a corrupt tar fails the call naming the layer;
-// the partial output is removed.
+// A diff_id mismatch, a path escaping the root, a corrupt tar or a layer beyond `options.limits`
+// or the path limits above fails the call naming the layer; the partial output is removed. A broken
+// limit is also reported in `breach` when given.
 Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, const std::string& output,
                                        const SquashfsOptions& options,
-                                       const std::function<Status(size_t index)>& wait_for = {});
+                                       const std::function<Status(size_t index)>& wait_for = {},
+                                       std::optional<LimitBreach>* breach = nullptr);
 
 }  // namespace gantry

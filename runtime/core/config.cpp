@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -53,6 +54,16 @@ Setter bool_key(bool Config::*field) {
         auto b = parse_bool(v);
         if (!b) return b.error();
         c.*field = *b;
+        return {};
+    };
+}
+
+// A pull limit: a plain count (bytes or entries, like block_size), at least 1.
+Setter limit_key(uint64_t PullLimits::*field) {
+    return [field](Config& c, const std::string& v) -> Status {
+        auto n = parse_int(v, 1, std::numeric_limits<long long>::max());
+        if (!n) return n.error();
+        c.limits.*field = static_cast<uint64_t>(*n);
         return {};
     };
 }
@@ -111,6 +122,9 @@ const std::map<std::string, Setter>& setters() {
              c.max_connections = static_cast<int>(*n);
              return {};
          }},
+        {"max_layer_bytes", limit_key(&PullLimits::max_layer_bytes)},
+        {"max_image_bytes", limit_key(&PullLimits::max_image_bytes)},
+        {"max_layer_entries", limit_key(&PullLimits::max_layer_entries)},
         {"insecure_registries",
          [](Config& c, const std::string& v) -> Status {
              c.insecure_registries = split_list(v, ',');

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <exception>
 #include <map>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "gantry/digest.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 #include "registry/client.hpp"
 
 namespace gantry {
@@ -261,6 +263,24 @@ Status RegistryClient::fetch_blobs(const ImageReference& ref, const std::vector<
         }
         users[it->second].push_back(i);
     }
+
+    // Early refusal, before a byte is downloaded: compressed layers (gzip and zstd add a fraction of a
+    // percent at worst) cannot be larger than the tars the converter would then refuse, so declared
+    // sizes beyond max_image_bytes would only fill the store's staging area for nothing. The converter
+    // counts the real, uncompressed bytes; the download itself never writes more than a declared size.
+    const uint64_t max_image_bytes = impl_->config.limits.max_image_bytes;
+    uint64_t declared = 0;  // saturates: a hostile manifest may declare sizes near 2^64
+    const Descriptor* largest = nullptr;
+    for (size_t j : unique) {
+        const Descriptor& b = blobs[j];
+        declared = b.size > UINT64_MAX - declared ? UINT64_MAX : declared + b.size;
+        if (largest == nullptr || b.size > largest->size) largest = &b;
+    }
+    if (largest != nullptr && declared > max_image_bytes)
+        return make_error(what + ": the manifest declares " + format_bytes(declared) + " of compressed layers (" +
+                          largest->digest + ": " + format_bytes(largest->size) + "), more than max_image_bytes = " +
+                          std::to_string(max_image_bytes) + " (" + format_bytes(max_image_bytes) +
+                          ") allows uncompressed; raise max_image_bytes in gantry.conf if the image is genuine");
 
     BlobProgress progress;
     progress.report = impl_->options.on_progress;

@@ -5,12 +5,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
+#include <optional>
+#include <string_view>
 #include <unordered_map>
 
 #include "gantry/fd.hpp"
 #include "gantry/log.hpp"
 #include "gantry/squashfs.hpp"
+#include "gantry/strings.hpp"
 #include "image_tree.hpp"
 #include "layer_reader.hpp"
 #include "squashfs_writer.hpp"
@@ -42,6 +46,16 @@ struct PendingData {
     uint64_t ordinal;
     Inode* inode;
 };
+
+// A tar name as an error message shows it: one line, and not the megabytes a hostile pax header
+// may carry.
+std::string shown_name(std::string_view name) {
+    constexpr size_t kShown = 120;
+    std::string out;
+    for (char c : name.substr(0, kShown)) out.push_back(static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? '?' : c);
+    if (name.size() > kShown) out += "... (" + std::to_string(name.size()) + " bytes)";
+    return out;
+}
 
 std::string entry_name(archive_entry* e) {
     const char* p = archive_entry_pathname(e);
@@ -81,14 +95,29 @@ std::unique_ptr<Inode> inode_from(archive_entry* e) {
     return in;
 }
 
+// "max_layer_bytes = 68719476736 (64.0 GiB)"
+std::string limit_value(const char* key, uint64_t value, bool bytes) {
+    std::string out = std::string(key) + " = " + std::to_string(value);
+    if (bytes) out += " (" + format_bytes(value) + ")";
+    return out;
+}
+
 class LayerConverter {
 public:
-    LayerConverter(ImageTree& tree, SquashfsWriter& writer, ConversionStats& stats)
-        : tree_(tree), writer_(writer), stats_(stats) {}
+    LayerConverter(ImageTree& tree, SquashfsWriter& writer, ConversionStats& stats, const PullLimits& limits)
+        : tree_(tree), writer_(writer), stats_(stats), limits_(limits) {}
 
     // One layer: all its entries, then the diff_id check, then any hard-link data still missing.
     Status convert(const LayerBlob& blob, int layer) {
-        auto opened = LayerReader::open(blob.path, blob.media_type, !blob.diff_id.empty());
+        // What a layer expands to is the larger of its tar and its files' sizes: sparse files may
+        // declare far more than their data. It may expand to its own limit or to what the layers
+        // above left of the image's, whichever is less; the decoder stops at that budget, so a bomb
+        // costs no more than that, and a file declared larger is refused at its header.
+        const uint64_t image_left = limits_.max_image_bytes - std::min(limits_.max_image_bytes, expanded_);
+        image_binds_ = image_left < limits_.max_layer_bytes;
+        budget_ = std::min(image_left, limits_.max_layer_bytes);
+        file_bytes_ = 0;
+        auto opened = LayerReader::open(blob.path, blob.media_type, !blob.diff_id.empty(), budget_);
         if (!opened) return opened.error();
         LayerReader& reader = **opened;
         layer_ = layer;
@@ -96,27 +125,69 @@ public:
         target_index_.clear();
         pending_.clear();
 
-        uint64_t ordinal = 0;
-        for (;; ++ordinal) {
-            archive_entry* e = nullptr;
-            auto more = reader.next(&e);
-            if (!more) return more.error();
-            if (!*more) break;
-            std::string name = entry_name(e);
-            if (auto st = entry(reader, e, name, ordinal); !st) return st.error().wrap("entry '" + name + "'");
+        Result<std::string> digest = make_error("");
+        if (auto read = read_layer(reader); read) {
+            digest = reader.finish();
+        } else {
+            digest = read.error();
         }
-        auto digest = reader.finish();
+        // Past the byte limit, whatever failed (a tar header cut short, the padding after the tar's
+        // end) failed because of it.
+        if (reader.over_limit()) return over_budget();
         if (!digest) return digest.error();
         stats_.uncompressed_bytes += reader.uncompressed_bytes();
         if (!blob.diff_id.empty() && *digest != blob.diff_id)
             return make_error("uncompressed content has digest " + *digest + ", but the image config says " +
                               blob.diff_id);
-        return fetch_shadowed_data(blob);
+        GANTRY_TRY(fetch_shadowed_data(blob));
+        expanded_ += std::max(reader.uncompressed_bytes(), file_bytes_);
+        return {};
     }
 
+    // The limit the last failed convert() broke, if that was why it failed.
+    [[nodiscard]] const std::optional<std::string>& broken_limit() const { return broken_limit_; }
+
 private:
+    // The entries of the layer, up to the end of the tar (the padding after it is finish()'s).
+    Status read_layer(LayerReader& reader) {
+        for (uint64_t ordinal = 0;; ++ordinal) {
+            archive_entry* e = nullptr;
+            auto more = reader.next(&e);
+            if (!more) return more.error();
+            if (!*more) break;
+            if (ordinal == limits_.max_layer_entries)
+                return breach("max_layer_entries",
+                              "more tar entries than " +
+                                  limit_value("max_layer_entries", limits_.max_layer_entries, false) +
+                                  " allows; raise max_layer_entries in gantry.conf if the image is genuine");
+            std::string name = entry_name(e);
+            if (auto st = entry(reader, e, name, ordinal); !st)
+                return st.error().wrap("entry '" + shown_name(name) + "'");
+        }
+        return {};
+    }
+
+    Error over_budget() {
+        if (image_binds_)
+            return breach("max_image_bytes", "the image expands beyond " +
+                                                 limit_value("max_image_bytes", limits_.max_image_bytes, true) +
+                                                 " uncompressed with this layer; raise max_image_bytes in gantry.conf "
+                                                 "if the image is genuine");
+        return breach("max_layer_bytes", "expands beyond " +
+                                             limit_value("max_layer_bytes", limits_.max_layer_bytes, true) +
+                                             " uncompressed; raise max_layer_bytes in gantry.conf if the image is "
+                                             "genuine");
+    }
+
+    Error breach(const char* limit, const std::string& message) {
+        broken_limit_ = limit;
+        return make_error(message);
+    }
+
     Status entry(LayerReader& reader, archive_entry* e, const std::string& name, uint64_t ordinal) {
-        auto split = squashfs::split_entry_path(name);
+        std::string broken;
+        auto split = squashfs::split_entry_path(name, &broken);
+        if (!broken.empty()) broken_limit_ = broken;
         if (!split) return split.error();
         std::vector<std::string>& path = *split;
         const std::string base = path.empty() ? std::string() : path.back();
@@ -143,6 +214,13 @@ private:
         const bool device = type == AE_IFCHR || type == AE_IFBLK;
         if (!is_dir && !device && type != AE_IFREG && type != AE_IFLNK && type != AE_IFIFO && type != AE_IFSOCK)
             return make_error("unsupported tar entry type " + std::to_string(type));
+        if (const char* target = archive_entry_symlink(e); type == AE_IFLNK && target != nullptr) {
+            // symlink(2) refuses a target that does not fit PATH_MAX with its NUL.
+            if (std::strlen(target) >= kMaxPathBytes)
+                return breach("kMaxPathBytes", "a symlink target longer than " + std::to_string(kMaxPathBytes - 1) +
+                                                   " bytes (kMaxPathBytes); the image cannot be converted, rebuild it "
+                                                   "with shorter paths");
+        }
 
         TreeNode* node = tree_.place(path, layer_, is_dir);
         const std::string key = squashfs::join_path(path);
@@ -181,12 +259,14 @@ private:
     }
 
     Status hard_link(const std::vector<std::string>& path, const char* raw_target) {
-        auto target_path = squashfs::split_entry_path(raw_target);
-        if (!target_path) return target_path.error().wrap(std::string("hard link target '") + raw_target + "'");
+        std::string broken;
+        auto target_path = squashfs::split_entry_path(raw_target, &broken);
+        if (!broken.empty()) broken_limit_ = broken;
+        if (!target_path) return target_path.error().wrap("hard link target '" + shown_name(raw_target) + "'");
         const std::string target_key = squashfs::join_path(*target_path);
         auto it = target_index_.find(target_key);
         if (it == target_index_.end())
-            return make_error(std::string("hard link to '") + raw_target +
+            return make_error("hard link to '" + shown_name(raw_target) +
                               "', which is not an earlier non-directory entry of this layer");
         const size_t index = it->second;
 
@@ -224,6 +304,8 @@ private:
     }
 
     Status stream_data(LayerReader& reader, Inode* in) {
+        if (in->size > budget_ - file_bytes_) return over_budget();  // a sparse file's holes count too
+        file_bytes_ += in->size;
         GANTRY_TRY(writer_.begin_file(in));
         uint64_t written = 0;
         for (;;) {
@@ -265,6 +347,12 @@ private:
     ImageTree& tree_;
     SquashfsWriter& writer_;
     ConversionStats& stats_;
+    const PullLimits& limits_;
+    std::optional<std::string> broken_limit_;
+    uint64_t expanded_ = 0;     // what the layers converted so far expanded to
+    uint64_t budget_ = 0;       // what this layer may expand to
+    bool image_binds_ = false;  // the budget is what is left of max_image_bytes
+    uint64_t file_bytes_ = 0;   // sizes of this layer's files written so far, holes included
     int layer_ = 0;
     std::vector<LinkTarget> targets_;
     std::unordered_map<std::string, size_t> target_index_;
@@ -272,7 +360,8 @@ private:
 };
 
 Result<ConversionStats> convert(const std::vector<LayerBlob>& layers, const std::string& output,
-                                const SquashfsOptions& options, const std::function<Status(size_t)>& wait_for) {
+                                const SquashfsOptions& options, const std::function<Status(size_t)>& wait_for,
+                                std::optional<LimitBreach>* breach) {
     // Declared first so it is destroyed last: the writer's block processor still points into the
     // tree's inodes until it is finished or destroyed.
     ImageTree tree;
@@ -283,14 +372,17 @@ Result<ConversionStats> convert(const std::vector<LayerBlob>& layers, const std:
     std::unique_ptr<SquashfsWriter> writer = std::move(*created);
 
     ConversionStats stats;
-    LayerConverter converter(tree, *writer, stats);
+    LayerConverter converter(tree, *writer, stats, options.limits);
     for (size_t i = layers.size(); i-- > 0;) {
         const LayerBlob& blob = layers[i];
         const std::string what = "converting layer " + (blob.digest.empty() ? blob.path : blob.digest);
         if (wait_for) {
             if (auto st = wait_for(i); !st) return st.error().wrap(what);
         }
-        if (auto st = converter.convert(blob, static_cast<int>(i)); !st) return st.error().wrap(what);
+        if (auto st = converter.convert(blob, static_cast<int>(i)); !st) {
+            if (breach != nullptr && converter.broken_limit()) *breach = LimitBreach{i, *converter.broken_limit()};
+            return st.error().wrap(what);
+        }
     }
     auto size = writer->finish(tree, stats, options.sync);
     if (!size) return size.error();
@@ -302,10 +394,12 @@ Result<ConversionStats> convert(const std::vector<LayerBlob>& layers, const std:
 }  // namespace
 
 Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, const std::string& output,
-                                       const SquashfsOptions& options, const std::function<Status(size_t index)>& wait_for) {
+                                       const SquashfsOptions& options,
+                                       const std::function<Status(size_t index)>& wait_for,
+                                       std::optional<LimitBreach>* breach) {
     // Nothing may unwind out of here (the SPANK plugin calls this): turn exceptions into errors.
     try {
-        return convert(layers, output, options, wait_for);
+        return convert(layers, output, options, wait_for, breach);
     } catch (const std::exception& e) {
         // The partial output, if any, was removed while unwinding (see convert()).
         return make_error("converting layers into " + output + ": " + e.what());

@@ -4,24 +4,54 @@
 
 #include <sqfs/predef.h>
 
+#include "gantry/squashfs.hpp"
+
 namespace gantry::squashfs {
 
 Inode::~Inode() { sqfs_free(file); }
 
-Result<std::vector<std::string>> split_entry_path(std::string_view name) {
+Result<std::vector<std::string>> split_entry_path(std::string_view name, std::string* broken_limit) {
     if (name.empty()) return make_error("empty entry name");
     if (name.front() == '/') return make_error("absolute path escapes the image root");
     // Directories are often written as "dir/": the trailing slashes carry no meaning.
     while (name.size() > 1 && name.back() == '/') name.remove_suffix(1);
+    auto too_long = [&](const char* limit, const std::string& why) {
+        if (broken_limit != nullptr) *broken_limit = limit;
+        return make_error(why + " (" + limit + "); the image cannot be converted, rebuild it with shorter paths");
+    };
     std::vector<std::string> parts;
+    size_t path_bytes = 1;  // "/a/b" as the container sees it, plus its NUL
     size_t pos = 0;
     for (;;) {
         size_t slash = name.find('/', pos);
-        std::string_view part = name.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos);
+        const bool last = slash == std::string_view::npos;
+        std::string_view part = name.substr(pos, last ? std::string_view::npos : slash - pos);
         if (part == "..") return make_error("'..' component escapes the image root");
         if (part.empty()) return make_error("empty path component");
-        if (part != ".") parts.emplace_back(part);  // "./a" and "a/./b" are harmless spellings
-        if (slash == std::string_view::npos) break;
+        if (part != ".") {  // "./a" and "a/./b" are harmless spellings
+            // A whiteout marker stands for the path it deletes: ".wh.NAME" for NAME, the opaque marker
+            // for its directory; only that path has to fit.
+            size_t counted = part.size();
+            if (last && part == ".wh..wh..opq") {
+                counted = 0;
+            } else if (last && part.rfind(".wh.", 0) == 0) {
+                counted -= 4;
+            }
+            if (counted > kMaxNameBytes)
+                return too_long("kMaxNameBytes", "a path component of " + std::to_string(counted) +
+                                                     " bytes, more than " + std::to_string(kMaxNameBytes));
+            if (counted > 0) {
+                path_bytes += 1 + counted;
+                if (path_bytes > kMaxPathBytes)
+                    return too_long("kMaxPathBytes",
+                                    "a path longer than " + std::to_string(kMaxPathBytes - 1) + " bytes");
+                if (parts.size() == kMaxPathDepth)
+                    return too_long("kMaxPathDepth",
+                                    "a path deeper than " + std::to_string(kMaxPathDepth) + " components");
+            }
+            parts.emplace_back(part);
+        }
+        if (last) break;
         pos = slash + 1;
     }
     return parts;

@@ -62,8 +62,10 @@ struct TreeNode {
 };
 
 // Splits a tar member name into path components inside the image root. "./a/b/", "a/b" and "a/./b"
-// give {"a","b"}; "." and "./" give {} (the root). Rejects "..", absolute names and empty components.
-Result<std::vector<std::string>> split_entry_path(std::string_view name);
+// give {"a","b"}; "." and "./" give {} (the root). Rejects "..", absolute names and empty components,
+// and paths beyond kMaxNameBytes, kMaxPathBytes or kMaxPathDepth (gantry/squashfs.hpp; a whiteout
+// marker is measured as the path it deletes): then `broken_limit`, when given, names the constant.
+Result<std::vector<std::string>> split_entry_path(std::string_view name, std::string* broken_limit = nullptr);
 std::string join_path(const std::vector<std::string>& components);
 
 class ImageTree {

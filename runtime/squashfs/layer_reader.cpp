@@ -129,10 +129,11 @@ Result<size_t> LayerReader::next_chunk(const void** out) {
 }
 
 Result<std::unique_ptr<LayerReader>> LayerReader::open(const std::string& path, const std::string& media_type,
-                                                      bool hash) {
+                                                       bool hash, uint64_t max_bytes) {
     std::unique_ptr<LayerReader> r(new LayerReader());
     r->path_ = path;
     r->hash_ = hash;
+    r->max_bytes_ = max_bytes;
     r->fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!r->fd_) return system_error("opening " + path);
     // One sequential pass: let the kernel read ahead aggressively.
@@ -160,17 +161,20 @@ Result<std::unique_ptr<LayerReader>> LayerReader::open(const std::string& path, 
     }
     GANTRY_TRY(r->init_decoder());
     r->start_decoder();
+    return r;
+}
 
-    r->ar_ = archive_read_new();
-    if (r->ar_ == nullptr) return make_error("libarchive: out of memory");
+Status LayerReader::open_archive() {
+    ar_ = archive_read_new();
+    if (ar_ == nullptr) return make_error("libarchive: out of memory");
     // Only the tar family (ustar, pax, GNU) and an empty stream; no libarchive filters: the bytes it
     // gets are already uncompressed and hashed.
-    archive_read_support_format_tar(r->ar_);
-    archive_read_support_format_gnutar(r->ar_);
-    archive_read_support_format_empty(r->ar_);
-    if (archive_read_open(r->ar_, r.get(), nullptr, &LayerReader::read_callback, nullptr) != ARCHIVE_OK)
-        return r->archive_failure("reading the tar stream");
-    return r;
+    archive_read_support_format_tar(ar_);
+    archive_read_support_format_gnutar(ar_);
+    archive_read_support_format_empty(ar_);
+    if (archive_read_open(ar_, this, nullptr, &LayerReader::read_callback, nullptr) != ARCHIVE_OK)
+        return archive_failure("reading the tar stream");
+    return {};
 }
 
 Status LayerReader::init_decoder() {
@@ -325,6 +329,10 @@ Result<size_t> LayerReader::produce(unsigned char* dst, size_t cap) {
             return make_error("truncated zstd stream (the blob ends inside a frame)");
         return size_t{0};
     }
+    if (produced > max_bytes_ - uncompressed_) {
+        over_limit_ = true;
+        return make_error("the uncompressed stream goes on past " + std::to_string(max_bytes_) + " bytes");
+    }
     if (hash_) sha_.update(dst, produced);
     uncompressed_ += produced;
     return produced;
@@ -349,6 +357,11 @@ Error LayerReader::archive_failure(const char* what) {
 }
 
 Result<bool> LayerReader::next(archive_entry** entry) {
+    if (ar_ == nullptr) {
+        // Opened here rather than in open(): libarchive reads the first chunk as it opens, and an
+        // error there (a layer over its byte limit) is then one the caller can still ask about.
+        if (auto opened = open_archive(); !opened) return opened.error();
+    }
     int rc = archive_read_next_header(ar_, entry);
     if (rc == ARCHIVE_EOF) return false;
     // ARCHIVE_WARN: e.g. a name that cannot be converted to the locale's charset; the raw bytes are

@@ -9,14 +9,15 @@
 #include <archive.h>
 #include <archive_entry.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gantry/digest.hpp"
@@ -34,9 +35,11 @@ MediaTypeHint compression_from_media_type(const std::string& media_type);
 class LayerReader {
 public:
     // `hash`: feed the uncompressed bytes through SHA-256 (off for the second pass that re-reads a
-    // hard-link target, whose layer was verified already).
-    static Result<std::unique_ptr<LayerReader>> open(const std::string& path, const std::string& media_type,
-                                                     bool hash);
+    // hard-link target, whose layer was verified already). `max_bytes`: the decoder stops with an
+    // error (and over_limit() true) rather than produce more uncompressed bytes than this, so a
+    // decompression bomb costs no more than the limit, also in the padding after the tar's end.
+    static Result<std::unique_ptr<LayerReader>> open(const std::string& path, const std::string& media_type, bool hash,
+                                                     uint64_t max_bytes = UINT64_MAX);
     ~LayerReader();
     LayerReader(const LayerReader&) = delete;
     LayerReader& operator=(const LayerReader&) = delete;
@@ -50,11 +53,14 @@ public:
     Result<std::string> finish();
 
     [[nodiscard]] uint64_t uncompressed_bytes() const { return uncompressed_; }
+    // The stream went on past `max_bytes`: whatever error the reader returned comes from that.
+    [[nodiscard]] bool over_limit() const { return over_limit_; }
     [[nodiscard]] LayerCompression compression() const { return compression_; }
 
 private:
     LayerReader() = default;
     Status init_decoder();
+    Status open_archive();  // the libarchive side, on the first next()
     // Decompresses the next piece of tar straight into `dst` (at most `cap` bytes, so the decoder
     // thread fills queue chunks without a copy); size 0 at the end of the stream.
     Result<size_t> produce(unsigned char* dst, size_t cap);
@@ -91,6 +97,8 @@ private:
     bool hash_ = true;
     Sha256 sha_;
     uint64_t uncompressed_ = 0;
+    uint64_t max_bytes_ = UINT64_MAX;
+    std::atomic<bool> over_limit_{false};  // set by the decoder thread
 
     std::vector<unsigned char> in_;
     size_t in_pos_ = 0, in_len_ = 0;

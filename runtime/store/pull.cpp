@@ -70,6 +70,7 @@ SquashfsOptions squashfs_options(const Config& config) {
     o.compressor = config.compressor;
     o.level = config.compression_level;
     o.block_size = config.block_size;
+    o.limits = config.limits;
     return o;
 }
 
@@ -222,15 +223,29 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
         }
     });
 
-    auto stats = convert_layers(layers, output, squashfs_options(config), [&](size_t i) -> Status {
-        auto st = board.wait_for(i);
-        if (st) update([&](PullProgress& p) { p.layers_done = layers.size() - 1 - i; });
-        return st;
-    });
+    std::optional<LimitBreach> breach;
+    bool download_failed = false;  // the conversion stopped on the download's error, not its own
+    auto stats = convert_layers(
+        layers, output, squashfs_options(config),
+        [&](size_t i) -> Status {
+            auto st = board.wait_for(i);
+            if (st) update([&](PullProgress& p) { p.layers_done = layers.size() - 1 - i; });
+            download_failed = !st;
+            return st;
+        },
+        &breach);
     if (!stats) cancel = true;
+    // A blob over a limit is intact but useless: a resumed pull must not find and convert it again.
+    if (breach) ::unlink(layers[breach->layer].path.c_str());
     downloader.join();
     converting = false;
     reporter.join();
+    // The first failure is the cause: a conversion that failed on its own cancelled the downloads,
+    // whose "cancelled" says nothing.
+    if (!stats && !download_failed) {
+        ::unlink(output.c_str());
+        return stats.error().wrap("pulling " + ref.str());
+    }
     if (!download_status) {
         ::unlink(output.c_str());
         return download_status.error().wrap("pulling " + ref.str());

@@ -1,7 +1,8 @@
 # fixtures: registry images
 # `gantry pull` end to end against the real harness registries: every test image compared with the
 # umoci reference tree, platform selection, one producer per digest (16 concurrent pulls, a producer
-# killed with SIGKILL), and failures that publish nothing: corrupt blob, 404, 500s, disk full.
+# killed with SIGKILL), and failures that publish nothing: corrupt blob, 404, 500s, disk full, a layer
+# beyond max_layer_bytes, layers declared beyond max_image_bytes.
 
 load helpers
 
@@ -212,4 +213,45 @@ compare_with_reference() {
   umount "$T/small"
   run "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
   [ "$status" -eq 0 ]
+}
+
+@test "a layer beyond max_layer_bytes fails the pull naming layer and key, publishes nothing; the defaults pull it" {
+  digest=$(fresh_image "limit-$RANDOM$RANDOM" 300000)
+  name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
+  layer=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].digest')
+  # The unique layer holds 300 000 random bytes: more than 200 000 bytes of tar.
+  printf 'max_layer_bytes = 200000\n' > "$T/limit.conf"
+  run env GANTRY_CONFIG="$T/limit.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$(echo "$output" | wc -l)" -eq 1 ]
+  echo "$output" | grep -qF "pulling $REG/gantry-test/$name"
+  echo "$output" | grep -qF "converting layer $layer: "
+  echo "$output" | grep -qF "expands beyond max_layer_bytes = 200000 (195.3 KiB) uncompressed; raise max_layer_bytes in gantry.conf if the image is genuine"
+  [ -z "$(ls "$STORE/images")" ]
+  # No partial squashfs, and not the blob that broke the limit (verified blobs may stay for a resume).
+  [ -z "$(find "$STORE/staging" -name 'image.sqsh*')" ]
+  [ -z "$(find "$STORE/staging" -name "${layer#sha256:}*")" ]
+
+  : > "$T/default.conf"
+  run env GANTRY_CONFIG="$T/default.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$digest" ]
+}
+
+@test "layers declared beyond max_image_bytes are refused before a byte is downloaded" {
+  digest=$(fresh_image "declared-$RANDOM$RANDOM" 300000)
+  name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
+  layer=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].digest')
+  before=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$layer")
+  printf 'max_image_bytes = 100000\n' > "$T/limit.conf"
+  run env GANTRY_CONFIG="$T/limit.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$(echo "$output" | wc -l)" -eq 1 ]
+  echo "$output" | grep -qF "more than max_image_bytes = 100000 (97.7 KiB) allows uncompressed; raise max_image_bytes in gantry.conf"
+  [ -z "$(ls "$STORE/images")" ]
+  # The 300 kB layer was never asked for.
+  [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$layer")" -eq "$before" ]
 }

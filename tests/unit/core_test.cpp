@@ -45,6 +45,26 @@ TEST_CASE("gantry.conf: errors name file, line and key") {
     CHECK_FALSE(gantry::parse_config("just a line\n", "c").ok());
 }
 
+TEST_CASE("gantry.conf: pull limits") {
+    gantry::PullLimits defaults;
+    CHECK(defaults.max_layer_bytes == 64ULL << 30);
+    CHECK(defaults.max_image_bytes == 256ULL << 30);
+    CHECK(defaults.max_layer_entries == 10000000);
+    auto c = gantry::parse_config(
+        "max_layer_bytes = 1\nmax_image_bytes = 1099511627776\nmax_layer_entries = 9223372036854775807\n", "c");
+    REQUIRE(c.ok());
+    CHECK(c->limits.max_layer_bytes == 1);
+    CHECK(c->limits.max_image_bytes == 1ULL << 40);
+    CHECK(c->limits.max_layer_entries == 9223372036854775807ULL);
+    for (const char* bad : {"max_layer_bytes = 0\n", "max_image_bytes = -5\n", "max_layer_entries = 10M\n",
+                            "max_image_bytes = 9223372036854775808\n", "max_layer_bytes =\n"}) {
+        auto r = gantry::parse_config(bad, "c");
+        INFO(bad);
+        REQUIRE_FALSE(r.ok());
+        CHECK(r.error().message.find("c:1: max_") != std::string::npos);
+    }
+}
+
 TEST_CASE("sha256 digests") {
     CHECK(gantry::Sha256::of("") == "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     gantry::Sha256 h;

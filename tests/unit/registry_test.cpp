@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -215,6 +216,35 @@ TEST_CASE("default connection count is within 4..8", "[registry]") {
     o.max_connections = 5;
     RegistryClient from_options(c, std::move(o));
     CHECK(from_options.max_connections() == 5);
+}
+
+TEST_CASE("blobs declared beyond max_image_bytes are refused before any request", "[registry][limits]") {
+    char tmpl[] = "/tmp/gantry-regtest-XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    const std::string dir = tmpl;
+    Config config;
+    config.limits.max_image_bytes = 1000;
+    RegistryOptions options;
+    options.max_attempts = 1;
+    options.credentials = [](const ImageReference&) { return std::optional<Credentials>(); };
+    RegistryClient client(config, std::move(options));
+    // Nothing listens on port 1: a request would fail with a connection error, not with the limit.
+    auto ref = parse_reference("127.0.0.1:1/limits/test:latest");
+    REQUIRE(ref.ok());
+    const std::string type = "application/vnd.oci.image.layer.v1.tar+gzip";
+    auto over = client.fetch_blobs(*ref, {{type, kDigestA, 600}, {type, kDigestB, 401}}, dir, {});
+    REQUIRE_FALSE(over.ok());
+    INFO(over.error().message);
+    CHECK(over.error().message.find("more than max_image_bytes = 1000 (1000 B) allows uncompressed; raise "
+                                    "max_image_bytes in gantry.conf") != std::string::npos);
+    CHECK(over.error().message.find(kDigestA) != std::string::npos);  // the largest blob
+    // At the limit (a blob listed twice is downloaded once) the fetch goes ahead, and fails to connect.
+    auto at = client.fetch_blobs(*ref, {{type, kDigestA, 600}, {type, kDigestB, 400}, {type, kDigestA, 600}}, dir, {});
+    REQUIRE_FALSE(at.ok());
+    INFO(at.error().message);
+    CHECK(at.error().message.find("max_image_bytes") == std::string::npos);
+    CHECK(at.error().message.find("127.0.0.1:1") != std::string::npos);
+    std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("docker config.json credentials", "[registry][credentials]") {

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -169,10 +170,10 @@ std::string read_file(const fs::path& p) {
     return ss.str();
 }
 
-// Writes the layer blob into `dir` and describes it the way the registry client will.
-LayerBlob blob(const fs::path& dir, const Layer& layer, Comp comp = Comp::gzip, bool gnu = false) {
+// Writes the layer blob (the tar bytes as given, compressed) into `dir` and describes it the way the
+// registry client will.
+LayerBlob blob_of_tar(const fs::path& dir, const std::string& tar, Comp comp) {
     static int counter = 0;
-    const std::string tar = layer.tar(gnu);
     LayerBlob b;
     b.diff_id = gantry::Sha256::of(tar);
     std::string bytes = tar;
@@ -191,6 +192,10 @@ LayerBlob blob(const fs::path& dir, const Layer& layer, Comp comp = Comp::gzip, 
     b.path = (dir / ("layer" + std::to_string(++counter))).string();
     write_file(b.path, bytes);
     return b;
+}
+
+LayerBlob blob(const fs::path& dir, const Layer& layer, Comp comp = Comp::gzip, bool gnu = false) {
+    return blob_of_tar(dir, layer.tar(gnu), comp);
 }
 
 int run(const std::string& cmd) { return std::system(cmd.c_str()); }
@@ -248,8 +253,10 @@ struct Image {
     TempDir tmp;
     std::vector<LayerBlob> layers;  // bottom first
     fs::path out() const { return tmp.path / "image.sqfs"; }
+    std::optional<gantry::LimitBreach> breach;  // of the last convert()
     gantry::Result<gantry::ConversionStats> convert(const SquashfsOptions& opt = {}) {
-        return gantry::convert_layers(layers, out().string(), opt);
+        breach.reset();
+        return gantry::convert_layers(layers, out().string(), opt, {}, &breach);
     }
     Image& add(const Layer& l, Comp c = Comp::gzip, bool gnu = false) {
         layers.push_back(blob(tmp.path, l, c, gnu));
@@ -569,6 +576,233 @@ TEST_CASE("truncated or corrupt compressed layers fail cleanly") {
         REQUIRE_FALSE(r.ok());
         CHECK(contains(r.error().message, "no gzip header"));
     }
+}
+
+TEST_CASE("limits: a layer of zeros expanding past max_layer_bytes stops the conversion; at the limit it passes") {
+    // 8 MiB of zeros: a few KiB of gzip or zstd.
+    const std::string tar = Layer().file("zeros", std::string(8 << 20, '\0')).tar();
+    for (Comp comp : {Comp::gzip, Comp::zstd}) {
+        INFO((comp == Comp::gzip ? "gzip" : "zstd"));
+        Image img;
+        img.layers.push_back(blob_of_tar(img.tmp.path, tar, comp));
+        CHECK(fs::file_size(img.layers[0].path) < 100000);
+        SquashfsOptions opt;
+        opt.limits.max_layer_bytes = 1 << 20;
+        auto r = img.convert(opt);
+        REQUIRE_FALSE(r.ok());
+        INFO(r.error().message);
+        // The decoder or, when it is not that far ahead yet, the file's header stops it.
+        CHECK(contains(r.error().message, "converting layer " + img.layers[0].digest + ": "));
+        CHECK(contains(r.error().message,
+                       "expands beyond max_layer_bytes = 1048576 (1.0 MiB) uncompressed; raise "
+                       "max_layer_bytes in gantry.conf if the image is genuine"));
+        CHECK(r.error().message.find('\n') == std::string::npos);
+        REQUIRE(img.breach);
+        CHECK(img.breach->layer == 0);
+        CHECK(img.breach->limit == "max_layer_bytes");
+        CHECK_FALSE(fs::exists(img.out()));
+
+        // The boundary: the whole uncompressed stream (tar with its record padding) counts.
+        opt.limits.max_layer_bytes = tar.size() - 1;
+        r = img.convert(opt);
+        REQUIRE_FALSE(r.ok());
+        CHECK(img.breach);
+        CHECK_FALSE(fs::exists(img.out()));
+        opt.limits.max_layer_bytes = tar.size();
+        r = img.convert(opt);
+        INFO((r.ok() ? std::string() : r.error().message));
+        REQUIRE(r.ok());
+        CHECK(r->uncompressed_bytes == tar.size());
+        CHECK_FALSE(img.breach);
+        CHECK(fs::exists(img.out()));
+    }
+}
+
+TEST_CASE("limits: zeros hidden after the tar's end count too") {
+    // libarchive stops at the end-of-archive blocks; the rest of the stream is drained for the
+    // diff_id, and a bomb there must not be drained without limit.
+    const std::string tar = Layer().file("a", "a").tar();
+    const std::string padded = tar + std::string(4 << 20, '\0');
+    Image img;
+    img.layers.push_back(blob_of_tar(img.tmp.path, padded, Comp::zstd));
+    SquashfsOptions opt;
+    opt.limits.max_layer_bytes = padded.size() - 1;
+    auto r = img.convert(opt);
+    REQUIRE_FALSE(r.ok());
+    CHECK(contains(r.error().message, "expands beyond max_layer_bytes"));
+    CHECK(img.breach);
+    CHECK_FALSE(fs::exists(img.out()));
+    opt.limits.max_layer_bytes = padded.size();
+    REQUIRE(img.convert(opt).ok());
+}
+
+TEST_CASE("limits: a sparse file counts at its full size") {
+    // pax sparse: 64 MiB declared, one 4 KiB data region, so the tar stays small.
+    constexpr int64_t kSize = 64 << 20;
+    archive* a = archive_write_new();
+    archive_write_set_format_pax(a);
+    std::string tar(1 << 20, '\0');
+    size_t used = 0;
+    archive_write_open_memory(a, tar.data(), tar.size(), &used);
+    archive_entry* e = archive_entry_new();
+    archive_entry_copy_pathname(e, "sparse");
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, 0644);
+    archive_entry_set_size(e, kSize);
+    archive_entry_sparse_add_entry(e, 0, 4096);
+    REQUIRE(archive_write_header(a, e) == ARCHIVE_OK);
+    const std::string chunk(1 << 20, 'x');
+    for (int64_t done = 0; done < kSize; done += static_cast<int64_t>(chunk.size()))
+        REQUIRE(archive_write_data(a, chunk.data(), chunk.size()) == static_cast<la_ssize_t>(chunk.size()));
+    archive_entry_free(e);
+    archive_write_close(a);
+    archive_write_free(a);
+    tar.resize(used);
+    REQUIRE(tar.size() < 100000);
+
+    Image img;
+    img.layers.push_back(blob_of_tar(img.tmp.path, tar, Comp::gzip));
+    SquashfsOptions opt;
+    opt.limits.max_layer_bytes = kSize - 1;
+    auto r = img.convert(opt);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message);
+    CHECK(contains(r.error().message, "entry 'sparse': expands beyond max_layer_bytes = " + std::to_string(kSize - 1)));
+    REQUIRE(img.breach);
+    CHECK(img.breach->limit == "max_layer_bytes");
+    CHECK_FALSE(fs::exists(img.out()));
+    opt.limits.max_layer_bytes = kSize;
+    REQUIRE(img.convert(opt).ok());
+    Tree t = img.tree();
+    CHECK(t["sparse"].content.size() == static_cast<size_t>(kSize));
+    CHECK(t["sparse"].content.substr(0, 4096) == std::string(4096, 'x'));
+    CHECK(t["sparse"].content[4096] == '\0');
+}
+
+TEST_CASE("limits: max_image_bytes counts all layers together") {
+    const std::string bottom = Layer().file("b", std::string(100000, 'b')).tar();
+    const std::string top = Layer().file("t", std::string(200000, 't')).tar();
+    Image img;
+    img.layers.push_back(blob_of_tar(img.tmp.path, bottom, Comp::gzip));
+    img.layers.push_back(blob_of_tar(img.tmp.path, top, Comp::zstd));
+    SquashfsOptions opt;
+    opt.limits.max_layer_bytes = top.size();  // each layer alone fits
+    opt.limits.max_image_bytes = bottom.size() + top.size() - 1;
+    auto r = img.convert(opt);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message);
+    // Layers convert top-down: the bottom one is where the total runs over.
+    CHECK(contains(r.error().message,
+                   "converting layer " + img.layers[0].digest +
+                       ": the image expands beyond max_image_bytes = " + std::to_string(opt.limits.max_image_bytes)));
+    CHECK(contains(r.error().message, "raise max_image_bytes in gantry.conf"));
+    REQUIRE(img.breach);
+    CHECK(img.breach->layer == 0);
+    CHECK(img.breach->limit == "max_image_bytes");
+    CHECK_FALSE(fs::exists(img.out()));
+    opt.limits.max_image_bytes = bottom.size() + top.size();
+    auto ok = img.convert(opt);
+    REQUIRE(ok.ok());
+    CHECK(ok->uncompressed_bytes == bottom.size() + top.size());
+}
+
+TEST_CASE("limits: max_layer_entries counts every tar entry of a layer") {
+    Image img;
+    img.add(Layer().dir("d").file("d/a", "a").file("d/.wh.gone").symlink("l", "d/a").file("d/b", "b"), Comp::plain);
+    SquashfsOptions opt;
+    opt.limits.max_layer_entries = 4;
+    auto r = img.convert(opt);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message);
+    CHECK(contains(r.error().message,
+                   "converting layer " + img.layers[0].digest +
+                       ": more tar entries than max_layer_entries = 4 allows; raise max_layer_entries"));
+    REQUIRE(img.breach);
+    CHECK(img.breach->limit == "max_layer_entries");
+    CHECK_FALSE(fs::exists(img.out()));
+    opt.limits.max_layer_entries = 5;
+    REQUIRE(img.convert(opt).ok());
+    CHECK(img.tree().count("d/b") == 1);
+}
+
+TEST_CASE("limits: path depth, name length and path length at their boundaries") {
+    using gantry::kMaxNameBytes;
+    using gantry::kMaxPathBytes;
+    using gantry::kMaxPathDepth;
+    using gantry::squashfs::split_entry_path;
+    auto deep = [](size_t depth) {
+        std::string p = "d";
+        for (size_t i = 1; i < depth; ++i) p += "/d";
+        return p;
+    };
+    std::string broken;
+    CHECK(split_entry_path("./" + deep(kMaxPathDepth) + "/", &broken).ok());
+    CHECK(split_entry_path(deep(kMaxPathDepth) + "/.wh..wh..opq", &broken).ok());  // the marker is not a level
+    CHECK(broken.empty());
+    auto too_deep = split_entry_path(deep(kMaxPathDepth + 1), &broken);
+    REQUIRE_FALSE(too_deep.ok());
+    CHECK(contains(too_deep.error().message, "deeper than 256 components"));
+    CHECK(broken == "kMaxPathDepth");
+
+    const std::string name(kMaxNameBytes, 'n');
+    broken.clear();
+    CHECK(split_entry_path("a/" + name, &broken).ok());
+    CHECK(split_entry_path("a/.wh." + name, &broken).ok());  // the whiteout of a name of the limit
+    CHECK(broken.empty());
+    auto too_long_name = split_entry_path("a/" + name + "x", &broken);
+    REQUIRE_FALSE(too_long_name.ok());
+    CHECK(contains(too_long_name.error().message, "component of 256 bytes"));
+    CHECK(broken == "kMaxNameBytes");
+
+    // "/" + 20 x 200 bytes + 74 = 4095 bytes as the container sees it: fits PATH_MAX with its NUL.
+    std::string path;
+    for (int i = 0; i < 20; ++i) path += std::string(200, 'p') + "/";
+    broken.clear();
+    CHECK(split_entry_path(path + std::string(74, 'x'), &broken).ok());
+    CHECK(broken.empty());
+    CHECK(1 + path.size() + 74 + 1 == kMaxPathBytes);
+    auto too_long_path = split_entry_path(path + std::string(75, 'x'), &broken);
+    REQUIRE_FALSE(too_long_path.ok());
+    CHECK(contains(too_long_path.error().message, "longer than 4095 bytes"));
+    CHECK(broken == "kMaxPathBytes");
+
+    // Through the converter: at the limits the image has the paths, past them the layer and the
+    // (shortened) path are named.
+    Image ok;
+    ok.add(Layer().file(deep(kMaxPathDepth), "deep").file("a/" + name, "long").file(path + std::string(74, 'x'), "p"));
+    REQUIRE(ok.convert().ok());
+    for (const auto& [bad, limit] :
+         std::vector<std::pair<std::string, std::string>>{{deep(kMaxPathDepth + 1), "kMaxPathDepth"},
+                                                          {"a/" + name + "x", "kMaxNameBytes"},
+                                                          {path + std::string(75, 'x'), "kMaxPathBytes"}}) {
+        Image img;
+        img.add(Layer().file("fine", "f").file(bad, "x"));
+        auto r = img.convert();
+        REQUIRE_FALSE(r.ok());
+        INFO(r.error().message);
+        CHECK(contains(r.error().message, "converting layer " + img.layers[0].digest + ": entry '" +
+                                              bad.substr(0, 120) + "... (" + std::to_string(bad.size()) +
+                                              " bytes)': "));
+        CHECK(contains(r.error().message, limit));
+        CHECK(r.error().message.size() < 500);
+        REQUIRE(img.breach);
+        CHECK(img.breach->limit == limit);
+        CHECK_FALSE(fs::exists(img.out()));
+    }
+}
+
+TEST_CASE("limits: a symlink target must fit PATH_MAX") {
+    const std::string target(gantry::kMaxPathBytes - 1, 't');
+    Image ok;
+    ok.add(Layer().symlink("l", target));
+    REQUIRE(ok.convert().ok());
+    Image bad;
+    bad.add(Layer().symlink("l", target + "t"));
+    auto r = bad.convert();
+    REQUIRE_FALSE(r.ok());
+    CHECK(contains(r.error().message, "entry 'l': a symlink target longer than 4095 bytes (kMaxPathBytes)"));
+    REQUIRE(bad.breach);
+    CHECK(bad.breach->limit == "kMaxPathBytes");
 }
 
 TEST_CASE("an existing output file is an error and is left alone") {
