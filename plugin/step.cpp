@@ -615,12 +615,12 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // otherwise, as ever, as the job user.
         // The store may not exist yet (the user's pull creates a per-user one): opened again after it.
         const std::string store_root = ImageStore::resolve_path(st.config, "");
-        auto store = ImageStore::open(store_root, false);
+        auto store = ImageStore::open(store_root, false, st.config, id->uid);
         bool two_halves = !st.config.store_owner.empty() && store && store->trusted(st.config);
         auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, *store, image, env)
                                  : pull_as_user(settings, st.config, *id, image, env);
         if (!pulled) return pulled.error();
-        if (!store) store = ImageStore::open(store_root, false);
+        if (!store) store = ImageStore::open(store_root, false, st.config, id->uid);
         if (!store) return store.error();
         auto stored = store->find(pulled->first);
         if (!stored) return make_error("image " + pulled->first + " is not in the store after pulling it");
