@@ -101,7 +101,11 @@ struct LockFile {
 
 Result<LockFile> open_lock_file(const Directory& locks, const std::string& name) {
     auto f = open_regular_at(locks, name, O_RDWR | O_CREAT, 0644);
-    if (!f && f.error().errnum == EACCES) f = open_regular_at(locks, name, O_RDONLY);
+    if (!f && f.error().errnum == EACCES) {
+        // Another account's file (or a directory we cannot create in: then the first error is the one).
+        auto read_only = open_regular_at(locks, name, O_RDONLY);
+        if (read_only || read_only.error().errnum != ENOENT) f = std::move(read_only);
+    }
     if (!f) return f.error();
     bool ours = f->st.st_uid == ::geteuid() && f->st.st_nlink == 1;
     return LockFile{std::move(*f), ours};
