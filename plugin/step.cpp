@@ -682,7 +682,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (!store_root) return store_root.error().wrap("failed to import docker image " + image);
         bool two_halves = false;
         if (!st.config.store_owner.empty() && !st.config.store_path.empty()) {
-            auto store = ImageStore::open(st.config.store_path, false);  // stats the admin's path only
+            auto store = ImageStore::open(st.config.store_path, false, st.config);  // the admin's path, root-owned or store_owner's
             two_halves = store && store->trusted(st.config);
         }
         auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env)
@@ -697,7 +697,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (two_halves) {
             // The trusted store's own file (the launcher checks its ownership again before mounting):
             // a shared lock keeps `gantry gc` from removing it while the step runs.
-            auto store = ImageStore::open(st.config.store_path, false);
+            auto store = ImageStore::open(st.config.store_path, false, st.config);
             if (store) {
                 if (auto in_use = store->open_in_use(pulled->digest)) st.image_in_use = std::move(*in_use);
             }

@@ -33,6 +33,9 @@ struct Config {
     // set, the plugin pulls into a store the job user cannot write as this account, after the user's
     // own credentials authorised the image (docs/store.md, "Trusted shared store").
     std::string store_owner;
+    // Publish images owner-only (.sqsh 0400, .json 0600), so users cannot copy images out of a
+    // store-owner store; only root's plugin (kernel backend) and the owner can read them then.
+    bool private_images = false;
     // Node-local runtime state: container records, locks, mount points. Must not be shared storage.
     std::string runtime_path = "/run/gantry";
     // Node-local scratch for writable upper layers and the `extract` backend.
@@ -44,7 +47,7 @@ struct Config {
     int mount_idle_seconds = 300;
     // Squashfs compressor for new images: zstd | lz4 | gzip | xz | lzo | none, and block size.
     std::string compressor = "lz4";  // fastest to convert and to read (docs/squashfs.md)
-    int compression_level = 0;  // 0: the compressor's default
+    int compression_level = 0;       // 0: the compressor's default
     uint32_t block_size = 131072;
     // Parallel blob downloads per pull; 0: sized for the host.
     int max_connections = 0;

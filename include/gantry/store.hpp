@@ -9,22 +9,36 @@
 //   staging/<hex>/      the producer's work area: verified blobs survive a dead producer and are reused
 // Readers of a published image take no lock; a container using an image holds flock(LOCK_SH) on its
 // .sqsh so that `gantry gc`/`rm` (which try LOCK_EX) never remove an image in use.
+//
+// Trust (docs/store.md, "Trust model"): the root and its subdirectories are opened once, a
+// subdirectory never through a symlink; every file inside is opened relative to them with
+// O_NOFOLLOW|O_NONBLOCK, must be a regular file and is read with a size cap. An image counts only when
+// its files are owned by root, the store_owner account or the caller, and writable by nobody else.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gantry/config.hpp"
 #include "gantry/fd.hpp"
+#include "gantry/files.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/registry.hpp"
 #include "gantry/result.hpp"
 
 namespace gantry {
+
+// Size caps for what the store reads: any user of a shared store could plant a huge file.
+inline constexpr size_t kMaxImageMetadataBytes = size_t{16} << 20;  // images/<hex>.json
+inline constexpr size_t kMaxStoreRecordBytes = size_t{64} << 10;    // refs/, lock holder text, .failed notes
 
 struct ImageMetadata {
     std::string manifest_digest;
@@ -65,17 +79,28 @@ private:
 
 class ImageStore {
 public:
-    // Opens (and with `create`, makes) the store at `root`.
-    static Result<ImageStore> open(const std::string& root, bool create);
+    // Opens (and with `create`, makes) the store at `root`. `config` names the store_owner account
+    // whose images count besides root's and the caller's, and private_images. `acting_for`: an account
+    // a root caller acts for (the plugin, for the job user), whose own images count too.
+    static Result<ImageStore> open(const std::string& root, bool create, const Config& config = Config{},
+                                   std::optional<uid_t> acting_for = std::nullopt);
     // --store, else GANTRY_STORE, else Config::store_path, else $XDG_CACHE_HOME/gantry (~/.cache/gantry).
     static std::string resolve_path(const Config& config, const std::string& cli_value);
 
     [[nodiscard]] const std::string& root() const { return root_; }
     [[nodiscard]] std::string squashfs_path(const std::string& digest) const;
     [[nodiscard]] std::string staging_dir(const std::string& digest) const;
+    // Makes staging_dir(digest) a directory of the caller's own (0700, no symlink), removing what
+    // another producer of this account left there if it is not; returns its path.
+    Result<std::string> prepare_staging(const std::string& digest) const;
+    // Removes staging_dir(digest) (never following a symlink), once its image is published.
+    void remove_staging(const std::string& digest) const;
 
+    // The image, when its .sqsh and .json are regular files owned by an accepted account (root,
+    // store_owner, the caller, `acting_for`) and writable by nobody else; anything else is ignored.
     std::optional<StoredImage> find(const std::string& digest) const;
-    Result<std::vector<StoredImage>> list() const;
+    // Every image find accepts; `ignored`, when given, receives one line per file that was skipped.
+    Result<std::vector<StoredImage>> list(std::vector<std::string>* ignored = nullptr) const;
 
     Status record_tag(const ImageReference& ref, const std::string& digest) const;
     std::optional<TagRecord> lookup_tag(const ImageReference& ref) const;
@@ -86,7 +111,23 @@ public:
                                        const std::function<void(const std::string& holder)>& on_wait = {}) const;
 
     // Atomically publishes a finished squashfs (same filesystem as the store) with its metadata.
+    // With private_images, the .sqsh is 0400 and the .json 0600 (owner only), else 0444 and 0644.
     Status publish(const std::string& digest, const std::string& squashfs_tmp, ImageMetadata metadata) const;
+
+    // The failure note a producer of one Slurm step leaves for that step's waiters (pull.cpp):
+    // honoured only when it is a regular file owned by an accepted account and changed at or after
+    // `since` (unix seconds); read with kMaxStoreRecordBytes.
+    std::optional<std::string> read_failure_note(const std::string& digest, int64_t since) const;
+    void write_failure_note(const std::string& digest, const std::string& text) const;
+    void clear_failure_note(const std::string& digest) const;
+
+    // Root's rule: with euid 0, a store that anyone but root or store_owner could write (root or a
+    // subdirectory group/other-writable, or owned by another account) is refused for every operation
+    // that writes or removes; the error says why and what to do. Always fine for other callers.
+    [[nodiscard]] Status check_root_may_modify() const;
+    // The one account (not root) that owns the store root and every subdirectory, if there is one: a
+    // per-user store, or a store_owner store. Root's gc/rm become it (become_store_owner) first.
+    [[nodiscard]] std::optional<uid_t> sole_owner() const;
 
     // True when the kernel may mount this store's images: the store root and images/ are owned by root
     // or by config.store_owner and writable by nobody else, so only a trusted producer could have
@@ -99,12 +140,14 @@ public:
     Result<UniqueFd> open_in_use(const std::string& digest) const;
     bool in_use(const std::string& digest) const;
 
-    // Removes one image (refused while in use) and the tag records pointing at it.
+    // Removes one image and the tag records pointing at it. Refused while in use: then the error's
+    // errnum is EBUSY (any other failure carries the failing call's errno, or 0).
     Status remove(const std::string& digest) const;
 
     struct GcResult {
         std::vector<std::string> removed;
         std::vector<std::string> kept_in_use;
+        std::vector<Error> failed;  // images and staging areas that could not be removed, and why
         uint64_t bytes_freed = 0;
         uint64_t bytes_left = 0;
     };
@@ -114,8 +157,20 @@ public:
     Result<GcResult> gc(uint64_t max_bytes, std::chrono::seconds unused_for) const;
 
 private:
-    explicit ImageStore(std::string root) : root_(std::move(root)) {}
+    // The descriptors of the store root and its subdirectories, shared by copies of one ImageStore.
+    struct Dirs;
+    ImageStore(std::string root, std::shared_ptr<const Dirs> dirs) : root_(std::move(root)), dirs_(std::move(dirs)) {}
+    [[nodiscard]] bool accepted_owner(uid_t uid) const;
+    [[nodiscard]] bool accepted_file(const struct stat& st) const;
+    // find's work; the error says why an image is not accepted.
+    [[nodiscard]] Result<StoredImage> load(const std::string& digest) const;
+
     std::string root_;
+    std::shared_ptr<const Dirs> dirs_;
 };
+
+// Drops a root process to `uid` for good (its primary group, no supplementary groups), verified; for
+// root's gc/rm in a store that one unprivileged account owns. Runs only when euid is 0.
+Status become_store_owner(uid_t uid);
 
 }  // namespace gantry

@@ -86,7 +86,7 @@ Result<unsigned long long> parse_size(const std::string& text) {
 Result<Config> load_config() { return load_default_config(); }
 
 Result<ImageStore> open_store(const Config& config, const std::string& store_option, bool create) {
-    return ImageStore::open(ImageStore::resolve_path(config, store_option), create);
+    return ImageStore::open(ImageStore::resolve_path(config, store_option), create, config);
 }
 
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,

@@ -98,7 +98,7 @@ Check store(const Config& config) {
         c.fix = "mount the shared file system, or create the store: mkdir -p " + path + " (see docs/store.md)";
         return c;
     }
-    auto opened = ImageStore::open(path, false);
+    auto opened = ImageStore::open(path, false, config);
     bool writable = ::access(path.c_str(), W_OK) == 0;
     bool trusted = opened && opened->trusted(config);
     // A trusted store is written only by root or the store owner (the plugin pulls into it as that

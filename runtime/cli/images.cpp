@@ -56,6 +56,18 @@ Result<StoredImage> find_stored(const ImageStore& store, const std::string& imag
     return make_error("image " + image + " is not in the store " + store.root() + " (see gantry images)");
 }
 
+// Root's gc/rm in a store that one unprivileged account owns (a per-user store, the store_owner store)
+// run as that account (become_store_owner says why that is safe); in any other store the library
+// applies root's rule (ImageStore::check_root_may_modify).
+Status act_as_store_owner(const ImageStore& store) {
+    if (::geteuid() != 0) return {};
+    auto owner = store.sole_owner();
+    if (!owner) return {};
+    GANTRY_TRY(become_store_owner(*owner));
+    log::debug("acting as uid " + std::to_string(*owner) + ", the owner of " + store.root());
+    return {};
+}
+
 // Reads a whole descriptor (a pipe) to its end and closes it; at most 1 MiB.
 Result<std::string> read_fd_to_end(int fd) {
     std::string out;
@@ -221,8 +233,10 @@ int cmd_images(std::vector<std::string> args) {
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
     if (!store) return fail(store.error());
-    auto all = store->list();
+    std::vector<std::string> ignored;
+    auto all = store->list(&ignored);
     if (!all) return fail(all.error());
+    for (const auto& why : ignored) log::warning(why);
     std::printf("%-40s %-19s %10s  %-19s  %s\n", "REFERENCE", "DIGEST", "SIZE", "LAST USED", "IN USE");
     for (const auto& img : *all) {
         std::string ref = img.metadata.references.empty() ? "-" : img.metadata.references.front();
@@ -274,6 +288,7 @@ int cmd_rm(std::vector<std::string> args) {
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
     if (!store) return fail(store.error());
+    if (auto st = act_as_store_owner(*store); !st) return fail(st.error().wrap("removing images"));
     int status = 0;
     for (const auto& a : args) {
         auto img = find_stored(*store, a);
@@ -311,12 +326,16 @@ int cmd_gc(std::vector<std::string> args) {
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
     if (!store) return fail(store.error());
+    if (auto st = act_as_store_owner(*store); !st) return fail(st.error().wrap("collecting garbage"));
     auto r = store->gc(max_bytes, std::chrono::seconds(unused));
-    if (!r) return fail(r.error());
+    if (!r) return fail(r.error().wrap("collecting garbage"));
     for (const auto& d : r->removed) std::printf("removed %s\n", d.c_str());
     for (const auto& d : r->kept_in_use) std::printf("kept %s (in use)\n", d.c_str());
     std::printf("freed %s, %s left\n", format_bytes(r->bytes_freed).c_str(), format_bytes(r->bytes_left).c_str());
-    return 0;
+    // A removal that failed is an error, not an image kept: reported as one, and the exit status says so.
+    int status = 0;
+    for (const auto& e : r->failed) status = fail(e.wrap("collecting garbage"));
+    return status;
 }
 
 const Registration reg_pull({"pull", "pull [--store DIR] [--platform OS/ARCH] [--quiet] IMAGE   fetch an image into the store", cmd_pull});

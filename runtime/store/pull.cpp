@@ -85,6 +85,9 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         if (options.on_progress) options.on_progress(progress);
     };
     auto report = [&] { update([](PullProgress&) {}); };
+    // Root does not write a store users can write (docs/store.md, "Trust model"): said before anything
+    // is fetched.
+    if (auto st = store.check_root_may_modify(); !st) return st.error().wrap("pulling " + ref.str());
     report();
 
     std::atomic<uint64_t> bytes_done{0};
@@ -122,7 +125,6 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // adopt the note and try for themselves.
     const char* group_env = std::getenv("GANTRY_PULL_GROUP");
     const std::string group = group_env != nullptr ? group_env : "";
-    const std::string failure_note = store.root() + "/locks/" + digest_hex(digest) + ".failed";
     const int64_t waiting_since = static_cast<int64_t>(std::time(nullptr));
     auto lock = store.lock_producer(digest, options.producer_timeout, [&](const std::string& holder) {
         update([&](PullProgress& p) {
@@ -138,10 +140,10 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     }
     if (!group.empty()) {
         // "GROUP\nHOST:PID\nMESSAGE", written by a producer of this step since we started waiting
-        // (2 s of slack for clocks of nodes that share the store).
-        struct stat note_st {};
-        auto note = try_read_file(failure_note);
-        if (note && ::stat(failure_note.c_str(), &note_st) == 0 && note_st.st_mtime + 2 >= waiting_since) {
+        // (2 s of slack for clocks of nodes that share the store); the store honours only a note
+        // written by an account it trusts.
+        auto note = store.read_failure_note(digest, waiting_since - 2);
+        if (note) {
             auto first = note->find('\n');
             auto second = first == std::string::npos ? first : note->find('\n', first + 1);
             if (second != std::string::npos && note->substr(0, first) == group) {
@@ -155,9 +157,9 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     }
     auto produced = produce_locked(config, store, ref, options, client, digest, result, update, cancel, bytes_done);
     if (produced) {
-        ::unlink(failure_note.c_str());
+        store.clear_failure_note(digest);
     } else if (!group.empty()) {
-        (void)write_file_atomic(failure_note, group + "\n" + host_and_pid() + "\n" + produced.error().message + "\n", 0644);
+        store.write_failure_note(digest, group + "\n" + host_and_pid() + "\n" + produced.error().message + "\n");
     }
     return produced;
 }
@@ -184,10 +186,11 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
                           " layers but the manifest " + std::to_string(image->layers.size()));
 
     // The staging area survives a producer that dies: its verified blobs are reused by the next one.
-    std::string staging = store.staging_dir(digest);
-    std::string blobs_dir = staging + "/blobs";
+    auto staging = store.prepare_staging(digest);
+    if (!staging) return staging.error().wrap("pulling " + ref.str());
+    std::string blobs_dir = *staging + "/blobs";
     GANTRY_TRY(make_directories(blobs_dir, 0755));
-    std::string output = staging + "/image.sqsh." + std::to_string(::getpid());
+    std::string output = *staging + "/image.sqsh." + std::to_string(::getpid());
     ::unlink(output.c_str());
 
     std::vector<LayerBlob> layers;
@@ -274,7 +277,7 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
         ::unlink(output.c_str());
         return published.error().wrap("pulling " + ref.str());
     }
-    (void)remove_tree(staging);
+    store.remove_staging(digest);
 
     result.produced = true;
     result.stats = *stats;

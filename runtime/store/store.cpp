@@ -1,37 +1,64 @@
 // The content-addressed image store: lookup, tag records, the one-producer lock, atomic publication,
 // use tracking and garbage collection. Layout and rules: include/gantry/store.hpp, docs/store.md.
+//
+// Other users may write a shared store (a legacy 1777 one), so nothing here trusts a path: the root
+// and its subdirectories are opened once (subdirectories with O_NOFOLLOW), and every file inside is
+// opened, created, renamed and removed relative to those descriptors, never through a symlink, and
+// read with a size cap (docs/store.md, "Trust model").
 #include "gantry/store.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "gantry/digest.hpp"
-#include "gantry/files.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
 
 namespace gantry {
+
+struct ImageStore::Dirs {
+    Directory root, images, refs, used, locks, staging;
+    std::optional<uid_t> store_owner;
+    std::optional<uid_t> acting_for;
+    bool private_images = false;
+};
+
 namespace {
 
 using nlohmann::json;
 
-int64_t now_seconds() { return static_cast<int64_t>(std::time(nullptr)); }
+constexpr const char* kSubdirectories[] = {"images", "refs", "used", "locks", "staging"};
+
+int64_t now_seconds() {
+    return static_cast<int64_t>(std::time(nullptr));
+}
+
+bool writable_by_others(const struct stat& st) {
+    return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+}
 
 json to_json(const ImageMetadata& m) {
     json layers = json::array();
-    for (const auto& l : m.layers) layers.push_back({{"mediaType", l.media_type}, {"digest", l.digest}, {"size", l.size}});
-    return {{"manifest_digest", m.manifest_digest}, {"references", m.references}, {"platform", m.platform},
-            {"manifest", m.manifest_json},           {"config", m.config_json},     {"layers", layers},
-            {"image_bytes", m.image_bytes},          {"compressor", m.compressor},  {"block_size", m.block_size},
+    for (const auto& l : m.layers)
+        layers.push_back({{"mediaType", l.media_type}, {"digest", l.digest}, {"size", l.size}});
+    return {{"manifest_digest", m.manifest_digest},
+            {"references", m.references},
+            {"platform", m.platform},
+            {"manifest", m.manifest_json},
+            {"config", m.config_json},
+            {"layers", layers},
+            {"image_bytes", m.image_bytes},
+            {"compressor", m.compressor},
+            {"block_size", m.block_size},
             {"pulled_at", m.pulled_at}};
 }
 
@@ -63,18 +90,44 @@ std::string ref_key(const ImageReference& ref) {
     return digest_hex(Sha256::of(r.str()));
 }
 
-int64_t mtime_of(const std::string& path) {
-    struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
+// A lock file in locks/, opened (created when missing) without following a symlink or blocking on a
+// FIFO. Its holder text is ours to write only when we own it and it has one link: a lock file another
+// account planted (a symlink is refused anyway; a hard link to one of our files is not) is opened
+// read-only, which flock accepts, and never written.
+struct LockFile {
+    RegularFile file;
+    bool ours = false;
+};
+
+Result<LockFile> open_lock_file(const Directory& locks, const std::string& name) {
+    auto f = open_regular_at(locks, name, O_RDWR | O_CREAT, 0644);
+    if (!f && f.error().errnum == EACCES) {
+        // Another account's file (or a directory we cannot create in: then the first error is the one).
+        auto read_only = open_regular_at(locks, name, O_RDONLY);
+        if (read_only || read_only.error().errnum != ENOENT) f = std::move(read_only);
+    }
+    if (!f) return f.error();
+    bool ours = f->st.st_uid == ::geteuid() && f->st.st_nlink == 1;
+    return LockFile{std::move(*f), ours};
+}
+
+std::string holder_of(const LockFile& lock, const std::string& path) {
+    auto text = read_capped(lock.file.fd.get(), kMaxStoreRecordBytes, path);
+    return text ? trim(*text) : std::string();
 }
 
 // Tries flock(LOCK_EX|LOCK_NB) on an existing file; true when nobody holds a lock on it.
-bool lockable_exclusively(const std::string& path, UniqueFd* keep = nullptr) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return errno == ENOENT;
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;
-    if (keep != nullptr) *keep = std::move(fd);
+bool lockable_exclusively(const Directory& dir, const std::string& name, UniqueFd* keep = nullptr) {
+    auto f = open_regular_at(dir, name, O_RDONLY);
+    if (!f) return f.error().errnum == ENOENT;
+    if (::flock(f->fd.get(), LOCK_EX | LOCK_NB) != 0) return false;
+    if (keep != nullptr) *keep = std::move(f->fd);
     return true;
+}
+
+// A staging area's name is the hex digest it produces; anything else there is no producer's.
+bool is_hex_digest(const std::string& name) {
+    return name.size() == 64 && name.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
 }  // namespace
@@ -83,70 +136,142 @@ std::string ImageStore::resolve_path(const Config& config, const std::string& cl
     if (!cli_value.empty()) return cli_value;
     if (const char* env = std::getenv("GANTRY_STORE"); env != nullptr && *env != '\0') return env;
     if (!config.store_path.empty()) return config.store_path;
-    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') return std::string(xdg) + "/gantry";
+    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/')
+        return std::string(xdg) + "/gantry";
     const char* home = std::getenv("HOME");
     return std::string(home != nullptr && *home == '/' ? home : "/tmp") + "/.cache/gantry";
 }
 
-Result<ImageStore> ImageStore::open(const std::string& root, bool create) {
+Result<ImageStore> ImageStore::open(const std::string& root, bool create, const Config& config,
+                                    std::optional<uid_t> acting_for) {
     if (root.empty() || root.front() != '/') return make_error("image store path '" + root + "' must be absolute");
-    for (const char* sub : {"images", "refs", "used", "locks", "staging"}) {
-        std::string dir = root + "/" + sub;
-        if (create) {
-            auto st = make_directories(dir, 0755);
-            if (!st) return st.error().wrap("opening image store " + root);
-        } else if (::access(dir.c_str(), F_OK) != 0) {
-            return system_error("opening image store " + root + " (run `gantry pull` first)");
-        }
+    const std::string context = "opening image store " + root;
+    if (create) {
+        auto st = make_directories(root, 0755);
+        if (!st) return st.error().wrap(context);
     }
-    return ImageStore(root);
+    auto top = Directory::open(root);
+    if (!top) {
+        if (top.error().errnum == ENOENT) return system_error(context + " (run `gantry pull` first)", ENOENT);
+        return top.error().wrap(context);
+    }
+    // A legacy store whose root is world-writable and sticky (1777) gets 1777 subdirectories too, so
+    // that no user owns a directory others must write (the first puller owned them all before).
+    struct stat top_st {};
+    if (::fstat(top->fd(), &top_st) != 0) return system_error(context);
+    bool legacy_shared = (top_st.st_mode & S_IWOTH) != 0 && (top_st.st_mode & S_ISVTX) != 0;
+    mode_t sub_mode = legacy_shared ? 01777 : 0755;
+    std::vector<Directory> subs;
+    for (const char* sub : kSubdirectories) {
+        // Created 0700 and then set with fchmod: no window with a wider mode, and the umask plays no part.
+        bool made = create && ::mkdirat(top->fd(), sub, 0700) == 0;
+        if (create && !made && errno != EEXIST) return system_error(context + ": creating " + top->path_of(sub));
+        auto dir = top->open_sub(sub);
+        if (!dir) {
+            if (dir.error().errnum == ENOENT) return system_error(context + " (run `gantry pull` first)", ENOENT);
+            return dir.error().wrap(context);
+        }
+        if (made && ::fchmod(dir->fd(), sub_mode) != 0)
+            return system_error(context + ": setting the mode of " + dir->path());
+        subs.push_back(std::move(*dir));
+    }
+    auto dirs = std::make_shared<Dirs>(Dirs{std::move(*top), std::move(subs[0]), std::move(subs[1]), std::move(subs[2]),
+                                            std::move(subs[3]), std::move(subs[4]), std::nullopt, acting_for,
+                                            config.private_images});
+    if (auto owner = store_owner_uid(config)) dirs->store_owner = static_cast<uid_t>(*owner);
+    return ImageStore(root, std::move(dirs));
 }
 
 std::string ImageStore::squashfs_path(const std::string& digest) const {
     return root_ + "/images/" + digest_hex(digest) + ".sqsh";
 }
 
-std::string ImageStore::staging_dir(const std::string& digest) const { return root_ + "/staging/" + digest_hex(digest); }
+std::string ImageStore::staging_dir(const std::string& digest) const {
+    return root_ + "/staging/" + digest_hex(digest);
+}
 
-std::optional<StoredImage> ImageStore::find(const std::string& digest) const {
-    if (!validate_digest(digest)) return std::nullopt;
-    std::string sqsh = squashfs_path(digest);
-    if (::access(sqsh.c_str(), R_OK) != 0) return std::nullopt;
-    std::string meta_path = root_ + "/images/" + digest_hex(digest) + ".json";
-    auto text = read_file(meta_path);
-    if (!text) return std::nullopt;
-    auto meta = metadata_from_json(*text, meta_path);
-    if (!meta) return std::nullopt;
-    StoredImage img{digest, sqsh, std::move(*meta), mtime_of(root_ + "/used/" + digest_hex(digest))};
+bool ImageStore::accepted_owner(uid_t uid) const {
+    return uid == 0 || uid == ::geteuid() || uid == dirs_->store_owner || uid == dirs_->acting_for;
+}
+
+bool ImageStore::accepted_file(const struct stat& st) const {
+    return S_ISREG(st.st_mode) && accepted_owner(st.st_uid) && !writable_by_others(st);
+}
+
+namespace {
+
+// Why an image file is not accepted, for `gantry images` and find's callers.
+Error not_accepted(const std::string& path, const struct stat& st) {
+    if (!S_ISREG(st.st_mode)) return make_error("ignoring " + path + ": not a regular file");
+    if (writable_by_others(st)) return make_error("ignoring " + path + ": writable by group or others");
+    return make_error("ignoring " + path + ": owned by uid " + std::to_string(st.st_uid) +
+                      ", an account this store does not trust (root, store_owner or you)");
+}
+
+}  // namespace
+
+Result<StoredImage> ImageStore::load(const std::string& digest) const {
+    const Dirs& d = *dirs_;
+    const std::string hex = digest_hex(digest);
+    // The .sqsh is only looked at here (its bytes are for the mount), so fstatat without following;
+    // open_in_use and the launcher check the file they open again.
+    struct stat sqsh_st {};
+    if (::fstatat(d.images.fd(), (hex + ".sqsh").c_str(), &sqsh_st, AT_SYMLINK_NOFOLLOW) != 0)
+        return system_error("finding " + d.images.path_of(hex + ".sqsh"));
+    if (!accepted_file(sqsh_st)) return not_accepted(d.images.path_of(hex + ".sqsh"), sqsh_st);
+    struct stat meta_st {};
+    auto text = read_regular_at(d.images, hex + ".json", kMaxImageMetadataBytes, &meta_st);
+    if (!text) return text.error().wrap("ignoring " + d.images.path_of(hex + ".sqsh"));
+    if (!accepted_file(meta_st)) return not_accepted(d.images.path_of(hex + ".json"), meta_st);
+    auto meta = metadata_from_json(*text, d.images.path_of(hex + ".json"));
+    if (!meta) return meta.error();
+    if (meta->manifest_digest != digest)
+        return make_error("ignoring " + d.images.path_of(hex + ".json") + ": it describes " + meta->manifest_digest);
+    StoredImage img{digest, squashfs_path(digest), std::move(*meta), 0};
+    struct stat used_st {};
+    if (::fstatat(d.used.fd(), hex.c_str(), &used_st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(used_st.st_mode))
+        img.last_used = static_cast<int64_t>(used_st.st_mtime);
     if (img.last_used == 0) img.last_used = img.metadata.pulled_at;
     return img;
 }
 
-Result<std::vector<StoredImage>> ImageStore::list() const {
+std::optional<StoredImage> ImageStore::find(const std::string& digest) const {
+    if (!validate_digest(digest)) return std::nullopt;
+    auto img = load(digest);
+    if (!img) return std::nullopt;
+    return std::move(*img);
+}
+
+Result<std::vector<StoredImage>> ImageStore::list(std::vector<std::string>* ignored) const {
+    auto names = list_directory(dirs_->images);
+    if (!names) return names.error().wrap("listing image store " + root_);
     std::vector<StoredImage> out;
-    std::string dir = root_ + "/images";
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) return system_error("listing " + dir);
-    Defer close_dir([&] { ::closedir(d); });
-    while (dirent* e = ::readdir(d)) {
-        std::string name = e->d_name;
-        if (!ends_with(name, ".sqsh") || name.size() != 64 + 5) continue;
-        if (auto img = find("sha256:" + name.substr(0, 64))) out.push_back(std::move(*img));
+    for (const auto& name : *names) {
+        if (!ends_with(name, ".sqsh") || !is_hex_digest(name.substr(0, name.size() - 5))) continue;
+        auto img = load("sha256:" + name.substr(0, 64));
+        if (img) {
+            out.push_back(std::move(*img));
+        } else if (img.error().errnum != ENOENT && ignored != nullptr) {
+            ignored->push_back(img.error().message);  // ENOENT: removed since the directory was read
+        }
     }
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.metadata.pulled_at > b.metadata.pulled_at; });
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.metadata.pulled_at > b.metadata.pulled_at; });
     return out;
 }
 
 Status ImageStore::record_tag(const ImageReference& ref, const std::string& digest) const {
+    GANTRY_TRY(check_root_may_modify());
     ImageReference r = ref;
     r.user.clear();
     json j = {{"reference", r.str()}, {"digest", digest}, {"resolved_at", now_seconds()}};
-    return write_file_atomic(root_ + "/refs/" + ref_key(ref) + ".json", j.dump() + "\n", 0644);
+    return write_file_atomic_at(dirs_->refs, ref_key(ref) + ".json", j.dump() + "\n", 0644);
 }
 
 std::optional<TagRecord> ImageStore::lookup_tag(const ImageReference& ref) const {
-    auto text = read_file(root_ + "/refs/" + ref_key(ref) + ".json");
-    if (!text) return std::nullopt;
+    struct stat st {};
+    auto text = read_regular_at(dirs_->refs, ref_key(ref) + ".json", kMaxStoreRecordBytes, &st);
+    if (!text || !accepted_file(st)) return std::nullopt;
     json j = json::parse(*text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return std::nullopt;
     return TagRecord{j.value("reference", ""), j.value("digest", ""), j.value("resolved_at", int64_t{0})};
@@ -154,54 +279,151 @@ std::optional<TagRecord> ImageStore::lookup_tag(const ImageReference& ref) const
 
 Result<ProducerLock> ImageStore::lock_producer(const std::string& digest, std::chrono::seconds timeout,
                                                const std::function<void(const std::string&)>& on_wait) const {
+    GANTRY_TRY(check_root_may_modify());
     // flock() is released by the kernel when the holder dies (SIGKILL included), which is what lets
     // another node take over a dead producer's work without a human. On Lustre this needs the `flock`
     // mount option (FSx for Lustre clients have it); docs/store.md says so.
-    std::string path = root_ + "/locks/" + digest_hex(digest) + ".lock";
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-    if (!fd) return system_error("opening producer lock " + path);
+    const std::string name = digest_hex(digest) + ".lock";
+    const std::string path = dirs_->locks.path_of(name);
+    auto lock = open_lock_file(dirs_->locks, name);
+    if (!lock) return lock.error().wrap("opening producer lock " + path);
+    const int fd = lock->file.fd.get();
     auto start = std::chrono::steady_clock::now();
     auto next_report = start + std::chrono::seconds(2);
     auto delay = std::chrono::milliseconds(50);
-    while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
         if (errno != EWOULDBLOCK && errno != EINTR) return system_error("locking " + path);
         auto now = std::chrono::steady_clock::now();
         if (now - start >= timeout) {
-            auto holder = read_file(path);
+            std::string holder = holder_of(*lock, path);
             return make_error("timed out after " + std::to_string(timeout.count()) + " s waiting for " +
-                              (holder && !holder->empty() ? trim(*holder) : std::string("another process")) +
-                              " to finish producing " + digest);
+                              (holder.empty() ? std::string("another process") : holder) + " to finish producing " +
+                              digest);
         }
         if (on_wait && now >= next_report) {
-            auto holder = read_file(path);
-            on_wait(holder ? trim(*holder) : std::string());
+            on_wait(holder_of(*lock, path));
             next_report = now + std::chrono::seconds(5);
         }
         std::this_thread::sleep_for(delay);
         delay = std::min(delay * 2, std::chrono::milliseconds(500));
     }
     // Record who we are for waiters' messages; the lock, not this text, is the truth.
-    std::string who = host_and_pid() + "\n";
-    if (::ftruncate(fd.get(), 0) == 0) (void)!::pwrite(fd.get(), who.data(), who.size(), 0);
-    return ProducerLock(std::move(fd));
+    if (lock->ours) {
+        std::string who = host_and_pid() + "\n";
+        if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, who.data(), who.size(), 0);
+    }
+    return ProducerLock(std::move(lock->file.fd));
+}
+
+Result<std::string> ImageStore::prepare_staging(const std::string& digest) const {
+    GANTRY_TRY(check_root_may_modify());
+    const Directory& staging = dirs_->staging;
+    const std::string name = digest_hex(digest);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        if (::mkdirat(staging.fd(), name.c_str(), 0700) != 0 && errno != EEXIST)
+            return system_error("creating " + staging.path_of(name));
+        auto dir = staging.open_sub(name);
+        struct stat st {};
+        if (dir && ::fstat(dir->fd(), &st) == 0 && st.st_uid == ::geteuid()) return dir->path();
+        // A symlink, a file, or another account's directory: never written through; removed (which
+        // works in a directory of ours, or for an entry of ours), then made afresh.
+        auto removed = remove_tree_at(staging, name);
+        if (!removed)
+            return make_error("preparing " + staging.path_of(name) +
+                              ": it is not a directory of this account and cannot be removed (" +
+                              removed.error().message + "); ask its owner or the admin to remove it (docs/store.md)");
+    }
+    return make_error("preparing " + staging.path_of(name) + ": it keeps being replaced");
+}
+
+void ImageStore::remove_staging(const std::string& digest) const {
+    (void)remove_tree_at(dirs_->staging, digest_hex(digest));
 }
 
 Status ImageStore::publish(const std::string& digest, const std::string& squashfs_tmp, ImageMetadata metadata) const {
-    std::string hex = digest_hex(digest);
+    GANTRY_TRY(check_root_may_modify());
+    const Directory& images = dirs_->images;
+    const std::string hex = digest_hex(digest);
+    // An image of this digest from an account the store does not trust is not ours to keep: removed
+    // when we may (our own directory), else a clear error instead of a failing rename.
+    for (const std::string& name : {hex + ".json", hex + ".sqsh"}) {
+        struct stat st {};
+        if (::fstatat(images.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || accepted_file(st)) continue;
+        if (::unlinkat(images.fd(), name.c_str(), 0) != 0)
+            return make_error("publishing " + images.path_of(name) + ": the store holds this digest from uid " +
+                              std::to_string(st.st_uid) +
+                              ", which it does not trust, and this account cannot replace it; ask the file's owner "
+                              "or the admin to remove it, or use a per-user store (docs/store.md)");
+    }
+    UniqueFd f(::open(squashfs_tmp.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st {};
-    if (::stat(squashfs_tmp.c_str(), &st) != 0) return system_error("publishing " + squashfs_tmp);
+    if (!f || ::fstat(f.get(), &st) != 0) return system_error("publishing " + squashfs_tmp);
+    if (!S_ISREG(st.st_mode)) return make_error("publishing " + squashfs_tmp + ": not a regular file");
     metadata.image_bytes = static_cast<uint64_t>(st.st_size);
     metadata.manifest_digest = digest;
     if (metadata.pulled_at == 0) metadata.pulled_at = now_seconds();
+    // private_images: owner-only files, so users cannot copy images out of a store-owner store; only
+    // root (the plugin's kernel backend) and the owner can read them then.
+    const mode_t sqsh_mode = dirs_->private_images ? 0400 : 0444;
+    const mode_t meta_mode = dirs_->private_images ? 0600 : 0644;
     // Metadata first, squashfs last: the .sqsh's existence is the commit point readers check.
-    GANTRY_TRY(write_file_atomic(root_ + "/images/" + hex + ".json", to_json(metadata).dump(1) + "\n", 0644));
-    UniqueFd f(::open(squashfs_tmp.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!f || ::fsync(f.get()) != 0) return system_error("flushing " + squashfs_tmp);
-    if (::chmod(squashfs_tmp.c_str(), 0444) != 0) return system_error("making " + squashfs_tmp + " read-only");
-    if (::rename(squashfs_tmp.c_str(), squashfs_path(digest).c_str()) != 0)
+    GANTRY_TRY(write_file_atomic_at(images, hex + ".json", to_json(metadata).dump(1) + "\n", meta_mode));
+    if (::fsync(f.get()) != 0) return system_error("flushing " + squashfs_tmp);
+    if (::fchmod(f.get(), sqsh_mode) != 0) return system_error("making " + squashfs_tmp + " read-only");
+    if (::renameat(AT_FDCWD, squashfs_tmp.c_str(), images.fd(), (hex + ".sqsh").c_str()) != 0)
         return system_error("publishing " + squashfs_path(digest));
     touch(digest);
     return {};
+}
+
+std::optional<std::string> ImageStore::read_failure_note(const std::string& digest, int64_t since) const {
+    struct stat st {};
+    auto text = read_regular_at(dirs_->locks, digest_hex(digest) + ".failed", kMaxStoreRecordBytes, &st);
+    if (!text || !accepted_file(st) || static_cast<int64_t>(st.st_mtime) < since) return std::nullopt;
+    return std::move(*text);
+}
+
+void ImageStore::write_failure_note(const std::string& digest, const std::string& text) const {
+    if (!check_root_may_modify()) return;
+    (void)write_file_atomic_at(dirs_->locks, digest_hex(digest) + ".failed", text, 0644);
+}
+
+void ImageStore::clear_failure_note(const std::string& digest) const {
+    if (!check_root_may_modify()) return;
+    ::unlinkat(dirs_->locks.fd(), (digest_hex(digest) + ".failed").c_str(), 0);
+}
+
+Status ImageStore::check_root_may_modify() const {
+    if (::geteuid() != 0) return {};
+    const Dirs& d = *dirs_;
+    for (const Directory* dir : {&d.root, &d.images, &d.refs, &d.used, &d.locks, &d.staging}) {
+        struct stat st {};
+        if (::fstat(dir->fd(), &st) != 0) return system_error("checking image store " + root_);
+        std::string why;
+        if ((st.st_mode & S_IWOTH) != 0)
+            why = "is writable by all users";
+        else if ((st.st_mode & S_IWGRP) != 0)
+            why = "is writable by its group";
+        else if (st.st_uid != 0 && st.st_uid != d.store_owner)
+            why = "is owned by uid " + std::to_string(st.st_uid) + ", neither root nor store_owner";
+        if (!why.empty())
+            return make_error("modifying image store " + root_ + " as root: " + dir->path() + " " + why +
+                              ", so users could plant files that root would act on; run this as the store's owner, "
+                              "or make the store owned by root or store_owner and writable by nobody else "
+                              "(docs/store.md, \"Trust model\")");
+    }
+    return {};
+}
+
+std::optional<uid_t> ImageStore::sole_owner() const {
+    const Dirs& d = *dirs_;
+    std::optional<uid_t> owner;
+    for (const Directory* dir : {&d.root, &d.images, &d.refs, &d.used, &d.locks, &d.staging}) {
+        struct stat st {};
+        if (::fstat(dir->fd(), &st) != 0 || st.st_uid == 0 || (owner && *owner != st.st_uid)) return std::nullopt;
+        owner = st.st_uid;
+    }
+    return owner;
 }
 
 bool ImageStore::trusted(const Config& config) const {
@@ -209,55 +431,63 @@ bool ImageStore::trusted(const Config& config) const {
     // cannot write a store it (or root) owns without group/other write, so the bytes in images/ were
     // written by our own squashfs writer. An unknown store_owner name adds nobody.
     auto owner = store_owner_uid(config);
-    for (const std::string& dir : {root_, root_ + "/images"}) {
+    for (const Directory* dir : {&dirs_->root, &dirs_->images}) {
         struct stat st {};
-        if (::stat(dir.c_str(), &st) != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return false;
+        if (::fstat(dir->fd(), &st) != 0 || writable_by_others(st)) return false;
         if (st.st_uid != 0 && (!owner || st.st_uid != *owner)) return false;
     }
     return true;
 }
 
 void ImageStore::touch(const std::string& digest) const {
-    std::string path = root_ + "/used/" + digest_hex(digest);
-    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
-    if (fd) ::futimens(fd.get(), nullptr);
+    // Best effort; root leaves a store that users can write alone (check_root_may_modify).
+    if (!check_root_may_modify()) return;
+    auto f = open_regular_at(dirs_->used, digest_hex(digest), O_WRONLY | O_CREAT, 0644);
+    if (f) ::futimens(f->fd.get(), nullptr);
 }
 
 Result<UniqueFd> ImageStore::open_in_use(const std::string& digest) const {
-    std::string path = squashfs_path(digest);
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return system_error("opening image " + path);
-    if (::flock(fd.get(), LOCK_SH) != 0) return system_error("locking image " + path);
+    const std::string name = digest_hex(digest) + ".sqsh";
+    auto f = open_regular_at(dirs_->images, name, O_RDONLY);
+    if (!f) return f.error().wrap("opening image");
+    if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap("opening image");
+    if (::flock(f->fd.get(), LOCK_SH) != 0) return system_error("locking image " + dirs_->images.path_of(name));
     touch(digest);
-    return fd;
+    return std::move(f->fd);
 }
 
-bool ImageStore::in_use(const std::string& digest) const { return !lockable_exclusively(squashfs_path(digest)); }
+bool ImageStore::in_use(const std::string& digest) const {
+    return !lockable_exclusively(dirs_->images, digest_hex(digest) + ".sqsh");
+}
 
 Status ImageStore::remove(const std::string& digest) const {
-    std::string hex = digest_hex(digest);
-    std::string sqsh = squashfs_path(digest);
+    GANTRY_TRY(check_root_may_modify());
+    const Dirs& d = *dirs_;
+    const std::string hex = digest_hex(digest);
+    const std::string sqsh = hex + ".sqsh";
     UniqueFd guard;
-    if (!lockable_exclusively(sqsh, &guard)) return make_error("image " + digest + " is in use by a running container");
+    if (!lockable_exclusively(d.images, sqsh, &guard))
+        return Error{"image " + digest + " is in use by a running container", EBUSY};
     // The .sqsh goes first so that no reader finds an image without metadata.
-    if (::unlink(sqsh.c_str()) != 0 && errno != ENOENT) return system_error("removing " + sqsh);
-    ::unlink((root_ + "/images/" + hex + ".json").c_str());
-    ::unlink((root_ + "/used/" + hex).c_str());
-    std::string refs = root_ + "/refs";
-    if (DIR* d = ::opendir(refs.c_str())) {
-        Defer close_dir([&] { ::closedir(d); });
-        while (dirent* e = ::readdir(d)) {
-            std::string p = refs + "/" + e->d_name;
-            auto text = read_file(p);
-            if (!text) continue;
+    if (::unlinkat(d.images.fd(), sqsh.c_str(), 0) != 0 && errno != ENOENT)
+        return system_error("removing " + d.images.path_of(sqsh));
+    ::unlinkat(d.images.fd(), (hex + ".json").c_str(), 0);
+    ::unlinkat(d.used.fd(), hex.c_str(), 0);
+    if (auto names = list_directory(d.refs)) {
+        for (const auto& name : *names) {
+            struct stat st {};
+            auto text = read_regular_at(d.refs, name, kMaxStoreRecordBytes, &st);
+            if (!text || !accepted_file(st)) continue;
             json j = json::parse(*text, nullptr, false);
-            if (!j.is_discarded() && j.is_object() && j.value("digest", "") == digest) ::unlink(p.c_str());
+            if (!j.is_discarded() && j.is_object() && j.value("digest", "") == digest)
+                ::unlinkat(d.refs.fd(), name.c_str(), 0);
         }
     }
     return {};
 }
 
 Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::seconds unused_for) const {
+    GANTRY_TRY(check_root_may_modify());
     auto images = list();
     if (!images) return images.error();
     std::sort(images->begin(), images->end(), [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
@@ -270,7 +500,10 @@ Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::sec
         if (!too_big && !too_old) continue;
         auto st = remove(img.digest);
         if (!st) {
-            r.kept_in_use.push_back(img.digest);
+            if (st.error().errnum == EBUSY)
+                r.kept_in_use.push_back(img.digest);
+            else
+                r.failed.push_back(st.error());
             continue;
         }
         r.removed.push_back(img.digest);
@@ -278,18 +511,31 @@ Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::sec
         r.bytes_left -= img.metadata.image_bytes;
     }
     // Staging areas whose producer lock nobody holds are leftovers of dead producers that no one
-    // resumed; a later pull would reuse their blobs, but gc reclaims the space.
-    std::string staging = root_ + "/staging";
-    if (DIR* d = ::opendir(staging.c_str())) {
-        Defer close_dir([&] { ::closedir(d); });
-        while (dirent* e = ::readdir(d)) {
-            std::string name = e->d_name;
-            if (name == "." || name == "..") continue;
-            UniqueFd guard;
-            if (!lockable_exclusively(root_ + "/locks/" + name + ".lock", &guard)) continue;
-            r.bytes_freed += tree_size(staging + "/" + name);
-            (void)remove_tree(staging + "/" + name);
+    // resumed; a later pull would reuse their blobs, but gc reclaims the space. gc holds the producer
+    // lock itself (creating the lock file if it is missing) while it removes, so no producer starts
+    // in the area meanwhile; anything there that is not a producer's area is removed as well.
+    const Directory& staging = dirs_->staging;
+    auto names = list_directory(staging);
+    if (!names) {
+        r.failed.push_back(names.error());
+        return r;
+    }
+    for (const auto& name : *names) {
+        UniqueFd guard;
+        if (is_hex_digest(name)) {
+            auto lock = open_lock_file(dirs_->locks, name + ".lock");
+            if (!lock) {
+                r.failed.push_back(lock.error().wrap("removing " + staging.path_of(name)));
+                continue;
+            }
+            if (::flock(lock->file.fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // a producer is at work
+            guard = std::move(lock->file.fd);
         }
+        uint64_t bytes = tree_size_at(staging, name);
+        if (auto st = remove_tree_at(staging, name); !st)
+            r.failed.push_back(st.error());
+        else
+            r.bytes_freed += bytes;
     }
     return r;
 }

@@ -1,7 +1,13 @@
 // Unit tests for the image store: atomic publication, tag records, one producer per digest across
-// processes (including a producer killed with SIGKILL), in-use protection and LRU garbage collection.
-#include <signal.h>
+// processes (including a producer killed with SIGKILL), in-use protection and LRU garbage collection,
+// and the trust model: what a hostile user of a shared store can plant (symlinks, FIFOs, huge files,
+// images and lock files of their own) never makes the store follow, hang, overwrite or use it.
+// Tests tagged [root] need root (chown, mount) and run as their own ctest, unit.store.root.
+#include "gantry/store.hpp"
+
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,14 +36,44 @@ struct TempStore {
         dir = ::mkdtemp(tmpl);
     }
     ~TempStore() { (void)remove_tree(dir); }
-    ImageStore open() {
-        auto s = ImageStore::open(dir, true);
+    ImageStore open(const Config& config = Config{}, std::optional<uid_t> acting_for = std::nullopt) {
+        auto s = ImageStore::open(dir, true, config, acting_for);
         REQUIRE(s.ok());
         return *s;
     }
 };
 
-std::string fake_digest(const std::string& seed) { return Sha256::of(seed); }
+// A regression must fail the test, not hang the suite: SIGALRM ends the process after `seconds`.
+struct Watchdog {
+    explicit Watchdog(unsigned seconds) { ::alarm(seconds); }
+    ~Watchdog() { ::alarm(0); }
+};
+
+std::string slurp(const std::string& path) {
+    std::ifstream f(path);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// An unprivileged account for the [root] tests' planted files (nobody on Debian).
+constexpr uid_t kOtherUid = 65534;
+
+// Runs `body` in a child process (for identity changes) and returns its exit status.
+template <typename F>
+int in_child(F body) {
+    pid_t pid = ::fork();
+    if (pid == 0) ::_exit(body());
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void require_root() {
+    if (::geteuid() != 0) FAIL("needs root (chown, mount, identity changes): run `ctest -L root` as root");
+}
+
+std::string fake_digest(const std::string& seed) {
+    return Sha256::of(seed);
+}
 
 void publish_fake(const ImageStore& store, const std::string& digest, size_t bytes, const std::string& ref = "") {
     std::string tmp = store.staging_dir(digest) + ".sqsh";
@@ -195,12 +231,8 @@ TEST_CASE("store path precedence: option, GANTRY_STORE, gantry.conf, XDG cache")
     CHECK_FALSE(ImageStore::open("relative/path", true).ok());
 }
 
-TEST_CASE("trusted store: owned by root or the configured store_owner, writable by nobody else") {
-    // chown needs root; the suite runs as root in CI (the kernel backend's tests need it anyway).
-    if (::geteuid() != 0) {
-        WARN("not root: cannot chown the store to another account");
-        return;
-    }
+TEST_CASE("trusted store: owned by root or the configured store_owner, writable by nobody else", "[root]") {
+    require_root();  // chown
     TempStore t;
     ImageStore store = t.open();
     ::chmod(t.dir.c_str(), 0755);
@@ -262,4 +294,289 @@ TEST_CASE("pull report: what the plugin reads back from gantry pull --report-fd"
     CHECK(decode_pull_report(big));
     big.insert(big.size() - 1, " ");
     CHECK_FALSE(decode_pull_report(big));
+
+}
+
+TEST_CASE("the safe remover follows no symlink: links are removed, their targets stay") {
+    TempStore t;
+    std::string victim = t.dir + "/victim";
+    REQUIRE(make_directories(victim + "/sub").ok());
+    std::ofstream(victim + "/precious") << "keep";
+    std::ofstream(victim + "/sub/precious") << "keep";
+    std::string tree = t.dir + "/tree";
+    REQUIRE(make_directories(tree + "/a/b").ok());
+    std::ofstream(tree + "/a/b/file") << "x";
+    REQUIRE(::symlink(victim.c_str(), (tree + "/a/to-victim").c_str()) == 0);
+    REQUIRE(::symlink((victim + "/precious").c_str(), (tree + "/a/b/to-file").c_str()) == 0);
+    CHECK(tree_size(tree) == 1);  // the one regular file; links are not followed
+    REQUIRE(remove_tree(tree).ok());
+    CHECK(::access(tree.c_str(), F_OK) != 0);
+    CHECK(slurp(victim + "/precious") == "keep");
+    CHECK(slurp(victim + "/sub/precious") == "keep");
+    // The path itself a symlink: the link goes, not the directory it names.
+    REQUIRE(::symlink(victim.c_str(), (t.dir + "/link").c_str()) == 0);
+    REQUIRE(remove_tree(t.dir + "/link").ok());
+    CHECK(slurp(victim + "/precious") == "keep");
+    CHECK(remove_tree(t.dir + "/missing").ok());
+}
+
+TEST_CASE("the safe remover does not cross into another file system", "[root]") {
+    require_root();  // mount
+    TempStore t;
+    std::string mnt = t.dir + "/tree/mnt";
+    REQUIRE(make_directories(mnt).ok());
+    REQUIRE(::mount("gantry-test", mnt.c_str(), "tmpfs", 0, "size=1m") == 0);
+    std::ofstream(mnt + "/precious") << "keep";
+    auto st = remove_tree(t.dir + "/tree");
+    CHECK_FALSE(st.ok());
+    if (!st) CHECK(st.error().message.find("another file system") != std::string::npos);
+    CHECK(slurp(mnt + "/precious") == "keep");
+    REQUIRE(::umount(mnt.c_str()) == 0);
+    CHECK(remove_tree(t.dir + "/tree").ok());
+}
+
+TEST_CASE("a symlinked staging/ is refused with a clear error; gc never reaches its target") {
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("victim");
+    std::string victim = t.dir + "/victim";
+    REQUIRE(make_directories(victim + "/" + digest_hex(d)).ok());
+    std::ofstream(victim + "/" + digest_hex(d) + "/precious") << "keep";
+    // Replaced after the store was opened: the open descriptor still names the real staging/.
+    REQUIRE(::rename((t.dir + "/staging").c_str(), (t.dir + "/staging.old").c_str()) == 0);
+    REQUIRE(::symlink(victim.c_str(), (t.dir + "/staging").c_str()) == 0);
+    auto r = store.gc(0, 0s);
+    REQUIRE(r.ok());
+    CHECK(slurp(victim + "/" + digest_hex(d) + "/precious") == "keep");
+    // Opened afterwards: refused, naming the path and what to do.
+    for (bool create : {false, true}) {
+        auto reopened = ImageStore::open(t.dir, create);
+        REQUIRE_FALSE(reopened.ok());
+        CHECK(reopened.error().message.find(t.dir + "/staging: is a symbolic link") != std::string::npos);
+        CHECK(reopened.error().message.find("remove it") != std::string::npos);
+    }
+    CHECK(slurp(victim + "/" + digest_hex(d) + "/precious") == "keep");
+}
+
+TEST_CASE("a symlinked staging/<hex> is removed by gc as a link; the tree it names stays") {
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("staged");
+    std::string victim = t.dir + "/victim";
+    REQUIRE(make_directories(victim + "/blobs").ok());
+    std::ofstream(victim + "/blobs/precious") << "keep";
+    REQUIRE(::symlink(victim.c_str(), store.staging_dir(d).c_str()) == 0);
+    auto r = store.gc(0, 0s);
+    REQUIRE(r.ok());
+    CHECK(r->failed.empty());
+    struct stat st {};
+    CHECK(::lstat(store.staging_dir(d).c_str(), &st) != 0);
+    CHECK(slurp(victim + "/blobs/precious") == "keep");
+    // A producer never works through such a link either: it makes a directory of its own.
+    REQUIRE(::symlink(victim.c_str(), store.staging_dir(d).c_str()) == 0);
+    auto staging = store.prepare_staging(d);
+    REQUIRE(staging.ok());
+    REQUIRE(::lstat(staging->c_str(), &st) == 0);
+    CHECK(S_ISDIR(st.st_mode));
+    CHECK(slurp(victim + "/blobs/precious") == "keep");
+}
+
+TEST_CASE("a FIFO planted as image metadata or a tag record never hangs find, list, gc or lookup") {
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("fifo");
+    publish_fake(store, d, 100, "reg/repo:fifo");
+    std::string meta = t.dir + "/images/" + digest_hex(d) + ".json";
+    REQUIRE(::unlink(meta.c_str()) == 0);
+    REQUIRE(::mkfifo(meta.c_str(), 0644) == 0);
+    Watchdog watchdog(20);
+    CHECK_FALSE(store.find(d).has_value());
+    std::vector<std::string> ignored;
+    auto all = store.list(&ignored);
+    REQUIRE(all.ok());
+    CHECK(all->empty());
+    REQUIRE(ignored.size() == 1);
+    CHECK(ignored[0].find(meta + ": not a regular file") != std::string::npos);
+    CHECK(store.gc(1, 0s).ok());
+    ImageReference ref{"", "reg", "repo", "fifo", ""};
+    REQUIRE(store.record_tag(ref, d).ok());
+    auto refs = Directory::open(t.dir + "/refs");
+    REQUIRE(refs.ok());
+    auto names = list_directory(*refs);
+    REQUIRE(names.ok());
+    REQUIRE(names->size() == 1);
+    for (const auto& name : *names) {
+        REQUIRE(::unlink((t.dir + "/refs/" + name).c_str()) == 0);
+        REQUIRE(::mkfifo((t.dir + "/refs/" + name).c_str(), 0644) == 0);
+    }
+    CHECK_FALSE(store.lookup_tag(ref).has_value());
+}
+
+TEST_CASE("image metadata over the size cap is refused") {
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("huge");
+    publish_fake(store, d, 100);
+    std::string meta = t.dir + "/images/" + digest_hex(d) + ".json";
+    {
+        std::ofstream f(meta, std::ios::trunc);
+        f << R"({"manifest_digest":")" << d << R"(","pad":")" << std::string(kMaxImageMetadataBytes, 'x') << "\"}";
+    }
+    REQUIRE(::chmod(meta.c_str(), 0644) == 0);
+    CHECK_FALSE(store.find(d).has_value());
+    std::vector<std::string> ignored;
+    REQUIRE(store.list(&ignored).ok());
+    REQUIRE(ignored.size() == 1);
+    CHECK(ignored[0].find("larger than the limit of " + std::to_string(kMaxImageMetadataBytes)) != std::string::npos);
+}
+
+TEST_CASE("a symlinked or hard-linked lock file is never written through") {
+    TempStore t;
+    auto store = t.open();
+    std::string target = t.dir + "/precious";
+    std::ofstream(target) << "precious\n";
+    auto d = fake_digest("locked");
+    std::string lock = t.dir + "/locks/" + digest_hex(d) + ".lock";
+    REQUIRE(::symlink(target.c_str(), lock.c_str()) == 0);
+    auto r = store.lock_producer(d, 1s);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find(lock + ": is a symbolic link") != std::string::npos);
+    CHECK(slurp(target) == "precious\n");
+    // A hard link to a file of ours: locked (flock works on it), but the holder text is not written.
+    auto d2 = fake_digest("linked");
+    REQUIRE(::link(target.c_str(), (t.dir + "/locks/" + digest_hex(d2) + ".lock").c_str()) == 0);
+    auto held = store.lock_producer(d2, 1s);
+    CHECK(held.ok());
+    CHECK(slurp(target) == "precious\n");
+}
+
+TEST_CASE("a lock file another account owns is locked read-only and not written", "[root]") {
+    require_root();  // chown
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("theirs");
+    std::string lock = t.dir + "/locks/" + digest_hex(d) + ".lock";
+    std::ofstream(lock) << "their-host:1\n";
+    REQUIRE(::chown(lock.c_str(), kOtherUid, kOtherUid) == 0);
+    auto held = store.lock_producer(d, 1s);
+    CHECK(held.ok());
+    CHECK(slurp(lock) == "their-host:1\n");
+}
+
+TEST_CASE("an image planted by another account is ignored; root's, store_owner's and the caller's count", "[root]") {
+    require_root();  // chown
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("planted");
+    publish_fake(store, d, 100, "reg/repo:planted");
+    std::string hex = digest_hex(d);
+    REQUIRE(store.find(d).has_value());  // root's own
+    for (const char* ext : {".sqsh", ".json"})
+        REQUIRE(::chown((t.dir + "/images/" + hex + ext).c_str(), kOtherUid, kOtherUid) == 0);
+    CHECK_FALSE(store.find(d).has_value());
+    std::vector<std::string> ignored;
+    auto all = store.list(&ignored);
+    REQUIRE(all.ok());
+    CHECK(all->empty());
+    REQUIRE(ignored.size() == 1);
+    CHECK(ignored[0].find("owned by uid " + std::to_string(kOtherUid)) != std::string::npos);
+    CHECK_FALSE(store.open_in_use(d).ok());
+    // The same files count for the account the caller acts for, and for the configured store_owner.
+    CHECK(t.open(Config{}, kOtherUid).find(d).has_value());
+    Config owner;
+    owner.store_owner = "nobody";
+    REQUIRE(store_owner_uid(owner) == std::optional<unsigned>(kOtherUid));
+    CHECK(t.open(owner).find(d).has_value());
+    // Writable by group or others: ignored whoever owns it.
+    REQUIRE(::chmod((t.dir + "/images/" + hex + ".sqsh").c_str(), 0466) == 0);
+    CHECK_FALSE(t.open(owner).find(d).has_value());
+    // Publishing over it: the untrusted files are replaced where the caller may remove them.
+    REQUIRE(::chmod((t.dir + "/images/" + hex + ".sqsh").c_str(), 0444) == 0);
+    publish_fake(store, d, 200);
+    auto mine = store.find(d);
+    REQUIRE(mine.has_value());
+    CHECK(mine->metadata.image_bytes == 200);
+
+    // A failure note from an untrusted account is not honoured.
+    store.write_failure_note(d, "1.0\nhost:1\nboom\n");
+    CHECK(store.read_failure_note(d, 0).has_value());
+    REQUIRE(::chown((t.dir + "/locks/" + hex + ".failed").c_str(), kOtherUid, kOtherUid) == 0);
+    CHECK_FALSE(store.read_failure_note(d, 0).has_value());
+}
+
+TEST_CASE("root refuses to modify a store others can write; a sole owner is reported", "[root]") {
+    require_root();
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("refused");
+    publish_fake(store, d, 100);
+    CHECK(store.check_root_may_modify().ok());
+    CHECK_FALSE(store.sole_owner().has_value());  // root's own
+    REQUIRE(::chmod((t.dir + "/images").c_str(), 0775) == 0);
+    auto gc = store.gc(1, 0s);
+    REQUIRE_FALSE(gc.ok());
+    CHECK(gc.error().message.find(t.dir + "/images is writable by its group") != std::string::npos);
+    CHECK(gc.error().message.find("docs/store.md") != std::string::npos);
+    CHECK_FALSE(store.remove(d).ok());
+    CHECK_FALSE(store.lock_producer(d, 1s).ok());
+    CHECK_FALSE(store.prepare_staging(d).ok());
+    CHECK(store.find(d).has_value());  // reading is fine
+    REQUIRE(::chmod((t.dir + "/images").c_str(), 0755) == 0);
+    // Owned by one other account: refused to root as well, and that account is the sole owner.
+    for (const char* sub : {"", "/images", "/refs", "/used", "/locks", "/staging"})
+        REQUIRE(::chown((t.dir + sub).c_str(), kOtherUid, kOtherUid) == 0);
+    CHECK_FALSE(store.check_root_may_modify().ok());
+    CHECK(store.sole_owner() == std::optional<uid_t>(kOtherUid));
+    Config owner;
+    owner.store_owner = "nobody";
+    CHECK(t.open(owner).check_root_may_modify().ok());  // the store_owner's store
+}
+
+TEST_CASE("a legacy world-writable sticky store root gets sticky world-writable subdirectories") {
+    TempStore t;
+    std::string root = t.dir + "/legacy";
+    REQUIRE(::mkdir(root.c_str(), 0700) == 0);
+    REQUIRE(::chmod(root.c_str(), 01777) == 0);
+    REQUIRE(ImageStore::open(root, true).ok());
+    struct stat st {};
+    REQUIRE(::stat((root + "/staging").c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 01777);
+    TempStore plain;
+    plain.open();
+    REQUIRE(::stat((plain.dir + "/images").c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0755);
+}
+
+TEST_CASE("gc tells failed removals from images kept in use; become_store_owner drops root for good", "[root]") {
+    require_root();  // identity changes
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("not-yours");
+    publish_fake(store, d, 100);
+    REQUIRE(::chmod(t.dir.c_str(), 0755) == 0);
+    int status = in_child([&] {
+        if (!become_store_owner(kOtherUid).ok() || ::geteuid() != kOtherUid || ::getegid() != kOtherUid) return 10;
+        if (::setuid(0) == 0) return 11;
+        auto r = store.gc(1, 0s);  // root's images, listed, but not removable by this account
+        if (!r || !r->removed.empty() || !r->kept_in_use.empty() || r->failed.size() != 1) return 12;
+        return r->failed[0].errnum == EACCES ? 0 : 13;
+    });
+    CHECK(status == 0);
+    CHECK(store.find(d).has_value());
+    CHECK_FALSE(become_store_owner(0).ok());
+}
+
+TEST_CASE("private_images publishes owner-only files") {
+    TempStore t;
+    Config config;
+    config.private_images = true;
+    auto store = t.open(config);
+    auto d = fake_digest("private");
+    publish_fake(store, d, 100);
+    struct stat st {};
+    REQUIRE(::stat(store.squashfs_path(d).c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0400);
+    REQUIRE(::stat((t.dir + "/images/" + digest_hex(d) + ".json").c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0600);
+    CHECK(store.find(d).has_value());
 }

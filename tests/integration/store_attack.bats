@@ -1,0 +1,195 @@
+# fixtures: registry images
+# The shared store attacked by an ordinary user (docs/store.md, "Trust model"): in a legacy 1777 store
+# the attacker plants symlinks, FIFOs, a squashfs of their own under a public digest and a symlinked
+# lock file; root's `gantry gc`/`images`/`pull` and the victim's `gantry run`/`pull` must neither
+# follow, hang on, overwrite nor run any of it. Every command runs under `timeout`: a regression
+# fails the test instead of hanging CI.
+
+load helpers
+
+setup_file() {
+  export VICTIM ATTACKER
+  VICTIM=$("$GANTRY_SOURCE_DIR/tests/harness/user.sh")
+  ATTACKER=$(GANTRY_TEST_USER=gantry-attacker GANTRY_TEST_UID=4243 "$GANTRY_SOURCE_DIR/tests/harness/user.sh")
+  # Debian's udev makes /dev/fuse 0666; some VMs leave it 0600 (the victim's run uses fuse).
+  export FUSE_MODE
+  FUSE_MODE=$(stat -c %a /dev/fuse)
+  chmod 0666 /dev/fuse
+}
+
+teardown_file() {
+  chmod "$FUSE_MODE" /dev/fuse
+}
+
+setup() {
+  gantry_load_env registry images
+  GANTRY=$GANTRY_BUILD_DIR/runtime/gantry
+  REG=$GANTRY_TEST_REGISTRY_HTTP
+  WORK=$(mktemp -d /tmp/gantry-attack.XXXXXX)
+  chmod 0755 "$WORK"
+  # The shared store as many sites set it up: world-writable and sticky.
+  S=$WORK/store
+  install -d -m 1777 "$S"
+  for u in "$VICTIM" "$ATTACKER"; do install -d -o "$u" -g "$u" -m 0700 "$WORK/home-$u"; done
+  # A directory and a file of the victim's that the attacker wants destroyed or overwritten.
+  install -d -o "$VICTIM" -g "$VICTIM" -m 0755 "$WORK/victim" "$WORK/victim/sub"
+  echo precious >"$WORK/victim/sub/precious"
+  echo precious >"$WORK/victim/file"
+  chown -R "$VICTIM:$VICTIM" "$WORK/victim"
+  echo root-precious >"$WORK/root-file"
+  export GANTRY_CONFIG=$WORK/gantry.conf  # the defaults: no store_owner
+  : >"$GANTRY_CONFIG"
+  chmod 0644 "$GANTRY_CONFIG"
+}
+
+teardown() {
+  rm -rf "$WORK"
+}
+
+# as USER CMD...: CMD as USER with a home of this test's own, at most 60 s.
+as() {
+  local u=$1
+  shift
+  runuser -u "$u" -- env -C "$WORK" HOME="$WORK/home-$u" GANTRY_CONFIG="$GANTRY_CONFIG" timeout 60 "$@"
+}
+
+# tiny_digest: the public digest of the tiny test image, as anyone can learn it (the attacker's own pull
+# into a store of their own).
+tiny_digest() {
+  as "$ATTACKER" "$GANTRY" pull --quiet --store "$WORK/home-$ATTACKER/store" "$REG/$GANTRY_TEST_IMAGE_TINY" | awk '{print $1}'
+}
+
+# attacker_layout: what the attacker makes of a fresh 1777 store before anyone else pulls: the
+# subdirectories, theirs, sticky and world-writable (as the store makes them in a 1777 root).
+attacker_layout() {
+  as "$ATTACKER" sh -c "cd '$S' && mkdir images refs used locks staging && chmod 1777 images refs used locks staging"
+}
+
+victim_intact() {
+  [ "$(cat "$WORK/victim/sub/precious")" = precious ]
+  [ "$(cat "$WORK/victim/file")" = precious ]
+  [ "$(cat "$WORK/root-file")" = root-precious ]
+}
+
+@test "staging/ replaced by a symlink to the victim's directory: root's gc refuses, removes nothing" {
+  as "$ATTACKER" sh -c "cd '$S' && mkdir images refs used locks && ln -s '$WORK/victim' staging"
+  run timeout 20 "$GANTRY" gc --store "$S" --max-bytes 1
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: .*$S/staging: is a symbolic link, which is never followed here; remove it"
+  victim_intact
+  [ -d "$WORK/victim/sub" ]
+}
+
+@test "staging/<hex> symlinked to the victim's directory: root refuses the 1777 store, the victim's gc reports the failure" {
+  attacker_layout
+  hex=$(printf '%064d' 0 | tr 0 a)
+  as "$ATTACKER" ln -s "$WORK/victim" "$S/staging/$hex"
+  run timeout 20 "$GANTRY" gc --store "$S"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: collecting garbage: modifying image store $S as root: $S is writable by all users"
+  echo "$output" | grep -q "docs/store.md"
+  victim_intact
+  # The victim's own gc cannot remove the attacker's link (sticky staging/): an error, not "kept".
+  run as "$VICTIM" "$GANTRY" gc --store "$S"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: collecting garbage: removing $S/staging/$hex"
+  ! echo "$output" | grep -q "kept" || false
+  victim_intact
+  [ -L "$S/staging/$hex" ]
+}
+
+@test "a FIFO planted as image metadata: root's gc and everyone's gantry images finish at once with a clear message" {
+  attacker_layout
+  hex=$(printf '%064d' 0 | tr 0 b)
+  as "$ATTACKER" sh -c "echo junk >'$S/images/$hex.sqsh' && chmod 0444 '$S/images/$hex.sqsh' && mkfifo -m 0644 '$S/images/$hex.json'"
+  start=$(date +%s)
+  run timeout 10 "$GANTRY" gc --store "$S"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "as root: $S is writable by all users"
+  for who in root "$VICTIM"; do
+    if [ "$who" = root ]; then run timeout 10 "$GANTRY" images --store "$S"; else run as "$who" timeout 10 "$GANTRY" images --store "$S"; fi
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | grep -q "ignoring $S/images/$hex"
+    echo "$output" | grep -q "REFERENCE"
+  done
+  # root ignores the attacker's files (owner rule); the victim sees the FIFO for what it is.
+  run as "$VICTIM" timeout 10 "$GANTRY" images --store "$S"
+  echo "$output" | grep -qE "owned by uid 4243|not a regular file"
+  [ $(($(date +%s) - start)) -lt 30 ]
+}
+
+@test "a squashfs planted under the digest of a public image: the victim never runs the attacker's files" {
+  digest=$(tiny_digest)
+  [[ "$digest" == sha256:* ]]
+  hex=${digest#sha256:}
+  attacker_layout
+  # The attacker's image: a tree with a marker, metadata copied from a genuine pull.
+  mkdir -p "$WORK/evil/work"
+  echo ATTACKER-MARKER >"$WORK/evil/marker"
+  echo ATTACKER-MARKER >"$WORK/evil/work/README"
+  mksquashfs "$WORK/evil" "$WORK/evil.sqsh" -noappend -quiet -no-progress >/dev/null
+  chmod 0644 "$WORK/evil.sqsh"
+  as "$ATTACKER" sh -c "cp '$WORK/evil.sqsh' '$S/images/$hex.sqsh' && chmod 0444 '$S/images/$hex.sqsh' &&
+    cp '$WORK/home-$ATTACKER/store/images/$hex.json' '$S/images/$hex.json' && chmod 0644 '$S/images/$hex.json'"
+  run as "$VICTIM" "$GANTRY" run --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY" cat /marker /work/README
+  echo "$output"
+  [ "$status" -ne 124 ]
+  ! echo "$output" | grep -q ATTACKER-MARKER || false
+  # It runs the genuine image or fails saying why; here the attacker's files hold the digest's names
+  # in a sticky directory, so the victim cannot publish its own and is told so.
+  if [ "$status" -ne 0 ]; then
+    echo "$output" | grep -q "gantry: .*$S/images/$hex.json: the store holds this digest from uid 4243, which it does not trust"
+  else
+    echo "$output" | grep -q "tiny work dir"
+  fi
+  # The victim's listing ignores the planted image and says so.
+  run as "$VICTIM" "$GANTRY" images --store "$S"
+  echo "$output"
+  echo "$output" | grep -q "ignoring $S/images/$hex.sqsh: owned by uid 4243"
+  # With images/ the victim's own (a store of its own layout), the genuine image is pulled and run.
+  rm -rf "$S"/*
+  as "$VICTIM" sh -c "cd '$S' && mkdir images refs used locks staging"
+  run as "$VICTIM" "$GANTRY" run --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY" cat /work/README
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx "tiny work dir"
+}
+
+@test "a lock file symlinked to another user's file: the victim's and root's pulls leave the target unchanged" {
+  digest=$(tiny_digest)
+  hex=${digest#sha256:}
+  attacker_layout
+  as "$ATTACKER" ln -s "$WORK/victim/file" "$S/locks/$hex.lock"
+  run as "$VICTIM" "$GANTRY" pull --quiet --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: .*$S/locks/$hex.lock: is a symbolic link, which is never followed here; remove it"
+  victim_intact
+  # Root: the store is one users can write, so root does not write it at all.
+  as "$ATTACKER" sh -c "rm '$S/locks/$hex.lock' && ln -s '$WORK/root-file' '$S/locks/$hex.lock'"
+  run timeout 60 "$GANTRY" pull --quiet --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "as root: $S is writable by all users"
+  victim_intact
+}
+
+@test "root's gc in a per-user store runs as its owner" {
+  P=$WORK/home-$VICTIM/store
+  as "$VICTIM" "$GANTRY" pull --quiet --store "$P" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  # The owner planted a link to a root file in its own store: as the owner, gc cannot touch root's file.
+  hex=$(printf '%064d' 0 | tr 0 c)
+  as "$VICTIM" ln -s "$WORK/root-file" "$P/staging/$hex"
+  run timeout 20 "$GANTRY" gc --store "$P" --max-bytes 1
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "^removed sha256:"
+  [ -z "$(ls "$P/images")" ]
+  [ ! -e "$P/staging/$hex" ] && [ ! -L "$P/staging/$hex" ]
+  victim_intact
+}
