@@ -831,7 +831,8 @@ Status join_step(spank_t sp) {
         if (!entry) return system_error("opening the entrypoint helper " + st.entry_helper);
     }
     GANTRY_TRY(join(st.joined));
-    std::vector<std::string> after = container_environment(st.joined.defaults, before);
+    // Pyxis's rule (docs/user.md): the job's variables come in unless the image defines them.
+    std::vector<std::string> after = container_environment(st.joined.defaults, before, EnvironmentRule::pyxis);
     // --- devices and wiring (issue 7): PMIx MCA mapping and PyTorch ranks of this task ---
     for (auto& e : task_environment(st.config, st.joined.defaults.image_env, before)) after.push_back(std::move(e));
     // --- end devices ---

@@ -132,12 +132,28 @@ private:
 // task_init: Slurm then execs the task's command. Must be called single-threaded.
 Status join(const ContainerState& state);
 
+// How much of the caller's environment enters the container.
+enum class EnvironmentRule {
+    // `gantry run`/`exec`, like `docker run`: the caller's shell stays outside; only the Slurm/PMI
+    // wiring, TERM (when the image has none) and the --env names come in.
+    docker,
+    // A Slurm task (the SPANK plugin), Pyxis's rule: every job variable comes in unless the image
+    // (or the device wiring) defines the same name. srun --export already decided the job's set.
+    pyxis,
+};
+
 // The environment for a process in the container, from the container defaults and the caller's
-// environment (`host_env`, "NAME=value" entries): image Env; then the device wiring's variables;
-// then SLURM_*, PMI*, PMIX_* from the host; then the --env names from the host (host wins). PATH from the image (or a default);
-// LANG/LC_ALL only from the image unless named in --env; HOME for the user.
+// environment (`caller_env`, "NAME=value" entries), later steps replacing earlier ones:
+//   1. the image's Env, then the device wiring's variables (ContainerEdits::env) over it;
+//   2. PATH: the image's, else the default PATH (never the caller's); HOME: the container user's;
+//   3. EnvironmentRule::pyxis: every caller variable whose name steps 1-2 did not set, except the
+//      ones that describe the host: PATH, LD_LIBRARY_PATH, LD_PRELOAD, HOME, LANG, LANGUAGE, LC_*,
+//      PWD, OLDPWD. EnvironmentRule::docker: TERM only;
+//   4. SLURM_*, SLURMD_*, PMI*, PMIX_* from the caller, over an image's value: they describe this step;
+//   5. the --env names with the caller's value (a name the caller lacks keeps the value above); a
+//      named host variable (PATH, LANG, HOME...) comes in this way only.
 std::vector<std::string> container_environment(const ProcessDefaults& defaults,
-                                               const std::vector<std::string>& host_env);
+                                               const std::vector<std::string>& caller_env, EnvironmentRule rule);
 
 // The argv to execute per the OCI rules: with the entrypoint, ENTRYPOINT + (argv or CMD); without,
 // argv or CMD; falling back to /bin/sh when that is empty.

@@ -1,5 +1,6 @@
-// What a containerized process gets: its environment (image Env + Slurm/PMI wiring + --env names)
-// and its argv (OCI entrypoint/cmd rules). Pure functions, unit-tested without namespaces.
+// What a containerized process gets: its environment (image Env, the job's variables under Pyxis's
+// rule, Slurm/PMI wiring, --env names) and its argv (OCI entrypoint/cmd rules). Pure functions,
+// unit-tested without namespaces.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -47,17 +48,31 @@ bool split_entry(const std::string& entry, std::string& name, std::string& value
 }
 
 // The job wiring Slurm and the MPI launchers rely on (Enroot's Slurm hook copies the same prefixes).
-bool is_job_variable(const std::string& name) {
+// They describe this step and this rank, so the caller's value replaces an image's (stale) one.
+bool is_slurm_wiring(const std::string& name) {
     return starts_with(name, "SLURM_") || starts_with(name, "SLURMD_") || starts_with(name, "PMI") ||
            starts_with(name, "PMIX_");
+}
+
+// Job variables that describe the host rather than the job, so a Slurm task's value stays outside
+// (docs/user.md, "Environment inside"): search paths of the host's file system (PATH, LD_LIBRARY_PATH,
+// LD_PRELOAD: Pyxis keeps these three from Enroot too), the host's home and working directory (HOME
+// has its own rule; the container starts in its workdir, and a shell sets PWD from it), and the
+// host's locales (Pyxis drops LANG, LANGUAGE and LC_ALL; the other LC_* categories name host locales
+// just the same, e.g. LC_CTYPE=UTF-8 from a macOS ssh client). --container-env brings any of them in.
+bool describes_host(const std::string& name) {
+    for (const char* n : {"PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "PWD", "OLDPWD", "LANG", "LANGUAGE"})
+        if (name == n) return true;
+    return starts_with(name, "LC_");
 }
 
 }  // namespace
 
 std::vector<std::string> container_environment(const ProcessDefaults& defaults,
-                                               const std::vector<std::string>& host_env) {
+                                               const std::vector<std::string>& caller_env, EnvironmentRule rule) {
     EnvList env;
     std::string name, value;
+    // 1-2. What the container itself defines: the image, the device wiring, PATH and HOME.
     for (const auto& e : defaults.image_env)
         if (split_entry(e, name, value)) env.set(name, value);
     for (const auto& e : defaults.device_env)
@@ -69,14 +84,15 @@ std::vector<std::string> container_environment(const ProcessDefaults& defaults,
     };
     if (!named("HOME")) env.set("HOME", defaults.home.empty() ? "/" : defaults.home);
 
-    for (const auto& e : host_env) {
+    // 3. The caller's variables for the names still free; 4. the Slurm wiring over everything.
+    for (const auto& e : caller_env) {
         if (!split_entry(e, name, value)) continue;
-        if (is_job_variable(name)) env.set(name, value);
-        else if (name == "TERM" && !env.has("TERM")) env.set(name, value);
+        bool passes = rule == EnvironmentRule::pyxis ? !describes_host(name) : name == "TERM";
+        if (is_slurm_wiring(name) || (passes && !env.has(name))) env.set(name, value);
     }
-    // --env NAME: the host's value wins; a name the host lacks keeps the image's value.
+    // 5. --env NAME: the caller's value wins; a name the caller lacks keeps the value above.
     for (const auto& want : defaults.env_names) {
-        for (const auto& e : host_env) {
+        for (const auto& e : caller_env) {
             if (split_entry(e, name, value) && name == want) env.set(name, value);
         }
     }

@@ -104,7 +104,8 @@ const int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
 Result<int> run_in(const ContainerState& container, const ProcessSpec& process) {
     auto argv = resolve_command(process);
-    auto env = container_environment(container.defaults, host_environment());
+    // `gantry run`/`exec` keep Docker's rule: the caller's shell stays outside the container.
+    auto env = container_environment(container.defaults, host_environment(), EnvironmentRule::docker);
 
     sigset_t set, old;
     sigemptyset(&set);

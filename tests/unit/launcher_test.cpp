@@ -135,14 +135,14 @@ TEST_CASE("unshare and backend names") {
     CHECK_FALSE(parse_mount_backend("loop").ok());
 }
 
-TEST_CASE("environment: image env, job variables, --env names, LANG, HOME") {
+TEST_CASE("environment, docker rule (gantry run): image env, Slurm wiring, --env names, LANG, HOME") {
     ProcessDefaults d;
     d.image_env = {"PATH=/opt/bin:/usr/bin", "LANG=C.UTF-8", "FOO=image", "BAR=image", "HOME=/image-home"};
     d.env_names = {"BAR", "MISSING"};
     d.home = "/home/u";
     std::vector<std::string> host = {"PATH=/host/bin", "LANG=de_DE.UTF-8", "LC_ALL=de_DE.UTF-8", "FOO=host",
                                      "BAR=host", "SLURM_PROCID=3", "PMIX_RANK=3", "PMI_FD=7", "SECRET=x", "TERM=xterm"};
-    auto env = container_environment(d, host);
+    auto env = container_environment(d, host, EnvironmentRule::docker);
     auto has = [&](const std::string& e) { return std::find(env.begin(), env.end(), e) != env.end(); };
     CHECK(has("PATH=/opt/bin:/usr/bin"));  // PATH from the image
     CHECK(has("LANG=C.UTF-8"));            // LANG from the image, not the host
@@ -154,18 +154,132 @@ TEST_CASE("environment: image env, job variables, --env names, LANG, HOME") {
     CHECK(has("PMI_FD=7"));
     CHECK(has("HOME=/home/u"));
     CHECK(has("TERM=xterm"));
-    CHECK_FALSE(has("SECRET=x"));
+    CHECK_FALSE(has("SECRET=x"));  // the caller's shell stays outside
     CHECK(std::none_of(env.begin(), env.end(), [](const std::string& e) { return e.rfind("MISSING=", 0) == 0; }));
 
     d.env_names = {"LANG", "PATH"};
-    env = container_environment(d, host);
+    env = container_environment(d, host, EnvironmentRule::docker);
     CHECK(has("LANG=de_DE.UTF-8"));
     CHECK(has("PATH=/host/bin"));
 
     ProcessDefaults bare;
-    env = container_environment(bare, {});
+    env = container_environment(bare, {}, EnvironmentRule::docker);
     CHECK(has("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
     CHECK(has("HOME=/"));
+}
+
+namespace {
+
+bool has_entry(const std::vector<std::string>& env, const std::string& entry) {
+    return std::find(env.begin(), env.end(), entry) != env.end();
+}
+
+bool has_name(const std::vector<std::string>& env, const std::string& name) {
+    return std::any_of(env.begin(), env.end(), [&](const std::string& e) { return e.rfind(name + "=", 0) == 0; });
+}
+
+}  // namespace
+
+TEST_CASE("environment, pyxis rule (Slurm task): every job variable the image does not define") {
+    ProcessDefaults d;
+    d.image_env = {"PATH=/opt/conda/bin:/usr/bin", "NCCL_DEBUG=WARN", "CUDA_VERSION=12.4"};
+    d.home = "/home/u";
+    std::vector<std::string> job = {"NCCL_DEBUG=INFO", "FI_PROVIDER=efa",   "FI_EFA_USE_DEVICE_RDMA=1",
+                                    "HF_TOKEN=hf_x",   "MASTER_PORT=29500", "CUDA_VERSION=11.8",
+                                    "EMPTY=",          "TERM=xterm",        "USER=u"};
+    auto env = container_environment(d, job, EnvironmentRule::pyxis);
+    // Job variables pass, with the job's value (an empty one included).
+    CHECK(has_entry(env, "FI_PROVIDER=efa"));
+    CHECK(has_entry(env, "FI_EFA_USE_DEVICE_RDMA=1"));
+    CHECK(has_entry(env, "HF_TOKEN=hf_x"));
+    CHECK(has_entry(env, "MASTER_PORT=29500"));
+    CHECK(has_entry(env, "EMPTY="));
+    CHECK(has_entry(env, "TERM=xterm"));
+    CHECK(has_entry(env, "USER=u"));
+    // The image's value wins for a name it defines...
+    CHECK(has_entry(env, "NCCL_DEBUG=WARN"));
+    CHECK(has_entry(env, "CUDA_VERSION=12.4"));
+    CHECK_FALSE(has_entry(env, "NCCL_DEBUG=INFO"));
+    // ...unless --container-env names it: then the job's value wins.
+    d.env_names = {"NCCL_DEBUG"};
+    env = container_environment(d, job, EnvironmentRule::pyxis);
+    CHECK(has_entry(env, "NCCL_DEBUG=INFO"));
+    CHECK(has_entry(env, "CUDA_VERSION=12.4"));
+    // The same job under the docker rule (gantry run) keeps all of them out.
+    d.env_names.clear();
+    env = container_environment(d, job, EnvironmentRule::docker);
+    CHECK_FALSE(has_name(env, "FI_PROVIDER"));
+    CHECK_FALSE(has_name(env, "HF_TOKEN"));
+}
+
+TEST_CASE("environment, pyxis rule: the device wiring counts as the image's") {
+    ProcessDefaults d;
+    d.device_env = {"NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b", "CUDA_VISIBLE_DEVICES=0,1", "FI_PROVIDER=efa"};
+    std::vector<std::string> job = {"CUDA_VISIBLE_DEVICES=2,3", "FI_PROVIDER=tcp", "NCCL_DEBUG=INFO"};
+    auto env = container_environment(d, job, EnvironmentRule::pyxis);
+    CHECK(has_entry(env, "CUDA_VISIBLE_DEVICES=0,1"));  // renumbered for the container, not the host's
+    CHECK(has_entry(env, "FI_PROVIDER=efa"));
+    CHECK(has_entry(env, "NCCL_DEBUG=INFO"));
+    d.env_names = {"FI_PROVIDER"};
+    env = container_environment(d, job, EnvironmentRule::pyxis);
+    CHECK(has_entry(env, "FI_PROVIDER=tcp"));
+}
+
+TEST_CASE("environment, pyxis rule: SLURM_* and PMI* from the job win over the image's") {
+    ProcessDefaults d;
+    d.image_env = {"SLURM_PROCID=0", "SLURM_JOB_ID=1", "PMIX_RANK=0", "SLURM_CONF=/image/slurm.conf"};
+    std::vector<std::string> job = {"SLURM_PROCID=5", "SLURM_JOB_ID=42",    "PMIX_RANK=5",
+                                    "PMI_FD=9",       "SLURMD_NODENAME=n2", "SLURM_CONF=/etc/slurm/slurm.conf"};
+    for (auto rule : {EnvironmentRule::pyxis, EnvironmentRule::docker}) {
+        auto env = container_environment(d, job, rule);
+        CHECK(has_entry(env, "SLURM_PROCID=5"));
+        CHECK(has_entry(env, "SLURM_JOB_ID=42"));
+        CHECK(has_entry(env, "PMIX_RANK=5"));
+        CHECK(has_entry(env, "PMI_FD=9"));
+        CHECK(has_entry(env, "SLURMD_NODENAME=n2"));
+        CHECK(has_entry(env, "SLURM_CONF=/etc/slurm/slurm.conf"));
+        CHECK_FALSE(has_entry(env, "SLURM_PROCID=0"));
+    }
+}
+
+TEST_CASE("environment, pyxis rule: PATH, library paths, HOME, PWD and locales describe the host") {
+    std::vector<std::string> job = {"PATH=/home/u/bin:/usr/bin",
+                                    "LD_LIBRARY_PATH=/opt/slurm/lib",
+                                    "LD_PRELOAD=/usr/lib/libhost.so",
+                                    "HOME=/home/u",
+                                    "PWD=/home/u/project",
+                                    "OLDPWD=/home/u",
+                                    "LANG=de_DE.UTF-8",
+                                    "LANGUAGE=de",
+                                    "LC_ALL=de_DE.UTF-8",
+                                    "LC_CTYPE=UTF-8",
+                                    "NCCL_DEBUG=INFO"};
+    ProcessDefaults bare;  // an image without PATH: the default PATH, not the job's
+    bare.home = "/root";
+    auto env = container_environment(bare, job, EnvironmentRule::pyxis);
+    CHECK(has_entry(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+    CHECK(has_entry(env, "HOME=/root"));
+    for (const char* name :
+         {"LD_LIBRARY_PATH", "LD_PRELOAD", "PWD", "OLDPWD", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE"})
+        CHECK_FALSE(has_name(env, name));
+    CHECK(has_entry(env, "NCCL_DEBUG=INFO"));
+
+    ProcessDefaults image;  // an image with PATH and LD_LIBRARY_PATH: its values
+    image.image_env = {"PATH=/opt/conda/bin:/usr/bin", "LD_LIBRARY_PATH=/usr/local/cuda/lib64", "LANG=C.UTF-8"};
+    env = container_environment(image, job, EnvironmentRule::pyxis);
+    CHECK(has_entry(env, "PATH=/opt/conda/bin:/usr/bin"));
+    CHECK(has_entry(env, "LD_LIBRARY_PATH=/usr/local/cuda/lib64"));
+    CHECK(has_entry(env, "LANG=C.UTF-8"));
+    CHECK_FALSE(has_name(env, "LC_ALL"));
+
+    // --container-env brings any of them in with the job's value.
+    image.env_names = {"PATH", "LD_LIBRARY_PATH", "LC_ALL", "HOME"};
+    env = container_environment(image, job, EnvironmentRule::pyxis);
+    CHECK(has_entry(env, "PATH=/home/u/bin:/usr/bin"));
+    CHECK(has_entry(env, "LD_LIBRARY_PATH=/opt/slurm/lib"));
+    CHECK(has_entry(env, "LC_ALL=de_DE.UTF-8"));
+    CHECK(has_entry(env, "HOME=/home/u"));
+    CHECK_FALSE(has_name(env, "LANGUAGE"));
 }
 
 TEST_CASE("command: OCI entrypoint and cmd rules") {
