@@ -513,7 +513,8 @@ producer_node_crash() {
   if [ -e "$STORE/staging/$hex" ]; then
     echo "# staging/$hex left behind; its lock must be free and gc must remove it" >&3
     flock -n "$STORE/locks/$hex.lock" true
-    "$GANTRY_BUILD_DIR/runtime/gantry" gc --store "$STORE"
+    # As the user whose pull left it (root refuses to collect a world-writable store, docs/store.md).
+    runuser -u "$U" -- "$GANTRY_BUILD_DIR/runtime/gantry" gc --store "$STORE"
     [ ! -e "$STORE/staging/$hex" ]
   fi
   [ "$(find "$STORE/staging" -name 'image.sqsh.*' | wc -l)" -eq 0 ]
