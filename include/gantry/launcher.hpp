@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/spawn.hpp"
 #include "gantry/config.hpp"
 #include "gantry/devices.hpp"
 #include "gantry/image_config.hpp"
@@ -175,5 +176,15 @@ std::vector<std::string> list_containers(const Config& config);
 // (there is no daemon that saw its last user leave). Root only (0 for others); returns how many it
 // released. Called by privileged `gantry run`, Container::stop and the plugin's job epilog.
 Result<int> release_idle_mounts(const Config& config);
+
+// The mount points below "/" in process PID's view, relative to its root ("proc", "etc/hosts"), from
+// /proc/PID/mountinfo; the mounts that make up a container's root itself (image clones, overlays of
+// top-level directories) are left out.
+Result<std::vector<std::string>> mount_points_of(pid_t pid);
+
+// --container-save: writes the container's root file system (image plus what it wrote, without what
+// is mounted over it) as a squashfs file at `path`, as `user` inside the container's user namespace
+// (the tree is the user's: reading it and writing `path` must not use root's rights).
+Status save_container(const ContainerState& container, const ProcessIdentity& user, const std::string& path);
 
 }  // namespace gantry

@@ -34,7 +34,9 @@ teardown() {
 
 # as_user CMD...: run as the test user from the shared directory (a cwd every node has).
 as_user() {
-  runuser -u "$U" -- env -C "$WORK" "$@"
+  # The test harness's own secrets are not part of the job's environment (the job exports everything
+  # it has into the container, as Pyxis does).
+  runuser -u "$U" -- env -u GANTRY_TEST_REGISTRY_PASSWORD -C "$WORK" "$@"
 }
 
 # timed NAME CMD...: runs CMD like bats' `run`, and sets ELAPSED (seconds, 0.1 s resolution); prints it

@@ -71,7 +71,9 @@ loops_of_store() {
 
 # as_user CMD...: run as the test user from the shared directory, with a home of this test's own.
 as_user() {
-  runuser -u "$U" -- env -C "$WORK" HOME="$WORK/home" "$@"
+  # The test harness's own secrets are not part of the job's environment (the job exports everything
+  # it has into the container, as Pyxis does).
+  runuser -u "$U" -- env -u GANTRY_TEST_REGISTRY_PASSWORD -C "$WORK" HOME="$WORK/home" "$@"
 }
 
 # node_registry: the test's own TLS registry the nodes reach (gantry_node_tls_registry; TREG, REG_PID).

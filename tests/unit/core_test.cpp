@@ -1,6 +1,10 @@
 // Unit tests for the core module: configuration parsing, digests, image config, strings, thread watch.
+#include <csignal>
+#include <unistd.h>
+#include <fcntl.h>
 #include <catch2/catch.hpp>
 
+#include "gantry/spawn.hpp"
 #include "gantry/config.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/image_config.hpp"
@@ -141,4 +145,103 @@ TEST_CASE("new threads blocked in a futex wait are found; old, sleeping and shor
     old_waiter.join();
     sleeper.join();
     CHECK_FALSE(watch.check(0ms));
+}
+
+// --- spawn(): the one way helpers are run from the plugin -------------------------------------------
+
+namespace {
+gantry::ProcessRequest shell(const std::string& script) {
+    gantry::ProcessRequest rq;
+    rq.argv = {"/bin/sh", "-c", script};
+    rq.env = {"PATH=/usr/bin:/bin"};
+    return rq;
+}
+}  // namespace
+
+TEST_CASE("spawn: exit status, stdout and stderr", "[spawn]") {
+    auto r = gantry::spawn(shell("echo out; echo err >&2; exit 3"));
+    REQUIRE(r);
+    CHECK(r->status == 3);
+    CHECK(r->signal == 0);
+    CHECK(r->out == "out\n");
+    CHECK(r->err == "err\n");
+    CHECK_FALSE(gantry::spawn(shell("true")).value().stopped);
+    auto missing = gantry::spawn({{"/nonexistent/program"}, {}, {}, -1, {}, 200, {}, {}, 1024, 1024, {}});
+    REQUIRE_FALSE(missing);
+    CHECK(missing.error().message.find("could not run /nonexistent/program") != std::string::npos);
+    CHECK_FALSE(gantry::spawn(shell("true")).value().stopped);
+    auto relative = shell("true");
+    relative.argv[0] = "sh";
+    CHECK_FALSE(gantry::spawn(relative));
+}
+
+TEST_CASE("spawn: a program writing without end is stopped at the cap", "[spawn]") {
+    auto rq = shell("while :; do echo AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA; done");
+    rq.stdout_cap = 4096;
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = gantry::spawn(rq);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().message.find("wrote too much to its stdout (more than 4096 bytes)") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    // Exactly at the cap is fine.
+    auto exact = shell("head -c 4096 /dev/zero");
+    exact.stdout_cap = 4096;
+    auto ok = gantry::spawn(exact);
+    REQUIRE(ok);
+    CHECK(ok->out.size() == 4096);
+    exact.stdout_cap = 4095;
+    CHECK_FALSE(gantry::spawn(exact));
+}
+
+TEST_CASE("spawn: descriptors in and out, and nothing else of ours", "[spawn]") {
+    int in[2];
+    REQUIRE(::pipe(in) == 0);  // no close-on-exec: would leak without the explicit closing
+    REQUIRE(::write(in[1], "hello", 5) == 5);
+    ::close(in[1]);
+    int null = ::open("/dev/null", O_RDONLY);
+    int leak = ::fcntl(null, F_DUPFD, 50);  // no close-on-exec either, far from the targets
+    ::close(null);
+    REQUIRE(leak >= 50);
+    std::string report;
+    auto rq = shell("cat <&3 >&4; ls /proc/self/fd");
+    rq.inputs.push_back({in[0], 3});
+    rq.outputs.push_back({4, &report, 100, "report"});
+    auto r = gantry::spawn(rq);
+    ::close(in[0]);
+    REQUIRE(r);
+    CHECK(r->status == 0);
+    CHECK(report == "hello");
+    // ls's own view: 0 1 2 3 4 and the directory it reads; never our leak.
+    CHECK(r->out.find("\n" + std::to_string(leak) + "\n") == std::string::npos);
+    CHECK(r->out.find("\n4\n") != std::string::npos);
+    ::close(leak);
+    // The output cap holds for side pipes too.
+    std::string small;
+    auto big = shell("head -c 200 /dev/zero >&4");
+    big.outputs.push_back({4, &small, 100, "report"});
+    auto over = gantry::spawn(big);
+    REQUIRE_FALSE(over);
+    CHECK(over.error().message.find("wrote too much to its report") != std::string::npos);
+}
+
+TEST_CASE("spawn: should_stop kills the program and its process group", "[spawn]") {
+    auto rq = shell("sleep 30 & sleep 30; wait");
+    auto t0 = std::chrono::steady_clock::now();
+    rq.should_stop = [&] { return std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300); };
+    auto r = gantry::spawn(rq);
+    REQUIRE(r);
+    CHECK(r->stopped);
+    CHECK(r->signal == SIGKILL);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+TEST_CASE("spawn: the program runs with the identity asked for, for good", "[spawn][root]") {
+    REQUIRE(::geteuid() == 0);
+    auto rq = shell("id -u; id -g; id -G; cat /proc/self/status | grep -E '^(Uid|Gid):'");
+    rq.identity = gantry::ProcessIdentity{65534, 65534, {65534}};
+    auto r = gantry::spawn(rq);
+    REQUIRE(r);
+    CHECK(r->status == 0);
+    CHECK(r->out.rfind("65534\n65534\n65534\n", 0) == 0);
+    CHECK(r->out.find("Uid:\t65534\t65534\t65534\t65534") != std::string::npos);
 }

@@ -1,0 +1,69 @@
+// Running a helper program from a privileged or long-lived process (the SPANK plugin inside root's
+// slurmstepd): fork + exec with an explicit identity, an explicit environment and explicit
+// descriptors, every output captured with a cap. Between fork and exec the child only makes system
+// calls, so a multi-threaded caller cannot deadlock in it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gantry/result.hpp"
+
+namespace gantry {
+
+struct ProcessIdentity {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::vector<gid_t> groups;  // supplementary groups; empty: just gid
+};
+
+struct ProcessRequest {
+    std::vector<std::string> argv;  // argv[0] is an absolute path (no PATH search)
+    std::vector<std::string> env;   // the whole environment
+    // Drop to this identity for good (groups, gid, uid: verified) before exec; unset: stay as we are.
+    std::optional<ProcessIdentity> identity;
+    // After dropping, enter this user namespace (one the identity owns).
+    int userns_fd = -1;
+    // After entering it, open this directory (e.g. "/proc/PID/root") as descriptor `root_as`.
+    std::string root_of;
+    int root_as = 200;
+    // Descriptors the program gets: `fd` of ours becomes its `as`.
+    struct Input {
+        int fd;
+        int as;
+    };
+    std::vector<Input> inputs;
+    // Pipes the program writes to as descriptor `as`; collected into `text`, at most `cap` bytes.
+    struct Output {
+        int as;
+        std::string* text;
+        size_t cap;
+        std::string name;  // for messages: "report", "credentials pipe"
+    };
+    std::vector<Output> outputs;
+    size_t stdout_cap = 64 * 1024;
+    size_t stderr_cap = 64 * 1024;
+    // Polled about every 200 ms while the program runs: true stops it (SIGKILL to its process group).
+    std::function<bool()> should_stop;
+};
+
+struct ProcessOutcome {
+    int status = -1;       // exit status, or 128 + signal
+    int signal = 0;        // the signal that ended it, 0 when it exited
+    bool stopped = false;  // killed because should_stop said so
+    std::string out, err;  // its stdout and stderr (capped)
+};
+
+// Runs the request to completion. The program runs in a process group of its own (so that stopping it
+// stops what it started), with stdin from /dev/null and only the descriptors named above. A program
+// that writes more than a cap to any stream is killed and this returns an error naming the stream,
+// so the caller's memory stays bounded whatever the program (or an LD_PRELOAD in its environment)
+// does. Errors also for: a failed identity switch, namespace entry or exec.
+Result<ProcessOutcome> spawn(const ProcessRequest& request);
+
+}  // namespace gantry

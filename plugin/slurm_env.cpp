@@ -1,0 +1,124 @@
+// Slurm glue of the remote context: what slurmstepd's own configuration says about this node (TmpFS,
+// the spool directory, MpiDefault, the files an srun inside a batch script needs).
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gantry/strings.hpp"
+#include "step_internal.hpp"
+
+namespace gantry::plugin {
+namespace {
+
+// slurmstepd's own configuration: libslurm's `slurm_conf`, in the layout of the Slurm headers this
+// plugin is built against. Looked up rather than linked (it is slurmstepd's, not the SPANK API's);
+// null outside slurmstepd/srun.
+const slurm_conf_t* stepd_slurm_conf() {
+    return static_cast<const slurm_conf_t*>(::dlsym(RTLD_DEFAULT, "slurm_conf"));
+}
+
+}  // namespace
+
+// Where Slurm's PMIx server tells clients (pmix.tmpdir, pmix.nsdir) to keep their session files: the
+// node's TmpFS, read from slurmstepd's own configuration through libslurm's accessor when this process
+// has it (it is slurmstepd's, not part of the SPANK API, so it is looked up rather than linked).
+std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& env) {
+    using TmpFsFn = char* (*)(char*);
+    auto fn = reinterpret_cast<TmpFsFn>(::dlsym(RTLD_DEFAULT, "slurm_get_tmp_fs"));
+    if (fn == nullptr) return std::nullopt;
+    std::string node = find_env(env, "SLURMD_NODENAME").value_or("");
+    char* dir = fn(node.empty() ? nullptr : node.data());
+    if (dir == nullptr) return std::nullopt;
+    std::string out = dir;  // Slurm's allocation, a few bytes once per step: left to the process
+    while (out.size() > 1 && out.back() == '/') out.pop_back();
+    return out;
+}
+
+// The slurmd spool directory of this node, below which Slurm's PMIx plugin makes the step's server
+// directory (PMIX_SERVER_TMPDIR, `<SlurmdSpoolDir>/pmix.<job>.<step>`) only after the container exists.
+// Read from slurmstepd's configuration (stepd_slurm_conf) and expanded like slurmd does (%n node name,
+// %h host name).
+std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::string>& env) {
+    auto conf = stepd_slurm_conf();
+    if (conf == nullptr || conf->slurmd_spooldir == nullptr || conf->slurmd_spooldir[0] != '/') return std::nullopt;
+    // This node's name: SLURMD_NODENAME is set only later, for the tasks; until then it is the step's
+    // node list at this node's (step-relative) index.
+    std::string node = find_env(env, "SLURMD_NODENAME").value_or("");
+    uint32_t nodeid = 0;
+    auto list = find_env(env, "SLURM_STEP_NODELIST");
+    if (!list) list = find_env(env, "SLURM_JOB_NODELIST");
+    if (node.empty() && list && item(sp, S_JOB_NODEID, &nodeid))
+        if (auto hosts = expand_hostlist(*list); hosts && nodeid < hosts->size()) node = (*hosts)[nodeid];
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::string short_host = host;
+    short_host = short_host.substr(0, short_host.find('.'));
+    std::string out;
+    for (const char* c = conf->slurmd_spooldir; *c != '\0'; ++c) {
+        if (c[0] == '%' && c[1] == 'n') {
+            if (node.empty()) return std::nullopt;
+            out += node, ++c;
+        } else if (c[0] == '%' && c[1] == 'h') {
+            out += short_host, ++c;
+        } else {
+            out += *c;
+        }
+    }
+    while (out.size() > 1 && out.back() == '/') out.pop_back();
+    return out;
+}
+
+// The node's MpiDefault, for steps that name no --mpi (and so carry no SLURM_MPI_TYPE).
+std::optional<std::string> slurm_mpi_default() {
+    auto conf = stepd_slurm_conf();
+    if (conf == nullptr || conf->mpi_default == nullptr) return std::nullopt;
+    return std::string(conf->mpi_default);
+}
+
+// What an `srun` inside a containerized batch script needs from the host besides the Slurm client the
+// image brings: the directory of slurm.conf (the job's SLURM_CONF, e.g. configless mode's cache, else
+// slurmstepd's, else the default), PlugStackConfig, the munge socket's directory (AuthInfo socket=,
+// else munge's default) and this plugin's own file (plugstack.conf names it; its libraries come from
+// the image). Bound read-only at the same paths; what does not exist is left out.
+std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
+    std::vector<std::string> out;
+    auto add_parent = [&](const std::string& file) {
+        auto slash = file.rfind('/');
+        if (file.empty() || file[0] != '/' || slash == std::string::npos || slash == 0) return;
+        out.push_back(file.substr(0, slash));
+    };
+    std::string conf = find_env(env, "SLURM_CONF").value_or("");
+    if (conf.empty() && std::getenv("SLURM_CONF") != nullptr) conf = std::getenv("SLURM_CONF");
+    add_parent(conf.empty() ? "/etc/slurm/slurm.conf" : conf);
+    std::string socket = "/run/munge/munge.socket.2";
+    auto slurm = stepd_slurm_conf();
+    // PlugStackConfig, when it is not beside slurm.conf: the file itself (its directory may hold
+    // slurmd's own state, e.g. the spool directory in the test harness).
+    if (slurm != nullptr && slurm->plugstack != nullptr && slurm->plugstack[0] == '/' &&
+        std::none_of(out.begin(), out.end(), [&](const std::string& d) { return starts_with(slurm->plugstack, d + "/"); }))
+        out.emplace_back(slurm->plugstack);
+    if (slurm != nullptr && slurm->authinfo != nullptr) {
+        // AuthInfo is a comma-separated list of key=value; only socket= matters here.
+        for (const auto& part : split_list(slurm->authinfo, ','))
+            if (starts_with(part, "socket=")) socket = part.substr(7);
+    }
+    add_parent(socket);
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&batch_srun_paths), &info) != 0 && info.dli_fname != nullptr &&
+        info.dli_fname[0] == '/')
+        out.emplace_back(info.dli_fname);
+    std::vector<std::string> existing;
+    for (const auto& p : out) {
+        struct stat sb {};
+        if (::stat(p.c_str(), &sb) == 0 && std::find(existing.begin(), existing.end(), p) == existing.end())
+            existing.push_back(p);
+    }
+    return existing;
+}
+
+}  // namespace gantry::plugin

@@ -1,0 +1,130 @@
+// What the plugin's files share: the state of this step in this slurmstepd (inherited by the forked
+// tasks), Slurm item accessors, and the declarations of the Slurm-glue helpers (slurm_env.cpp) and of
+// the pulls run as the job user or the store owner (pull.cpp). Internal to the plugin.
+#pragma once
+
+extern "C" {
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+}
+
+#include <pwd.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gantry/config.hpp"
+#include "gantry/fd.hpp"
+#include "gantry/launcher.hpp"
+#include "gantry/log.hpp"
+#include "gantry/pull_report.hpp"
+#include "gantry/result.hpp"
+#include "gantry/spawn.hpp"
+#include "gantry/threads.hpp"
+#include "settings.hpp"
+
+#ifndef GANTRY_CLI_INSTALL_PATH
+#define GANTRY_CLI_INSTALL_PATH "/usr/bin/gantry"
+#endif
+#ifndef GANTRY_ENTRY_INSTALL_PATH
+#define GANTRY_ENTRY_INSTALL_PATH "/usr/libexec/gantry/gantry-entry"
+#endif
+
+namespace gantry::plugin {
+
+// The image digest srun resolved for the whole step, handed to every node in the job environment.
+inline constexpr const char* kDigestVar = "GANTRY_CONTAINER_IMAGE_DIGEST";
+
+// Slurm's requests to signal or end this step (scancel, srun's Ctrl-C or its forwarded signals, the
+// end of the job after a node failure or at its time limit) while the plugin still pulls the image in
+// slurm_spank_init_post_opt: slurmstepd answers such a request only once the tasks run (it waits on
+// the step's state, up to 2 x 60 s, in a thread of its message handler: src/slurmd/slurmstepd/req.c,
+// _wait_for_job_running), and the tasks run only after the pull. Without this, a cancelled step's node
+// stayed `completing` for as long as the download took. A message-handler thread that starts after
+// slurmstepd's own threads (snapshot in slurm_spank_init) and stays in one futex wait for a second is
+// such a request: the others (state, stat, attach, completion) answer at once. Any signal counts: the
+// program could not have installed a handler for it yet, and slurmd's end of a job starts with SIGCONT.
+class StepSignals {
+public:
+    bool pending() {
+        auto now = std::chrono::steady_clock::now();
+        if (!found_ && now - last_ >= std::chrono::milliseconds(200)) {
+            last_ = now;
+            std::string which;
+            if (threads_.check(std::chrono::seconds(1), &which)) {
+                found_ = true;
+                log::info("slurmstepd holds a request to signal this step (" + which +
+                          "): stopping the image pull so that the step can end");
+            }
+        }
+        return found_;
+    }
+
+private:
+    NewBlockedThreads threads_;
+    std::chrono::steady_clock::time_point last_{};
+    bool found_ = false;
+};
+
+// State of this step in this slurmstepd; forked tasks inherit a copy.
+struct StepState {
+    std::string error;                   // reported by every task when set
+    std::optional<Container> container;  // the step's container, created by prepare_step
+    ContainerState joined;               // what tasks join
+    bool run_on_host = false;            // no container for this step (no_exec, or no image)
+    std::string digest;                  // the image every rank of the step runs, told to the tasks
+    UniqueFd image_in_use;               // shared lock: the image stays while the step runs
+    uint32_t tasks_exited = 0;
+    std::vector<std::string> entrypoint;  // run in front of each task's command (--container-entrypoint)
+    bool entrypoint_log = false;
+    std::string entry_helper;             // gantry-entry, which Slurm execs in the task's place
+    std::string save_path;                // --container-save: written after the last task, on node 0
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::vector<gid_t> groups;
+    Config config;
+    std::string device_warnings;          // devices (issue 7): shown by node 0's first task
+    std::optional<StepSignals> signals;   // slurmstepd only (watch_step_signals): stops pulls of a cancelled step
+};
+
+StepState& state();
+
+template <typename T>
+inline bool item(spank_t sp, spank_item_t what, T* out) {
+    return spank_get_item(sp, what, out) == ESPANK_SUCCESS;
+}
+
+std::vector<std::string> job_environment(spank_t sp);
+std::string last_line(const std::string& text);
+std::string container_name(const std::string& name, uint32_t jobid, const Settings& settings);
+Config load_plugin_config(const Settings& settings);
+
+struct JobIdentity {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::vector<gid_t> groups;
+    uint32_t jobid = 0, stepid = 0;
+};
+
+Result<JobIdentity> identity(spank_t sp);
+
+// --- slurm_env.cpp: slurmstepd's own configuration and the paths it implies ---
+std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& env);
+std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::string>& env);
+std::optional<std::string> slurm_mpi_default();
+std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env);
+
+// --- pull.cpp: our programs, and the pulls (as the job user, or as the store owner) ---
+std::string helper_path(const Settings& settings, const std::string& name, const char* installed);
+std::string gantry_cli(const Settings& settings);
+Result<std::string> job_store_path(const Config& config, uid_t uid);
+Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
+                                const std::string& image, std::vector<std::string> env);
+Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
+                                           const std::string& image, std::vector<std::string> env);
+
+}  // namespace gantry::plugin

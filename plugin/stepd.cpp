@@ -1,0 +1,257 @@
+// The remote (slurmstepd, root) context of a step: pull the image as the job user and create the
+// step's container once per node (prepare_step), stop it after the last local task (task_exited,
+// finish_step, with --container-save). Slurm glue over the launcher library and pull.cpp.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "gantry/devices.hpp"
+#include "gantry/digest.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/mounts.hpp"
+#include "gantry/reference.hpp"
+#include "gantry/store.hpp"
+#include "gantry/strings.hpp"
+#include "options.hpp"
+#include "step.hpp"
+#include "step_internal.hpp"
+
+namespace gantry::plugin {
+namespace {
+
+Status do_prepare(spank_t sp, const Settings& settings) {
+    StepState& st = state();
+    JobOptions& o = options();
+    st.config = load_plugin_config(settings);
+    auto id = identity(sp);
+    if (!id) return id.error();
+
+    // Steps that never run user tasks in a container.
+    if (id->stepid == SLURM_EXTERN_CONT || id->stepid == SLURM_INTERACTIVE_STEP) {
+        st.run_on_host = true;
+        return {};
+    }
+    bool batch = id->stepid == SLURM_BATCH_SCRIPT;
+    if (batch && !settings.sbatch_support) {
+        st.run_on_host = true;
+        return {};
+    }
+
+
+    std::string name, mode = "auto";
+    if (o.name) {
+        name = *o.name;
+        auto colon = name.rfind(':');
+        if (colon != std::string::npos) {
+            mode = name.substr(colon + 1);
+            name = name.substr(0, colon);
+            if (mode != "auto" && mode != "create" && mode != "exec" && mode != "no_exec")
+                return make_error("--container-name=" + *o.name + ": unknown mode '" + mode +
+                                  "' (valid: auto, create, exec, no_exec)");
+        }
+        if (name.empty()) return make_error("--container-name: empty name");
+        name = container_name(name, id->jobid, settings);
+    }
+
+    // An existing named container is reused (auto, exec) or replaced (create).
+    if (!name.empty()) {
+        auto existing = Container::open(name, st.config);
+        // A name is its owner's: another user can neither join, replace nor stop it (with
+        // container_scope=global, names are shared by every job on the node).
+        if (existing && existing->state().uid != id->uid)
+            return make_error("--container-name=" + *o.name + ": a container of that name belongs to another user; choose another name");
+        if (existing && (mode == "auto" || mode == "exec" || mode == "no_exec")) {
+            if (mode == "no_exec") {
+                st.run_on_host = true;
+                return {};
+            }
+            st.joined = existing->state();
+            existing->release();
+            return {};
+        }
+        if (existing && mode == "create") {
+            (void)existing->stop();
+        } else if (!existing && mode == "exec") {
+            return make_error("--container-name=" + *o.name + ": no such container (mode exec needs an existing one)");
+        }
+    }
+    if (!o.image) {
+        if (!name.empty()) return make_error("--container-name=" + *o.name + ": no such container and no --container-image");
+        st.run_on_host = true;
+        return {};
+    }
+
+    std::vector<std::string> env = job_environment(sp);
+    st.uid = id->uid;
+    st.gid = id->gid;
+    st.groups = id->groups;
+    uint32_t node = 0;
+    if (o.save && item(sp, S_JOB_NODEID, &node) && node == 0) {
+        if (o.save->empty() || (*o.save)[0] != '/')
+            return make_error("--container-save=" + *o.save + ": give an absolute path");
+        st.save_path = *o.save;
+    }
+    ContainerSpec spec;
+    spec.config = st.config;
+    spec.uid = id->uid;
+    spec.gid = id->gid;
+    if (is_local_image_path(*o.image)) {
+        // A squashfs file the user named: user-controlled bytes, never kernel-mounted (trusted=false).
+        spec.image_path = *o.image;
+    } else {
+        auto ref = parse_reference(*o.image);
+        // Pyxis scripts grep for this phrase whatever went wrong with the image, a bad name included.
+        if (!ref) return ref.error().wrap("failed to import docker image " + *o.image);
+        std::string image = *o.image;
+        if (ref->digest.empty())
+            if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
+        // With store_owner set and a trusted store, the pull runs in two halves (user, store owner) and
+        // its image may be kernel-mounted; otherwise the job user pulls and the image is served
+        // unprivileged. Root opens nothing in a store the user can write (a per-user store, or any
+        // store that is not trusted): what it needs comes in the pull's report.
+        auto store_root = job_store_path(st.config, id->uid);
+        if (!store_root) return store_root.error().wrap("failed to import docker image " + image);
+        bool two_halves = false;
+        if (!st.config.store_owner.empty() && !st.config.store_path.empty()) {
+            auto store = ImageStore::open(st.config.store_path, false, st.config);  // the admin's path, root-owned or store_owner's
+            two_halves = store && store->trusted(st.config);
+        }
+        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env)
+                                 : pull_as_user(settings, *id, *store_root, image, env);
+        if (!pulled) return pulled.error();
+        auto cfg = parse_image_config(pulled->config_json);
+        if (!cfg) return cfg.error().wrap("failed to import docker image " + image);
+        st.digest = pulled->digest;
+        spec.image_path = pulled->squashfs_path;
+        spec.image_config = std::move(*cfg);
+        spec.image_trusted = two_halves;
+        if (two_halves) {
+            // The trusted store's own file (the launcher checks its ownership again before mounting):
+            // a shared lock keeps `gantry gc` from removing it while the step runs.
+            auto store = ImageStore::open(st.config.store_path, false, st.config);
+            if (store) {
+                if (auto in_use = store->open_in_use(pulled->digest)) st.image_in_use = std::move(*in_use);
+            }
+        }
+    }
+
+    auto backend = parse_mount_backend(st.config.mount_backend);
+    if (!backend) return backend.error();
+    spec.backend = *backend;
+    if (o.mounts) {
+        auto st_m = parse_mounts(*o.mounts, spec.mounts);
+        if (!st_m) return st_m.error();
+    }
+    if (batch) {
+        // The batch script lives in slurmd's spool directory on the host; make it visible inside.
+        char** argv = nullptr;
+        int argc = 0;
+        if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) == ESPANK_SUCCESS && argc > 0 && argv[0][0] == '/') {
+            std::string dir = std::string(argv[0]).substr(0, std::string(argv[0]).rfind('/'));
+            auto m = parse_mount(dir + ":" + dir + ":ro");
+            if (m) spec.mounts.push_back(*m);
+        }
+        // Inner srun steps: Slurm's configuration, munge and this plugin (batch_srun_paths). Safe:
+        // read-only binds of paths the job user can already read on the host.
+        if (st.config.batch_srun)
+            for (const auto& path : batch_srun_paths(env))
+                if (auto m = parse_mount(path + ":" + path + ":ro")) spec.mounts.push_back(*m);
+    }
+    spec.writable = o.writable.value_or(false);
+    spec.remap_root = o.remap_root.value_or(false);
+    spec.mount_home = o.mount_home.value_or(true);
+    if (o.unshare) {
+        auto u = parse_unshare(*o.unshare);
+        if (!u) return u.error();
+        spec.unshare = *u;
+    }
+    if (o.workdir) spec.workdir = *o.workdir;
+    if (o.env) spec.env_names = split_list(*o.env, ',');
+    spec.name = name;
+    // --- devices and wiring (issue 7, docs/devices.md): GPUs, CDI, EFA for this step's container ---
+    auto edits = select_devices(st.config, env, spec.image_config);
+    if (!edits) return edits.error();
+    // Warnings (memlock for EFA, stale driver libraries) go to the slurmd log here, and to the user's
+    // terminal from the first task of node 0 (join_step): this hook's output never reaches srun.
+    uint32_t nodeid = 0;
+    for (const auto& w : edits->warnings) log::warning(w);
+    if (item(sp, S_JOB_NODEID, &nodeid) && nodeid == 0)
+        for (const auto& w : edits->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
+    if (!edits->summary.empty()) log::info("devices: " + edits->summary);
+    // Open MPI creates its session directory below the PMIx client directory, a host path the server
+    // fills only after this hook. Below an image directory the rank could not create it, so the
+    // directory is bound at the same path; a TmpFS of /tmp needs nothing (the container's own /tmp
+    // is the rank's to write).
+    if (st.config.pmix) {
+        auto dir = pmix_client_tmpdir(env);
+        struct stat sb {};
+        if (dir && (*dir)[0] == '/' && *dir != "/" && *dir != "/tmp" && ::stat(dir->c_str(), &sb) == 0 &&
+            S_ISDIR(sb.st_mode))
+            edits->mounts.push_back({*dir, *dir, false});
+        // The PMIx server's own directory (the shared-memory stores clients attach to, ds12/ds21) does
+        // not exist yet either; its parent, the node's slurmd spool directory, is bound (read-write, same
+        // path) for steps launched with --mpi=pmix*, so the directory appears inside once Slurm makes it.
+        // Safe: a bind changes no permission; inside, the user reaches only what the same uid reaches on
+        // the host (root-owned entries map to the overflow id, remap-root included).
+        auto mpi = find_env(env, "SLURM_MPI_TYPE");
+        if (!mpi) mpi = slurm_mpi_default();
+        auto spool = slurmd_spool_dir(sp, env);
+        if (mpi && starts_with(*mpi, "pmix") && spool && *spool != "/" && ::stat(spool->c_str(), &sb) == 0 &&
+            S_ISDIR(sb.st_mode))
+            edits->mounts.push_back({*spool, *spool, false});
+    }
+    spec.devices = std::move(*edits);
+    // --- end devices ---
+    spec.detach = !name.empty();
+
+    if (o.entrypoint.value_or(settings.execute_entrypoint) && !spec.image_config.entrypoint.empty()) {
+        st.entrypoint = spec.image_config.entrypoint;
+        st.entrypoint_log = o.entrypoint_log.value_or(false);
+        st.entry_helper = helper_path(settings, "gantry-entry", GANTRY_ENTRY_INSTALL_PATH);
+    }
+
+    auto created = Container::create(spec);
+    if (!created) return created.error();
+    st.joined = created->state();
+    if (name.empty()) {
+        st.container = std::move(*created);  // stopped when the step's last task exits
+    } else {
+        created->release();  // outlives the step; stopped by the job epilog (container_scope=job)
+    }
+    if (mode == "no_exec") st.run_on_host = true;
+    return {};
+}
+
+}  // namespace
+
+
+void watch_step_signals() { state().signals.emplace(); }
+Status prepare_step(spank_t sp, const Settings& settings) {
+    auto st = do_prepare(sp, settings);
+    if (!st) state().error = "gantry: " + st.error().message;
+    return st;
+}
+
+void task_exited(spank_t sp, const Settings& settings) {
+    uint32_t local_tasks = 0;
+    if (!item(sp, S_JOB_LOCAL_TASK_COUNT, &local_tasks)) return;
+    if (++state().tasks_exited >= local_tasks) finish_step(sp, settings);
+}
+
+void finish_step(spank_t, const Settings&) {
+    StepState& st = state();
+    if (!st.save_path.empty() && st.joined.holder_pid > 0) {
+        auto saved = save_container(st.joined, ProcessIdentity{st.uid, st.gid, st.groups}, st.save_path);
+        if (!saved) slurm_error("gantry: --container-save %s: %s", st.save_path.c_str(), saved.error().message.c_str());
+        st.save_path.clear();
+    }
+    if (st.container) {
+        (void)st.container->stop();
+        st.container.reset();
+    }
+    st.image_in_use.reset();
+}
+
+}  // namespace gantry::plugin

@@ -1,0 +1,176 @@
+// spawn(): fork + exec of a helper with an explicit identity, environment and descriptors, and capped
+// capture of everything it writes (see include/gantry/spawn.hpp).
+#include "gantry/spawn.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "gantry/fd.hpp"
+
+namespace gantry {
+namespace {
+
+// Exit statuses the child uses before exec: ours, so that they are not confused with the program's.
+constexpr int kIdentityFailed = 126;
+constexpr int kSetupFailed = 125;
+constexpr int kExecFailed = 127;
+
+struct Stream {
+    UniqueFd fd;
+    std::string* text;
+    size_t cap;
+    std::string name;
+};
+
+}  // namespace
+
+Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
+    if (rq.argv.empty() || rq.argv[0].empty() || rq.argv[0][0] != '/')
+        return make_error("running a helper: an absolute program path is needed");
+    std::vector<char*> argv, envp;
+    for (const auto& a : rq.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    for (const auto& e : rq.env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    std::vector<gid_t> groups;
+    if (rq.identity) groups = rq.identity->groups.empty() ? std::vector<gid_t>{rq.identity->gid} : rq.identity->groups;
+
+    ProcessOutcome outcome;
+    // Pipes: stdout, stderr, then one per requested output. The write ends go to the child only.
+    std::vector<Stream> streams;
+    std::vector<std::pair<int, int>> child_ends;  // (our write end, its descriptor number)
+    auto add_pipe = [&](std::string* text, size_t cap, std::string name, int as) -> Status {
+        int p[2];
+        if (::pipe2(p, O_CLOEXEC) != 0) return system_error("creating a pipe for " + rq.argv[0]);
+        streams.push_back({UniqueFd(p[0]), text, cap, std::move(name)});
+        child_ends.emplace_back(p[1], as);
+        return {};
+    };
+    Defer close_child_ends([&] {
+        for (auto& [fd, as] : child_ends) ::close(fd);
+    });
+    GANTRY_TRY(add_pipe(&outcome.out, rq.stdout_cap, "stdout", STDOUT_FILENO));
+    GANTRY_TRY(add_pipe(&outcome.err, rq.stderr_cap, "stderr", STDERR_FILENO));
+    for (const auto& o : rq.outputs) GANTRY_TRY(add_pipe(o.text, o.cap, o.name, o.as));
+    // The descriptors the child gets, as (ours, its number), for the dance below.
+    std::vector<std::pair<int, int>> passed = child_ends;
+    for (const auto& in : rq.inputs) passed.emplace_back(in.fd, in.as);
+    int highest = rq.root_of.empty() ? 2 : rq.root_as;
+    for (const auto& [fd, as] : passed) highest = std::max({highest, fd, as});
+
+    pid_t pid = ::fork();
+    if (pid < 0) return system_error("starting " + rq.argv[0]);
+    if (pid == 0) {
+        // Only system calls from here to exec: the parent may be multi-threaded.
+        (void)::setpgid(0, 0);
+        // First move every passed descriptor above all target numbers, then onto its target: a
+        // target number may be another passed descriptor's current one.
+        int spare = highest + 1;
+        std::vector<std::pair<int, int>> moved;
+        for (const auto& [fd, as] : passed) {
+            int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, spare);
+            if (copy < 0) ::_exit(kSetupFailed);
+            moved.emplace_back(copy, as);
+        }
+        for (const auto& [copy, as] : moved)
+            if (::dup2(copy, as) < 0) ::_exit(kSetupFailed);  // dup2 clears close-on-exec on `as`
+        int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (null < 0 || ::dup2(null, STDIN_FILENO) < 0) ::_exit(kSetupFailed);
+        if (rq.identity) {
+            const auto& id = *rq.identity;
+            // For good: groups, then gid, then uid (after the uid we could not change the others).
+            if (::setgroups(groups.size(), groups.data()) != 0 || ::setresgid(id.gid, id.gid, id.gid) != 0 ||
+                ::setresuid(id.uid, id.uid, id.uid) != 0)
+                ::_exit(kIdentityFailed);
+            if (::getuid() != id.uid || ::geteuid() != id.uid || ::getegid() != id.gid) ::_exit(kIdentityFailed);
+        }
+        if (rq.userns_fd >= 0 && ::setns(rq.userns_fd, CLONE_NEWUSER) != 0) ::_exit(kSetupFailed);
+        if (!rq.root_of.empty()) {
+            int root = ::open(rq.root_of.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+            if (root < 0 || ::dup2(root, rq.root_as) < 0) ::_exit(kSetupFailed);
+        }
+        // Everything else we hold (e.g. slurmstepd's descriptors without close-on-exec) stays behind:
+        // close 3.. except the targets, walking the gaps between kept numbers.
+        std::vector<int> keep;
+        for (const auto& [fd, as] : passed) keep.push_back(as);
+        if (!rq.root_of.empty()) keep.push_back(rq.root_as);
+        std::sort(keep.begin(), keep.end());
+        unsigned from = 3;
+        for (int k : keep) {
+            if (k < 3) continue;
+            if (static_cast<unsigned>(k) > from) ::close_range(from, static_cast<unsigned>(k) - 1, 0);
+            from = static_cast<unsigned>(k) + 1;
+        }
+        ::close_range(from, ~0U, 0);
+        ::execve(argv[0], argv.data(), envp.data());
+        ::_exit(kExecFailed);
+    }
+    for (auto& [fd, as] : child_ends) ::close(fd);
+    child_ends.clear();
+
+    std::vector<pollfd> fds;
+    for (const auto& s : streams) fds.push_back({s.fd.get(), POLLIN, 0});
+    size_t open_fds = fds.size();
+    std::string overflow;
+    // Safe: pid is our own child, not reaped yet (so not reused), leader of its own process group.
+    auto kill_child = [&] {
+        (void)::kill(-pid, SIGKILL);
+        (void)::kill(pid, SIGKILL);
+    };
+    char buf[8192];
+    while (open_fds > 0) {
+        int ready = ::poll(fds.data(), fds.size(), rq.should_stop ? 200 : -1);
+        if (ready < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (rq.should_stop && !outcome.stopped && rq.should_stop()) {
+            kill_child();
+            outcome.stopped = true;
+        }
+        for (size_t i = 0; i < fds.size() && ready > 0; ++i) {
+            if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+            ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                fds[i].fd = -1;
+                --open_fds;
+            } else if (streams[i].text->size() + static_cast<size_t>(n) > streams[i].cap) {
+                // Over its cap: stop the program and stop reading.
+                overflow = streams[i].name + " (more than " + std::to_string(streams[i].cap) + " bytes)";
+                kill_child();
+                open_fds = 0;
+            } else {
+                streams[i].text->append(buf, static_cast<size_t>(n));
+            }
+        }
+    }
+    streams.clear();  // our read ends: a program still writing gets EPIPE
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);
+    if (!overflow.empty())
+        return make_error(rq.argv[0] + " wrote too much to its " + overflow +
+                          " and was stopped (is something in the job's environment, e.g. LD_PRELOAD, changing it?)");
+    if (outcome.signal == 0) {
+        if (outcome.status == kIdentityFailed && rq.identity)
+            return make_error("could not switch to uid " + std::to_string(rq.identity->uid) + " to run " + rq.argv[0]);
+        if (outcome.status == kSetupFailed && outcome.out.empty() && outcome.err.empty())
+            return make_error("could not set up the descriptors or namespace of " + rq.argv[0]);
+        if (outcome.status == kExecFailed && outcome.out.empty() && outcome.err.empty())
+            return make_error("could not run " + rq.argv[0]);
+    }
+    return outcome;
+}
+
+}  // namespace gantry
