@@ -309,6 +309,7 @@ Check store_filesystem(const Config& config) {
     FlockScope scope = flock_scope(fstype, options, lustre_magic);
     std::string where = mount ? " (" + mount->source + " at " + mount->mount_point + ")" : "";
     c.detail = std::string(real) + " on " + fstype + where + ": flock " + to_string(scope);
+    if (scope == FlockScope::unchecked) c.detail += " (only Lustre and NFS mounts are)";
     if (scope == FlockScope::cluster || scope == FlockScope::unchecked) return c;
     c.ok = false;
     std::string mp = mount ? mount->mount_point : std::string(real);
