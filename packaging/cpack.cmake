@@ -19,15 +19,9 @@ set(_pkg ${CMAKE_CURRENT_LIST_DIR})
 set(_pkg_out ${CMAKE_BINARY_DIR}/packaging)
 file(MAKE_DIRECTORY ${_pkg_out})
 
-# Slurm release the plugin is built for: SLURM_VERSION_NUMBER is 0xMMmmpp (e.g. 0x160508 = 22.05.8).
-math(EXPR GANTRY_SLURM_MAJOR "(${SLURM_VERSION_NUMBER} >> 16) & 0xff")
-math(EXPR GANTRY_SLURM_MINOR "(${SLURM_VERSION_NUMBER} >> 8) & 0xff")
+# Slurm release the plugin is built for: GANTRY_SLURM_MAJOR, _MINOR, _RELEASE ("22.05"), set in the
+# top-level CMakeLists.txt from slurm_version.h.
 math(EXPR _next_minor "${GANTRY_SLURM_MINOR} + 1")
-if(GANTRY_SLURM_MINOR LESS 10)
-  set(GANTRY_SLURM_RELEASE "${GANTRY_SLURM_MAJOR}.0${GANTRY_SLURM_MINOR}")
-else()
-  set(GANTRY_SLURM_RELEASE "${GANTRY_SLURM_MAJOR}.${GANTRY_SLURM_MINOR}")
-endif()
 # Slurm numbers releases YY.MM: any later month sorts after every 22.05.x, so "<< 22.06~" bounds it.
 if(_next_minor LESS 10)
   set(_slurm_next "${GANTRY_SLURM_MAJOR}.0${_next_minor}")

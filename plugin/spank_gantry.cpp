@@ -6,11 +6,11 @@ extern "C" {
 }
 
 #include <cstdio>
-
 #include <exception>
 #include <string>
 
 #include "gantry/log.hpp"
+#include "gantry/version.hpp"
 #include "options.hpp"
 #include "settings.hpp"
 #include "step.hpp"
@@ -30,6 +30,10 @@ SPANK_PLUGIN(gantry, 1)
 namespace {
 
 gantry::plugin::Settings g_settings;
+
+// "gantry-built-for-slurm=22.05" in the file: `gantry doctor` reads it to compare the installed plugin
+// with the running Slurm without dlopen()ing it. A constant array: nothing runs at load time.
+[[gnu::used]] constexpr char kBuiltForSlurm[] = GANTRY_SLURM_MARKER GANTRY_SLURM_RELEASE;
 
 // Library messages go through Slurm's logging, which reaches the user's terminal for srun.
 void route_log_to_slurm() {

@@ -1,26 +1,39 @@
 // `gantry doctor`: checks a node the way an admin would before the first job — kernel features,
-// fuse, the image store, GPUs and driver, EFA, memlock, the Slurm plugin — and prints one line per
-// check with ✓ or ✗ and, for ✗, what to do about it. Exit status 1 when any check fails.
+// fuse, the image store and its file system's flock, GPUs and driver, EFA, memlock, the Slurm plugin
+// and the Slurm release it was built for — and prints one line per check with ✓ or ✗ and, for ✗, what
+// to do about it. Exit status 1 when any check fails.
 //
-//   gantry doctor [--plugstack FILE]     (default: /etc/slurm/plugstack.conf and plugstack.conf.d/)
-#include <dirent.h>
+//   gantry doctor [--plugstack FILE]
+//
+// Without --plugstack, the plugstack.conf that Slurm reads: slurm.conf's PlugStackConfig, or
+// plugstack.conf beside slurm.conf ($SLURM_CONF, else /etc/slurm/slurm.conf, else
+// /opt/slurm/etc/slurm.conf), with the files its `include` lines name.
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "command.hpp"
 #include "common.hpp"
+#include "gantry/auth.hpp"
 #include "gantry/devices.hpp"
+#include "gantry/slurm_conf.hpp"
 #include "gantry/store.hpp"
+#include "gantry/store_fs.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/version.hpp"
 
 namespace gantry::cli {
 namespace {
@@ -104,14 +117,13 @@ Check store(const Config& config) {
     // A trusted store is written only by root or the store owner (the plugin pulls into it as that
     // account), so a user who cannot write it is the expected state there.
     c.ok = opened.ok() && (writable || trusted);
-    c.detail =
-        path +
-        (opened ? (trusted ? (config.store_owner.empty() ? " (trusted: root-owned, kernel mounts allowed)"
-                                                         : " (trusted: owned by root or " + config.store_owner +
-                                                               ", kernel mounts allowed)")
-                           : " (user-writable)")
-                : "") +
-        (writable ? ", writable by uid " : ", NOT writable by uid ") + std::to_string(::geteuid());
+    c.detail = path +
+               (opened ? (trusted ? (config.store_owner.empty() ? " (trusted: root-owned, kernel mounts allowed)"
+                                                                : " (trusted: owned by root or " + config.store_owner +
+                                                                      ", kernel mounts allowed)")
+                                  : " (user-writable)")
+                       : "") +
+               (writable ? ", writable by uid " : ", NOT writable by uid ") + std::to_string(::geteuid());
     c.fix = opened ? "give the pulling account write access (docs/store.md: permissions)" : opened.error().message;
     return c;
 }
@@ -128,8 +140,7 @@ Check gpus(const Config& config) {
     c.detail = std::to_string(list.size()) + " GPU(s), driver " + (version.empty() ? "unknown" : version);
     // The libraries the containers will get must be in the host's ld.so cache.
     if (c.ok) {
-        auto cache = parse_ld_cache(
-            read_all(devices::host_path(config.host_root, "/etc/ld.so.cache")));
+        auto cache = parse_ld_cache(read_all(devices::host_path(config.host_root, "/etc/ld.so.cache")));
         bool cuda = false;
         if (cache)
             for (const auto& e : *cache) cuda = cuda || e.soname == "libcuda.so.1";
@@ -177,47 +188,167 @@ Check memlock(const Config& config) {
     return c;
 }
 
-Check plugin(const std::string& plugstack) {
+// Where Slurm will look for plugins: what `gantry doctor` found, for the version check after it.
+struct SlurmSetup {
+    std::string slurm_conf;
+    std::string plugstack;
+    std::string plugin;  // spank_gantry.so as its plugstack line names it, resolved; empty: no line
+};
+
+// The plugstack.conf Slurm reads (slurm.conf's PlugStackConfig, or plugstack.conf beside slurm.conf;
+// --plugstack overrides), and in it or the files it includes, spank_gantry.so's line.
+Check plugin(const std::string& plugstack_option, const std::optional<std::string>& slurm_conf_env, SlurmSetup& setup) {
     Check c{"Slurm plugin in plugstack.conf", false, "", ""};
-    std::vector<std::string> files;
-    if (!plugstack.empty()) {
-        files.push_back(plugstack);
+    setup.slurm_conf = slurm_conf::locate(slurm_conf_env);
+    setup.plugstack = plugstack_option.empty() ? slurm_conf::plugstack_path(setup.slurm_conf) : plugstack_option;
+    auto scan = slurm_conf::find_plugin(setup.plugstack, "spank_gantry.so");
+    const std::string add_line =
+        "add 'required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so' to " + setup.plugstack + " (docs/admin.md)";
+    if (scan.files.empty()) {
+        c.detail = "cannot read " + setup.plugstack +
+                   (plugstack_option.empty() ? " (PlugStackConfig of " + setup.slurm_conf + ", or beside it)" : "");
+        c.fix = add_line + "; SLURM_CONF names another slurm.conf";
+        return c;
+    }
+    if (!scan.found) {
+        c.detail = "no spank_gantry.so line in " + setup.plugstack;
+        if (scan.files.size() > 1)
+            c.detail += " or the " + std::to_string(scan.files.size() - 1) + " file(s) it includes";
+        for (const auto& glob : scan.empty_globs) c.detail += "; 'include " + glob + "' matches no file";
+        c.fix = add_line;
+        if (!scan.empty_globs.empty()) c.fix += ", or create the file its include line names";
+        return c;
+    }
+    const auto& line = *scan.found;
+    std::string so = line.plugin;
+    // A relative plugin path is looked up in slurm.conf's PluginDir (a colon-separated list).
+    if (so[0] != '/')
+        if (auto dirs = slurm_conf::value(setup.slurm_conf, "PluginDir"))
+            for (const auto& dir : split_list(*dirs, ':'))
+                if (::access((dir + "/" + so).c_str(), F_OK) == 0) {
+                    so = dir + "/" + so;
+                    break;
+                }
+    bool present = so[0] != '/' || ::access(so.c_str(), R_OK) == 0;
+    setup.plugin = so[0] == '/' ? so : "";
+    c.ok = (line.kind == "required" || line.kind == "optional") && present;
+    c.detail = line.file + ": " + line.kind + " " + so + (present ? "" : " (file missing)");
+    c.fix = present ? "use 'required' (or 'optional') in " + line.file + " line " + std::to_string(line.line)
+                    : "install the plugin at " + so;
+    return c;
+}
+
+// The release in the marker spank_gantry.so carries (GANTRY_SLURM_MARKER), empty when it has none.
+std::string plugin_slurm_release(const std::string& so) {
+    std::string bytes = read_all(so);
+    auto at = bytes.find(GANTRY_SLURM_MARKER);
+    if (at == std::string::npos) return "";
+    at += std::strlen(GANTRY_SLURM_MARKER);
+    auto end = bytes.find('\0', at);
+    return end == std::string::npos || end - at > 8 ? "" : bytes.substr(at, end - at);
+}
+
+// SPANK's ABI follows Slurm's release: the plugin must be built against the Slurm that runs here
+// (the plugin refuses to load otherwise; this says so before a job does).
+Check slurm_version(const SlurmSetup& setup) {
+    Check c{"Slurm version", false, "", ""};
+    std::string built = setup.plugin.empty() ? "" : plugin_slurm_release(setup.plugin);
+    std::string built_what = "spank_gantry.so";
+    if (built.empty()) {
+        built = GANTRY_SLURM_RELEASE;
+        built_what = "this gantry";
+    }
+    // slurmd -V needs no configuration (compute nodes, where slurmstepd loads the plugin); the client
+    // commands need a readable slurm.conf, so scontrol gets the one found above.
+    std::vector<std::vector<std::string>> commands;
+    for (const char* slurmd : {"slurmd", "/usr/sbin/slurmd", "/opt/slurm/sbin/slurmd"})
+        commands.push_back({slurmd, "-V"});
+    for (const char* scontrol : {"scontrol", "/opt/slurm/bin/scontrol"})
+        commands.push_back({"env", "SLURM_CONF=" + setup.slurm_conf, scontrol, "--version"});
+    std::string running;
+    std::string failure = "neither slurmd nor scontrol found";
+    for (const auto& argv : commands) {
+        auto out = auth::run_command(argv, "", 10.0);
+        if (!out || out->exit_status == 127) continue;  // not installed (env exits 127)
+        std::string what = argv[0] == "env" ? argv[2] + " --version" : argv[0] + " -V";
+        if (auto r = slurm_conf::release_of(out->out); r && out->exit_status == 0) {
+            running = trim(out->out) + " (" + what + ")";
+            c.ok = *r == built;
+            break;
+        }
+        auto err = split_list(out->err, '\n');
+        failure = what + " failed" + (err.empty() ? "" : ": " + err.back());
+    }
+    if (running.empty()) {
+        c.ok = true;  // nothing runs here to compare with: the plugin check above says what is missing
+        c.detail = built_what + " built for Slurm " + built + "; " + failure + " (nothing to compare)";
+        return c;
+    }
+    c.detail = built_what + " built for Slurm " + built + ", running " + running;
+    c.fix =
+        "rebuild Gantry against this Slurm's headers (libslurm-dev, slurm-devel or /opt/slurm/include; "
+        "docs/admin.md, \"The Slurm version trap\")";
+    return c;
+}
+
+// The store's one-producer lock is a flock on the store's file system: on Lustre or NFS it must
+// reach every node (include/gantry/store_fs.hpp).
+Check store_filesystem(const Config& config) {
+    Check c{"store file system (flock)", true, "", ""};
+    std::string path = ImageStore::resolve_path(config, "");
+    char real[PATH_MAX];
+    struct statfs sfs {};
+    if (::realpath(path.c_str(), real) == nullptr || ::statfs(real, &sfs) != 0) {
+        c.detail = path + " not reachable (see the image store check)";
+        return c;
+    }
+    auto mount = mount_containing(parse_mountinfo(read_all("/proc/self/mountinfo")), real);
+    bool lustre_magic = static_cast<long>(sfs.f_type) == kLustreSuperMagic;
+    std::string fstype = mount ? mount->fstype : (lustre_magic ? "lustre" : "?");
+    std::string options = mount ? mount->mount_options + "," + mount->super_options : "";
+    FlockScope scope = flock_scope(fstype, options, lustre_magic);
+    std::string where = mount ? " (" + mount->source + " at " + mount->mount_point + ")" : "";
+    c.detail = std::string(real) + " on " + fstype + where + ": flock " + to_string(scope);
+    if (scope == FlockScope::unchecked) c.detail += " (only Lustre and NFS mounts are)";
+    if (scope == FlockScope::cluster || scope == FlockScope::unchecked) return c;
+    c.ok = false;
+    std::string mp = mount ? mount->mount_point : std::string(real);
+    if (fstype == "nfs" || fstype == "nfs4") {
+        c.detail += " (mounted with local_lock)";
+        c.fix = "remount " + mp +
+                " without local_lock=flock/all (local_lock=none): pulls on different nodes "
+                "would convert the same image at once";
     } else {
-        files.push_back("/etc/slurm/plugstack.conf");
-        std::string dir = "/etc/slurm/plugstack.conf.d";
-        if (DIR* d = ::opendir(dir.c_str())) {
-            while (dirent* e = ::readdir(d))
-                if (e->d_name[0] != '.') files.push_back(dir + "/" + e->d_name);
-            ::closedir(d);
-        }
+        c.detail += scope == FlockScope::node ? " (mounted with localflock)" : " (mounted without flock)";
+        c.fix = "mount -o remount,flock " + mp +
+                " (FSx for Lustre: mount with -o relatime,flock, in /etc/fstab "
+                "too): the store's one-producer lock needs flock coherent across nodes";
     }
-    for (const auto& f : files) {
-        for (const auto& line : split_list(read_all(f), '\n')) {
-            if (line[0] == '#' || line.find("spank_gantry.so") == std::string::npos) continue;
-            auto words = split_list(line, ' ');
-            std::string so = words.size() > 1 ? words[1] : "";
-            bool present = !so.empty() && (so[0] != '/' || ::access(so.c_str(), R_OK) == 0);
-            c.ok = (words[0] == "required" || words[0] == "optional") && present;
-            c.detail = f + ": " + words[0] + " " + so + (present ? "" : " (file missing)");
-            c.fix = present ? "use 'required' (or 'optional')" : "install the plugin at " + so;
-            return c;
-        }
-    }
-    c.detail = "no spank_gantry.so line in " + files.front();
-    c.fix = "add 'required /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so' to plugstack.conf (docs/admin.md)";
     return c;
 }
 
 int doctor_verb(const std::vector<std::string>& args_in) {
     std::vector<std::string> args = args_in;
     auto plugstack = take_option(args, "--plugstack");
+    const char* slurm_conf_env = std::getenv("SLURM_CONF");
     if (auto st = reject_unknown_options(args); !st) return fail(st.error());
     if (!args.empty()) return fail(make_error("doctor takes no operands (gantry doctor [--plugstack FILE])"));
     auto config = load_config();
     if (!config) return fail(config.error());
 
-    std::vector<Check> checks = {user_namespaces(), fuse(),       filesystems(),    store(*config),
-                                 gpus(*config),     efa(*config), memlock(*config), plugin(plugstack.value_or(""))};
+    SlurmSetup slurm;
+    std::vector<Check> checks = {
+        user_namespaces(),
+        fuse(),
+        filesystems(),
+        store(*config),
+        store_filesystem(*config),
+        gpus(*config),
+        efa(*config),
+        memlock(*config),
+        plugin(plugstack.value_or(""), slurm_conf_env ? std::optional<std::string>(slurm_conf_env) : std::nullopt,
+               slurm)};
+    checks.push_back(slurm_version(slurm));
     size_t width = 0;
     for (const auto& c : checks) width = std::max(width, c.name.size());
     int failed = 0;
@@ -233,9 +364,10 @@ int doctor_verb(const std::vector<std::string>& args_in) {
     return failed == 0 ? 0 : 1;
 }
 
-const Registration doctor_registration(
-    {"doctor", "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, GPUs, EFA, memlock, plugin",
-     doctor_verb});
+const Registration doctor_registration({"doctor",
+                                        "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, flock, "
+                                        "GPUs, EFA, memlock, plugin, Slurm version",
+                                        doctor_verb});
 
 }  // namespace
 }  // namespace gantry::cli

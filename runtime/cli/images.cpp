@@ -4,8 +4,9 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <nlohmann/json.hpp>
 

@@ -3,6 +3,7 @@
 
 #include <pwd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <functional>

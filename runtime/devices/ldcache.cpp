@@ -7,6 +7,7 @@
 //                     u32 extension_offset, 3 x u32 unused
 //   nlibs entries, 24 bytes: i32 flags, u32 key, u32 value, u32 osversion, u64 hwcap
 //   key/value: offsets of NUL-terminated strings (soname, path), counted from the header's start.
+#include <cstdint>
 #include <cstring>
 
 #include "gantry/devices.hpp"

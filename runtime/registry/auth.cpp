@@ -4,6 +4,7 @@
 // Nothing here logs a credential, a token or an Authorization value.
 #include "registry/auth.hpp"
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "gantry/log.hpp"

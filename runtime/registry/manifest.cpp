@@ -1,7 +1,7 @@
 // Parsing of image manifests and indexes (OCI and Docker schema2) and platform selection in an index.
 // Only structure is checked here; digests of the bytes are verified by the caller that fetched them.
+#include <cstdint>
 #include <nlohmann/json.hpp>
-
 #include <string>
 
 #include "gantry/digest.hpp"

@@ -5,12 +5,12 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 

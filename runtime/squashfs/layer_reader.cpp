@@ -9,6 +9,7 @@
 #include <isa-l/igzip_lib.h>
 #endif
 
+#include <cstdint>
 #include <cstring>
 
 #include "gantry/strings.hpp"

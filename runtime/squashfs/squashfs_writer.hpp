@@ -13,6 +13,7 @@
 #include <sqfs/super.h>
 #include <sqfs/xattr_writer.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 

@@ -130,7 +130,8 @@ docker_config() {
   [ "$loops_while_running" -eq 1 ]
   # Still one image, not pulled again; with mount_idle_seconds = 0 the mount went with the last step.
   [ "$(ls "$TSTORE"/images/*.sqsh | wc -l)" -eq 1 ]
-  for i in $(seq 50); do [ "$(loops_of_store)" -eq 0 ] && break; sleep 0.1; done
+  # slurmstepd stops the holders after srun returned; on a loaded machine that takes seconds.
+  for i in $(seq 200); do [ "$(loops_of_store)" -eq 0 ] && break; sleep 0.1; done
   [ "$(loops_of_store)" -eq 0 ]
 }
 

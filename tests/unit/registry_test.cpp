@@ -1,10 +1,12 @@
 // Unit tests of the registry client's building blocks: WWW-Authenticate parsing, manifest and index
 // parsing, platform parsing and selection, media-type fallback, schema1 rejection. The hidden
 // "[.driver]" case lets tests/integration/registry_client.bats drive the real client from a script.
-#include <catch2/catch.hpp>
+#include "gantry/registry.hpp"
 
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -12,7 +14,6 @@
 
 #include "gantry/config.hpp"
 #include "gantry/reference.hpp"
-#include "gantry/registry.hpp"
 
 using namespace gantry;
 

@@ -2,18 +2,21 @@
 // converted with convert_layers, and read back with squashfs-tools' unsquashfs (an independent reader),
 // plus the kernel where the test may mount. Also: the merge rules and path checks on their own, and a
 // hidden "[.driver]" test case that converts layers named in the environment, for the bats tests.
+#include "gantry/squashfs.hpp"
+
 #include <archive.h>
 #include <archive_entry.h>
-#include <catch2/catch.hpp>
 #include <sys/mount.h>
-#include <sys/sysmacros.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
+#include <catch2/catch.hpp>
 #include <clocale>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -26,7 +29,6 @@
 
 #include "../../runtime/squashfs/image_tree.hpp"
 #include "gantry/digest.hpp"
-#include "gantry/squashfs.hpp"
 
 namespace fs = std::filesystem;
 using gantry::LayerBlob;
