@@ -129,8 +129,9 @@ private:
 };
 
 // Enters the container in the CALLING process: setns into the holder's namespaces, chdir to the
-// workdir, PR_SET_NO_NEW_PRIVS, capabilities dropped (kept with remap_root). For the SPANK plugin's
-// task_init: Slurm then execs the task's command. Must be called single-threaded.
+// workdir, PR_SET_NO_NEW_PRIVS, capabilities dropped (kept with remap_root), then the system call
+// filter that answers the chown and set*id families with success (runtime/launcher/seccomp.cpp). For
+// the SPANK plugin's task_init: Slurm then execs the task's command. Must be called single-threaded.
 Status join(const ContainerState& state);
 
 // How much of the caller's environment enters the container.

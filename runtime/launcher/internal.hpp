@@ -128,6 +128,14 @@ Status tmpfs_into(Setup& s, const std::string& dst, const std::string& options, 
 int open_pidfd(pid_t pid);
 int signal_pidfd(int pidfd, int sig);
 
+// seccomp.cpp: the filter every container process runs under (the file says why it is safe).
+// The system calls it answers with success without running them, by name.
+std::vector<std::string> fake_success_syscalls();
+// The filter in libseccomp's readable form (PFC), for tests and debugging.
+Result<std::string> describe_syscall_filter();
+// Loads the filter into the calling thread, for good (single-threaded callers: join).
+Status install_syscall_filter();
+
 // Process helpers (process.cpp)
 unsigned long long process_start_time(pid_t pid);
 

@@ -64,7 +64,9 @@ Status join(const ContainerState& state) {
     // With --remap-root the user is root of the container and keeps the namespace's capabilities
     // (package managers need them); otherwise nothing is left to gain.
     if (!state.defaults.remap_root) GANTRY_TRY(launcher::drop_capabilities());
-    return {};
+    // Last: the chown and set*id calls the single-id namespace refuses become no-ops (seccomp.cpp),
+    // so package managers work as the fake root; with and without remap-root, as Enroot.
+    return launcher::install_syscall_filter();
 }
 
 namespace {

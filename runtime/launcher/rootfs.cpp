@@ -226,6 +226,33 @@ Status prepare_writable_layer(Setup& s) {
     return write_device_files_in_upper(s);
 }
 
+// --remap-root: apt drops to its sandbox user `_apt`, then checks that its ids changed. The system call
+// filter (seccomp.cpp) turns the switch into a no-op, so that check fails ("Could not switch group")
+// and every download with it. Only one id exists in the namespace: tell apt to stay root, in images
+// that have apt's configuration directory (each component a real directory, never a symlink, so the
+// upper-layer copy merges with the image's instead of hiding it).
+namespace {
+
+Status keep_apt_as_root(Setup& s) {
+    std::string prefix;
+    for (const char* part : {"etc", "apt", "apt.conf.d"}) {
+        prefix += prefix.empty() ? part : std::string("/") + part;
+        struct stat st {};
+        if (::fstatat(s.image.get(), prefix.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) return {};
+    }
+    auto dir = ensure_in_root(s.upper.get(), "/etc/apt/apt.conf.d", NodeType::directory);
+    if (!dir) return dir.error().wrap("creating /etc/apt/apt.conf.d in the upper layer");
+    UniqueFd fd(::openat(dir->get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd) return system_error("opening /etc/apt/apt.conf.d in the upper layer");
+    return write_file_at(fd.get(), "00gantry-remap-root",
+                         "// Written by gantry for --remap-root: the container has one user id, apt's\n"
+                         "// sandbox user _apt cannot exist (see gantry's docs/runtime.md).\n"
+                         "APT::Sandbox::User \"root\";\n",
+                         "/etc/apt/apt.conf.d/00gantry-remap-root");
+}
+
+}  // namespace
+
 Status write_identity_files(Setup& s) {
     // The image's entries minus those clashing with the user, plus root and the user, written into
     // the upper layer so they shadow the image's files.
@@ -260,6 +287,7 @@ Status write_identity_files(Setup& s) {
     GANTRY_TRY(rebuild("passwd", id.name, id.inner_uid, "root:x:0:0:root:/root:/bin/sh\n",
                        id.name + ":x:" + uid + ":" + gid + ":" + id.name + ":" + s.home + ":/bin/sh\n"));
     GANTRY_TRY(rebuild("group", id.group_name, id.inner_gid, "root:x:0:\n", id.group_name + ":x:" + gid + ":\n"));
+    if (s.spec->remap_root) GANTRY_TRY(keep_apt_as_root(s));
     return {};
 }
 

@@ -28,6 +28,7 @@ setup_file() {
   printf '#!/bin/sh\necho only-in-image "$@"\n' > "$tree/usr/local/bin/only-in-image"
   printf '#!/bin/sh\necho "entry:$*"\nexec "$@"\n' > "$tree/entry.sh"
   chmod 0755 "$tree/usr/local/bin/only-in-image" "$tree/entry.sh"
+  mkdir -m 0700 "$tree/root" && echo image-root > "$tree/root/marker"
   ln -s /etc "$tree/evil"                      # absolute symlink: must resolve inside the image
   ln -s ../../../../etc "$tree/data/climb"     # relative climb: clamped at the image root
   mksquashfs "$tree" "$IMGDIR/img.sqsh" -noappend -quiet -all-root >/dev/null
@@ -178,6 +179,41 @@ grun() { as_user "$GANTRY" run "$@"; }
   run grun --remap-root --mount "$SHARE:/share" "$IMGDIR/img.sqsh" sh -c 'id -u; echo x > /share/by-root'
   [ "${lines[0]}" = "0" ]
   [ "$(stat -c %U "$SHARE/by-root")" = "$TUSER" ]
+}
+
+@test "the system call filter: Seccomp 2 with and without --remap-root; chown to another id is a no-op success" {
+  run grun "$IMGDIR/img.sqsh" grep Seccomp: /proc/self/status
+  [ "$status" -eq 0 ]
+  [ "$output" = "$(printf 'Seccomp:\t2')" ]
+  run grun --remap-root "$IMGDIR/img.sqsh" grep Seccomp: /proc/self/status
+  [ "$status" -eq 0 ]
+  [ "$output" = "$(printf 'Seccomp:\t2')" ]
+  # The namespace maps one id: without the filter chown to 1234 fails (Invalid argument).
+  run grun --remap-root --writable "$IMGDIR/img.sqsh" sh -c 'touch /tmp/x /x && chown 1234:1234 /tmp/x /x && stat -c %u:%g /tmp/x /x'
+  [ "$status" -eq 0 ]
+  [ "$output" = "$(printf '0:0\n0:0')" ]
+  # gantry exec joins through the same path: it gets the filter too.
+  as_user "$GANTRY" run --name seccomp-test --detach --remap-root "$IMGDIR/img.sqsh"
+  run as_user "$GANTRY" exec seccomp-test grep Seccomp: /proc/self/status
+  as_user "$GANTRY" stop seccomp-test
+  [ "$status" -eq 0 ]
+  [ "$output" = "$(printf 'Seccomp:\t2')" ]
+}
+
+@test "--remap-root --no-mount-home: HOME is the image's /root, the user's home is not mounted anywhere" {
+  home=$(getent passwd "$TUSER" | cut -d: -f6)
+  run grun --remap-root --no-mount-home "$IMGDIR/img.sqsh" sh -c \
+    "echo \$HOME; cat /root/marker; grep -c ' $home ' /proc/self/mountinfo; grep ^root: /etc/passwd | cut -d: -f6"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "/root" ]
+  [ "${lines[1]}" = "image-root" ]  # the image's /root, not the user's home
+  [ "${lines[2]}" = "0" ]
+  [ "${lines[3]}" = "/root" ]
+  # With the home (the default) it is mounted at its own path, and /root stays the image's.
+  run grun --remap-root "$IMGDIR/img.sqsh" sh -c "echo \$HOME; cat /root/marker; grep -c ' $home ' /proc/self/mountinfo"
+  [ "${lines[0]}" = "$home" ]
+  [ "${lines[1]}" = "image-root" ]
+  [ "${lines[2]}" = "1" ]
 }
 
 @test "/dev holds the standard nodes; /proc, /sys ro, /tmp and /run tmpfs, host network files" {

@@ -1,19 +1,25 @@
 // Unit tests for the launcher module: mount-spec parsing, container paths, environment assembly,
-// entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, and the
-// plan of a read-only container's top-level entries.
-#include <catch2/catch.hpp>
+// entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, the
+// plan of a read-only container's top-level entries, and the fake-root system call filter.
+#include "gantry/launcher.hpp"
+
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
-#include "gantry/launcher.hpp"
-#include "gantry/mounts.hpp"
 #include "../../runtime/launcher/internal.hpp"
+#include "gantry/mounts.hpp"
 
 using namespace gantry;
 
@@ -386,4 +392,89 @@ TEST_CASE("root entries: image entries bound or copied, ours kept, directories i
                                           entry("tmp", K::mount_point), entry("usr", K::image_dir),
                                           entry("vmlinuz", K::image_other)});
     CHECK(::access("/nowhere-gantry-test", F_OK) != 0);  // the dangling link was looked at, never followed
+}
+
+TEST_CASE("syscall filter: the chown and set*id families answer success, everything else is allowed") {
+    // One filter, with and without remap-root (as Enroot): it takes no mode.
+    auto names = launcher::fake_success_syscalls();
+    for (const char* n : {"chown", "fchown", "lchown", "fchownat", "setuid", "setgid", "setreuid", "setregid",
+                          "setresuid", "setresgid", "setfsuid", "setfsgid", "setgroups"})
+        CHECK(std::find(names.begin(), names.end(), n) != names.end());
+    auto text = launcher::describe_syscall_filter();
+    REQUIRE(text.ok());
+    INFO(*text);
+    // Every native call of the list has its rule, whose action is "return 0".
+    for (const char* n : {"fchown", "fchownat", "setuid", "setresuid", "setresgid", "setfsgid", "setgroups"})
+        CHECK(text->find(std::string("\"") + n + "\"") != std::string::npos);
+#if defined(__x86_64__)
+    for (const char* n : {"chown", "lchown"}) CHECK(text->find(std::string("\"") + n + "\"") != std::string::npos);
+    CHECK(text->find("filter for arch x86 ") != std::string::npos);  // 32-bit programs get the same answers
+#elif defined(__aarch64__)
+    CHECK(text->find("filter for arch arm ") != std::string::npos);
+#endif
+    CHECK(text->find("action ERRNO(0);") != std::string::npos);
+    CHECK(text->find("action ALLOW;") != std::string::npos);  // default, and for other architectures
+    CHECK(text->find("KILL") == std::string::npos);
+    CHECK(text->find("TRAP") == std::string::npos);
+    // Nothing else is touched: no rule for calls outside the list.
+    for (const char* n : {"\"open", "\"execve\"", "\"mount\"", "\"setns\"", "\"getuid\""})
+        CHECK(text->find(n) == std::string::npos);
+}
+
+TEST_CASE("syscall filter: once installed, chown to a foreign id and setresuid return 0 and change nothing") {
+    char tmpl[] = "/tmp/gantry-seccomp-test.XXXXXX";
+    int fd = ::mkstemp(tmpl);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    std::string path = tmpl;
+    struct stat before {};
+    REQUIRE(::stat(path.c_str(), &before) == 0);
+    uid_t uid = ::getuid();
+    gid_t gid = ::getgid();
+    int pipefd[2];
+    REQUIRE(::pipe(pipefd) == 0);
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        // The filter is for good: only a child may install it. It reports one word per check.
+        ::close(pipefd[0]);
+        std::string r;
+        auto st = launcher::install_syscall_filter();
+        r += st ? "installed" : "failed:" + st.error().message;
+        const uid_t foreign = uid == 1234 ? 1235 : 1234;
+        r += ::chown(path.c_str(), foreign, foreign) == 0 ? " chown=0" : " chown=" + std::string(std::strerror(errno));
+        r += ::lchown(path.c_str(), foreign, foreign) == 0 ? " lchown=0" : " lchown=err";
+        r += ::fchownat(AT_FDCWD, path.c_str(), foreign, foreign, 0) == 0 ? " fchownat=0" : " fchownat=err";
+        r += ::setresuid(4321, 4321, 4321) == 0 ? " setresuid=0" : " setresuid=err";
+        r += ::setgid(4321) == 0 ? " setgid=0" : " setgid=err";
+        gid_t g = 4321;
+        r += ::setgroups(1, &g) == 0 ? " setgroups=0" : " setgroups=err";
+        r += ::getuid() == uid && ::getgid() == gid ? " ids-unchanged" : " ids-changed";
+        // Calls outside the list still fail as they should.
+        r += ::rmdir("/nonexistent-gantry-seccomp") != 0 && errno == ENOENT ? " rmdir=ENOENT" : " rmdir=?";
+        std::FILE* status = std::fopen("/proc/self/status", "r");
+        char line[256];
+        while (status != nullptr && std::fgets(line, sizeof line, status) != nullptr)
+            if (std::strncmp(line, "Seccomp:", 8) == 0) r += " " + std::string(line, std::strcspn(line, "\n"));
+        if (status != nullptr) std::fclose(status);
+        (void)!::write(pipefd[1], r.data(), r.size());
+        ::_exit(0);
+    }
+    ::close(pipefd[1]);
+    std::string report;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) report.append(buf, static_cast<size_t>(n));
+    ::close(pipefd[0]);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(report ==
+          "installed chown=0 lchown=0 fchownat=0 setresuid=0 setgid=0 setgroups=0 ids-unchanged "
+          "rmdir=ENOENT Seccomp:\t2");
+    struct stat after {};
+    REQUIRE(::stat(path.c_str(), &after) == 0);
+    CHECK(after.st_uid == before.st_uid);  // even for root: the call never ran
+    CHECK(after.st_gid == before.st_gid);
+    ::unlink(path.c_str());
 }
