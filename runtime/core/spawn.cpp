@@ -118,7 +118,7 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
 
     std::vector<pollfd> fds;
     for (const auto& s : streams) fds.push_back({s.fd.get(), POLLIN, 0});
-    size_t open_fds = fds.size();
+    size_t open_fds = fds.size();  // streams not at their end yet; 0 also once one broke its cap
     std::string overflow;
     // Safe: pid is our own child, not reaped yet (so not reused), leader of its own process group.
     auto kill_child = [&] {
@@ -144,10 +144,12 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
                 fds[i].fd = -1;
                 --open_fds;
             } else if (streams[i].text->size() + static_cast<size_t>(n) > streams[i].cap) {
-                // Over its cap: stop the program and stop reading.
+                // Over its cap: stop the program and stop reading every stream.
                 overflow = streams[i].name + " (more than " + std::to_string(streams[i].cap) + " bytes)";
                 kill_child();
+                for (auto& f : fds) f.fd = -1;
                 open_fds = 0;
+                break;
             } else {
                 streams[i].text->append(buf, static_cast<size_t>(n));
             }
