@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+struct open_how;
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -14,6 +16,11 @@
 #include "gantry/result.hpp"
 
 namespace gantry {
+
+// openat2(2), retried while the kernel answers EAGAIN: a RESOLVE_IN_ROOT/RESOLVE_BENEATH lookup that
+// races with any rename or mount anywhere on the system fails with EAGAIN and is meant to be retried
+// (containers being set up at the same time on a node make that common). Returns the fd, or -1/errno.
+int openat2_retrying(int dirfd, const std::string& path, const struct open_how& how);
 
 // mkdir -p with `mode` for the directories it creates.
 Status make_directories(const std::string& path, mode_t mode = 0755);

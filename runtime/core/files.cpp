@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +13,13 @@
 #include <vector>
 
 namespace gantry {
+
+int openat2_retrying(int dirfd, const std::string& path, const struct open_how& how) {
+    for (int attempt = 0;; ++attempt) {
+        int fd = static_cast<int>(::syscall(SYS_openat2, dirfd, path.c_str(), &how, sizeof how));
+        if (fd >= 0 || errno != EAGAIN || attempt >= 1000) return fd;
+    }
+}
 namespace {
 
 // Deeper trees than this are not ours (staging areas are two levels deep): the walk stops rather than

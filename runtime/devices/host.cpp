@@ -34,7 +34,7 @@ std::optional<std::string> resolve_in_host(const std::string& host_root, const s
     // IN_ROOT: an absolute link in the fake tree (or a hostile one) is clamped at the prefix.
     how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
     std::string rel = path.size() > 1 ? path.substr(1) : ".";
-    UniqueFd fd(static_cast<int>(::syscall(SYS_openat2, dir.get(), rel.c_str(), &how, sizeof how)));
+    UniqueFd fd(openat2_retrying(dir.get(), rel, how));
     if (!fd) return std::nullopt;
     char buf[4096];
     ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd.get())).c_str(), buf, sizeof buf - 1);

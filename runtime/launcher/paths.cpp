@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "gantry/files.hpp"
 #include "gantry/mounts.hpp"
 
 namespace gantry {
@@ -21,7 +22,7 @@ Result<UniqueFd> open_in_root(int root, const std::string& path) {
     // IN_ROOT: absolute symlinks and ".." are clamped at `root`; NO_MAGICLINKS: an image cannot carry a
     // /proc/self/... style link into the host (there is no /proc under the root yet, but be explicit).
     how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-    int fd = static_cast<int>(::syscall(SYS_openat2, root, rel.c_str(), &how, sizeof how));
+    int fd = openat2_retrying(root, rel, how);
     if (fd < 0) return system_error("opening " + path + " in the container");
     return UniqueFd(fd);
 }
