@@ -48,6 +48,7 @@ struct ProcessDefaults {
     std::string workdir;                 // absolute path inside the container; "" -> "/"
     std::string home;                    // HOME inside the container
     bool remap_root = false;             // uid/gid 0 inside
+    std::vector<std::string> env_values;  // --env NAME=VALUE ("NAME=VALUE" entries): set over everything
 };
 
 // Everything `Container::create` needs.
@@ -64,6 +65,7 @@ struct ContainerSpec {
     ExtraNamespaces unshare;
     std::string workdir;       // --workdir; "" -> image WorkingDir, else "/"
     std::vector<std::string> env_names;
+    std::vector<std::string> env_values;  // --env NAME=VALUE (`gantry run`; the plugin sets none)
     // The identity inside (mapped 1:1, or to 0 with remap_root). -1: the caller's real ids. A root
     // caller (the plugin's privileged hook) may name the job user: the holder switches to it right
     // after the privileged image mount.
@@ -153,7 +155,8 @@ enum class EnvironmentRule {
 //      PWD, OLDPWD. EnvironmentRule::docker: TERM only;
 //   4. SLURM_*, SLURMD_*, PMI*, PMIX_* from the caller, over an image's value: they describe this step;
 //   5. the --env names with the caller's value (a name the caller lacks keeps the value above); a
-//      named host variable (PATH, LANG, HOME...) comes in this way only.
+//      named host variable (PATH, LANG, HOME...) comes in this way only;
+//   6. the --env NAME=VALUE entries (ProcessDefaults::env_values), over everything, later ones winning.
 std::vector<std::string> container_environment(const ProcessDefaults& defaults,
                                                const std::vector<std::string>& caller_env, EnvironmentRule rule);
 

@@ -44,10 +44,17 @@ bool take_flag(std::vector<std::string>& args, const std::string& name) {
     return found;
 }
 
-Status reject_unknown_options(const std::vector<std::string>& args) {
+bool take_help(std::vector<std::string>& args) {
+    bool long_form = take_flag(args, "--help");
+    bool short_form = take_flag(args, "-h");
+    return long_form || short_form;
+}
+
+Status reject_unknown_options(const std::vector<std::string>& args, const std::string& verb) {
     for (const auto& a : args) {
         if (a == "--") break;
-        if (a.size() > 1 && a[0] == '-') return make_error("unknown option '" + a + "' (see gantry --help)");
+        if (a.size() > 1 && a[0] == '-')
+            return make_error(verb + ": unknown option '" + a + "' (see gantry " + verb + " --help)");
     }
     return {};
 }
@@ -120,7 +127,12 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
 
 int fail(const Error& error) {
     log::error(error.message);
-    return 1;
+    return kFailed;
+}
+
+int usage_error(const Error& error) {
+    log::error(error.message);
+    return kUsageError;
 }
 
 }  // namespace gantry::cli

@@ -17,8 +17,11 @@ namespace gantry::cli {
 std::optional<std::string> take_option(std::vector<std::string>& args, const std::string& name);
 // Scans `args` for a "--name" flag and removes it.
 bool take_flag(std::vector<std::string>& args, const std::string& name);
-// Fails on any remaining "--option" in args (before a "--" separator).
-Status reject_unknown_options(const std::vector<std::string>& args);
+// Scans `args` for "--help" or "-h" and removes them; true when one was there.
+bool take_help(std::vector<std::string>& args);
+// Fails on any remaining "--option" in args (before a "--" separator):
+// "<verb>: unknown option '--x' (see gantry <verb> --help)".
+Status reject_unknown_options(const std::vector<std::string>& args, const std::string& verb);
 
 // Parses "30d", "12h", "15m", "90s" or plain seconds.
 Result<long long> parse_duration(const std::string& text);
@@ -41,7 +44,14 @@ struct RunnableImage {
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
                                              const std::string& image, bool quiet);
 
+// Exit statuses of the image verbs and doctor (gantry(1), EXIT STATUS): 1 the operation failed, 2 the
+// command line is wrong (unknown option, missing or extra operand, malformed option value).
+constexpr int kFailed = 1;
+constexpr int kUsageError = 2;
+
 // Prints one error line ("gantry: ...") and returns exit status 1.
 int fail(const Error& error);
+// Prints one error line and returns exit status 2.
+int usage_error(const Error& error);
 
 }  // namespace gantry::cli

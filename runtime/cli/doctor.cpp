@@ -329,10 +329,11 @@ Check store_filesystem(const Config& config) {
 
 int doctor_verb(const std::vector<std::string>& args_in) {
     std::vector<std::string> args = args_in;
+    if (take_help(args)) return print_usage("doctor");
     auto plugstack = take_option(args, "--plugstack");
     const char* slurm_conf_env = std::getenv("SLURM_CONF");
-    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
-    if (!args.empty()) return fail(make_error("doctor takes no operands (gantry doctor [--plugstack FILE])"));
+    if (auto st = reject_unknown_options(args, "doctor"); !st) return usage_error(st.error());
+    if (!args.empty()) return usage_error(make_error("doctor: takes no operands (see gantry doctor --help)"));
     auto config = load_config();
     if (!config) return fail(config.error());
 
@@ -364,10 +365,17 @@ int doctor_verb(const std::vector<std::string>& args_in) {
     return failed == 0 ? 0 : 1;
 }
 
-const Registration doctor_registration({"doctor",
-                                        "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, flock, "
-                                        "GPUs, EFA, memlock, plugin, Slurm version",
-                                        doctor_verb});
+const Registration doctor_registration(
+    {"doctor",
+     "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, flock, "
+     "GPUs, EFA, memlock, plugin, Slurm version",
+     "usage: gantry doctor [--plugstack FILE]\n"
+     "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).\n"
+     "Exit status 1 when a check fails, 2 on a usage error.\n\n"
+     "options:\n"
+     "  --plugstack FILE   the plugstack.conf to check (default: the one slurm.conf names)\n"
+     "  -h, --help         print this help\n",
+     doctor_verb});
 
 }  // namespace
 }  // namespace gantry::cli

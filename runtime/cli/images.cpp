@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -24,6 +25,17 @@
 
 namespace gantry::cli {
 namespace {
+
+// RFC 3339 in UTC for --format json; null when never recorded.
+nlohmann::json json_time(int64_t t) {
+    if (t <= 0) return nullptr;
+    std::time_t tt = static_cast<std::time_t>(t);
+    std::tm tm{};
+    ::gmtime_r(&tt, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
 
 std::string format_time(int64_t t) {
     if (t <= 0) return "-";
@@ -147,6 +159,7 @@ int credentials_only(const ImageReference& ref, int out_fd) {
 }
 
 int cmd_pull(std::vector<std::string> args) {
+    if (take_help(args)) return print_usage("pull");
     auto store_opt = take_option(args, "--store");
     auto platform_opt = take_option(args, "--platform");
     bool quiet = take_flag(args, "--quiet") || take_flag(args, "-q");
@@ -162,21 +175,25 @@ int cmd_pull(std::vector<std::string> args) {
         if (report_fd >= 0) send_pull_report(report_fd, PullReport{{}, {}, {}, kind, error.message});
         return fail(error);
     };
+    // A wrong command line: reported the same way, exit status 2.
+    auto finish_usage = [&](const Error& error) {
+        finish(PullErrorKind::usage, error);
+        return kUsageError;
+    };
     if (report_opt) {
         auto fd = parse_fd("--report-fd", *report_opt);
-        if (!fd) return fail(fd.error());
+        if (!fd) return usage_error(fd.error());
         report_fd = *fd;
     }
-    if (auto st = reject_unknown_options(args); !st) return finish(PullErrorKind::usage, st.error());
-    if (args.size() != 1)
-        return finish(PullErrorKind::usage, make_error("pull takes exactly one IMAGE (usage: gantry pull [--store DIR] [--platform OS/ARCH[/VARIANT]] [--quiet] IMAGE)"));
+    if (auto st = reject_unknown_options(args, "pull"); !st) return finish_usage(st.error());
+    if (args.size() != 1) return finish_usage(make_error("pull: takes exactly one IMAGE (see gantry pull --help)"));
     if (credentials_only_flag != creds_out_opt.has_value())
-        return finish(PullErrorKind::usage, make_error("--credentials-only and --credentials-out-fd go together"));
+        return finish_usage(make_error("pull: --credentials-only and --credentials-out-fd go together"));
     auto ref = parse_reference(args[0]);
     if (!ref) return finish(PullErrorKind::reference, ref.error().wrap("failed to import docker image " + args[0]));
     if (creds_out_opt) {
         auto fd = parse_fd("--credentials-out-fd", *creds_out_opt);
-        if (!fd) return finish(PullErrorKind::usage, fd.error());
+        if (!fd) return finish_usage(fd.error());
         return credentials_only(*ref, *fd);
     }
     auto config = load_config();
@@ -184,12 +201,12 @@ int cmd_pull(std::vector<std::string> args) {
     PullOptions opts;
     if (platform_opt) {
         auto p = Platform::parse(*platform_opt);
-        if (!p) return finish(PullErrorKind::usage, p.error());
+        if (!p) return finish_usage(p.error().wrap("pull: --platform"));
         opts.platform = *p;
     }
     if (creds_in_opt) {
         auto fd = parse_fd("--credentials-fd", *creds_in_opt);
-        if (!fd) return finish(PullErrorKind::usage, fd.error());
+        if (!fd) return finish_usage(fd.error());
         auto text = read_fd_to_end(*fd);
         if (!text) return finish(PullErrorKind::usage, text.error());
         auto lookup = credentials_from_json(*text);
@@ -227,9 +244,18 @@ int cmd_pull(std::vector<std::string> args) {
 }
 
 int cmd_images(std::vector<std::string> args) {
+    if (take_help(args)) return print_usage("images");
     auto store_opt = take_option(args, "--store");
+    auto format_opt = take_option(args, "--format");
     bool digests = take_flag(args, "--digests");
-    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
+    bool quiet_long = take_flag(args, "--quiet");
+    bool quiet = take_flag(args, "-q") || quiet_long;
+    if (auto st = reject_unknown_options(args, "images"); !st) return usage_error(st.error());
+    if (!args.empty()) return usage_error(make_error("images: takes no operands (see gantry images --help)"));
+    if (format_opt && *format_opt != "json" && *format_opt != "table")
+        return usage_error(make_error("images: unknown --format '" + *format_opt + "' (json or table)"));
+    bool json = format_opt && *format_opt == "json";
+    if (json && quiet) return usage_error(make_error("images: --quiet and --format json exclude each other"));
     auto config = load_config();
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
@@ -238,21 +264,51 @@ int cmd_images(std::vector<std::string> args) {
     auto all = store->list(&ignored);
     if (!all) return fail(all.error());
     for (const auto& why : ignored) log::warning(why);
-    std::printf("%-40s %-19s %10s  %-19s  %s\n", "REFERENCE", "DIGEST", "SIZE", "LAST USED", "IN USE");
-    for (const auto& img : *all) {
-        std::string ref = img.metadata.references.empty() ? "-" : img.metadata.references.front();
-        std::string d = digests ? img.digest : img.digest.substr(0, 19);
-        std::printf("%-40s %-19s %10s  %-19s  %s\n", ref.c_str(), d.c_str(),
-                    format_bytes(img.metadata.image_bytes).c_str(), format_time(img.last_used).c_str(),
-                    store->in_use(img.digest) ? "yes" : "no");
+    if (quiet) {
+        for (const auto& img : *all) std::printf("%s\n", img.digest.c_str());
+        return 0;
     }
+    if (json) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& img : *all)
+            out.push_back({{"digest", img.digest},
+                           {"references", img.metadata.references},
+                           {"size", img.metadata.image_bytes},
+                           {"pulled_at", json_time(img.metadata.pulled_at)},
+                           {"last_used", json_time(img.last_used)},
+                           {"in_use", store->in_use(img.digest)}});
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+    }
+    struct Row {
+        std::string ref, digest, size, last_used, in_use;
+    };
+    std::vector<Row> rows = {{"REFERENCE", "DIGEST", "SIZE", "LAST USED", "IN USE"}};
+    for (const auto& img : *all)
+        rows.push_back({img.metadata.references.empty() ? "-" : img.metadata.references.front(),
+                        digests ? img.digest : img.digest.substr(0, 19), format_bytes(img.metadata.image_bytes),
+                        format_time(img.last_used), store->in_use(img.digest) ? "yes" : "no"});
+    // Each column as wide as its widest cell, so a full digest or a long reference keeps the others aligned.
+    size_t ref_w = 0, digest_w = 0, size_w = 0, used_w = 0;
+    for (const auto& r : rows) {
+        ref_w = std::max(ref_w, r.ref.size());
+        digest_w = std::max(digest_w, r.digest.size());
+        size_w = std::max(size_w, r.size.size());
+        used_w = std::max(used_w, r.last_used.size());
+    }
+    for (const auto& r : rows)
+        std::printf("%-*s  %-*s  %*s  %-*s  %s\n", static_cast<int>(ref_w), r.ref.c_str(), static_cast<int>(digest_w),
+                    r.digest.c_str(), static_cast<int>(size_w), r.size.c_str(), static_cast<int>(used_w),
+                    r.last_used.c_str(), r.in_use.c_str());
     return 0;
 }
 
 int cmd_inspect(std::vector<std::string> args) {
+    if (take_help(args)) return print_usage("inspect");
     auto store_opt = take_option(args, "--store");
-    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
-    if (args.size() != 1) return fail(make_error("inspect takes exactly one IMAGE"));
+    if (auto st = reject_unknown_options(args, "inspect"); !st) return usage_error(st.error());
+    if (args.size() != 1)
+        return usage_error(make_error("inspect: takes exactly one IMAGE (see gantry inspect --help)"));
     auto config = load_config();
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
@@ -282,9 +338,10 @@ int cmd_inspect(std::vector<std::string> args) {
 }
 
 int cmd_rm(std::vector<std::string> args) {
+    if (take_help(args)) return print_usage("rm");
     auto store_opt = take_option(args, "--store");
-    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
-    if (args.empty()) return fail(make_error("rm takes one or more IMAGEs"));
+    if (auto st = reject_unknown_options(args, "rm"); !st) return usage_error(st.error());
+    if (args.empty()) return usage_error(make_error("rm: takes one or more IMAGEs (see gantry rm --help)"));
     auto config = load_config();
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
@@ -307,20 +364,22 @@ int cmd_rm(std::vector<std::string> args) {
 }
 
 int cmd_gc(std::vector<std::string> args) {
+    if (take_help(args)) return print_usage("gc");
     auto store_opt = take_option(args, "--store");
     auto max_bytes_opt = take_option(args, "--max-bytes");
     auto unused_opt = take_option(args, "--unused-for");
-    if (auto st = reject_unknown_options(args); !st) return fail(st.error());
+    if (auto st = reject_unknown_options(args, "gc"); !st) return usage_error(st.error());
+    if (!args.empty()) return usage_error(make_error("gc: takes no operands (see gantry gc --help)"));
     unsigned long long max_bytes = 0;
     long long unused = 0;
     if (max_bytes_opt) {
         auto n = parse_size(*max_bytes_opt);
-        if (!n) return fail(n.error().wrap("--max-bytes"));
+        if (!n) return usage_error(n.error().wrap("gc: --max-bytes"));
         max_bytes = *n;
     }
     if (unused_opt) {
         auto n = parse_duration(*unused_opt);
-        if (!n) return fail(n.error().wrap("--unused-for"));
+        if (!n) return usage_error(n.error().wrap("gc: --unused-for"));
         unused = *n;
     }
     auto config = load_config();
@@ -339,11 +398,56 @@ int cmd_gc(std::vector<std::string> args) {
     return status;
 }
 
-const Registration reg_pull({"pull", "pull [--store DIR] [--platform OS/ARCH] [--quiet] IMAGE   fetch an image into the store", cmd_pull});
-const Registration reg_images({"images", "images [--store DIR] [--digests]   list the images in the store", cmd_images});
-const Registration reg_inspect({"inspect", "inspect IMAGE        show an image's digest, size, layers and config", cmd_inspect});
-const Registration reg_rm({"rm", "rm IMAGE...          remove images from the store (not while in use)", cmd_rm});
-const Registration reg_gc({"gc", "gc [--max-bytes N] [--unused-for DURATION]   remove least recently used images", cmd_gc});
+const Registration reg_pull({"pull",
+                             "pull [--store DIR] [--platform OS/ARCH] [--quiet] IMAGE   fetch an image into the store",
+                             "usage: gantry pull [OPTIONS] IMAGE\n"
+                             "Fetches IMAGE (a registry reference) into the store as one squashfs file and prints\n"
+                             "'<digest> <squashfs path>'.\n\n"
+                             "options:\n"
+                             "  --store DIR                     the image store (default: gantry.conf's store_path)\n"
+                             "  --platform OS/ARCH[/VARIANT]    the platform to pick from a multi-platform image\n"
+                             "  -q, --quiet                     no progress\n"
+                             "  -h, --help                      print this help\n",
+                             cmd_pull});
+const Registration reg_images({"images",
+                               "images [--store DIR] [-q] [--digests] [--format json]   list the images in the store",
+                               "usage: gantry images [OPTIONS]\n"
+                               "Lists the images in the store: reference, digest, size, last use, whether in use.\n\n"
+                               "options:\n"
+                               "  --store DIR      the image store (default: gantry.conf's store_path)\n"
+                               "  --digests        full digests in the DIGEST column\n"
+                               "  -q, --quiet      only the digests, one per line\n"
+                               "  --format json    a JSON array of {digest, references, size, pulled_at, last_used,\n"
+                               "                   in_use}; times in RFC 3339 UTC, null when unknown\n"
+                               "  --format table   the columns (the default)\n"
+                               "  -h, --help       print this help\n",
+                               cmd_images});
+const Registration reg_inspect(
+    {"inspect", "inspect [--store DIR] IMAGE   show an image's digest, size, layers and config",
+     "usage: gantry inspect [--store DIR] IMAGE\n"
+     "Prints one stored image as JSON: digest, references, platform, squashfs, size, layers,\n"
+     "config, pulled, last_used, in_use. IMAGE: a digest, a prefix of 12+ hex digits, or a\n"
+     "reference the store has pulled.\n\n"
+     "options:\n"
+     "  --store DIR   the image store (default: gantry.conf's store_path)\n"
+     "  -h, --help    print this help\n",
+     cmd_inspect});
+const Registration reg_rm({"rm", "rm [--store DIR] IMAGE...   remove images from the store (not while in use)",
+                           "usage: gantry rm [--store DIR] IMAGE...\n"
+                           "Removes images from the store; an image in use stays. IMAGE as for gantry inspect.\n\n"
+                           "options:\n"
+                           "  --store DIR   the image store (default: gantry.conf's store_path)\n"
+                           "  -h, --help    print this help\n",
+                           cmd_rm});
+const Registration reg_gc({"gc", "gc [--max-bytes N] [--unused-for DURATION]   remove least recently used images",
+                           "usage: gantry gc [OPTIONS]\n"
+                           "Removes images not in use, least recently used first, and prints what it freed.\n\n"
+                           "options:\n"
+                           "  --store DIR              the image store (default: gantry.conf's store_path)\n"
+                           "  --max-bytes SIZE         remove until the store holds at most SIZE (500G, 2T, 4096)\n"
+                           "  --unused-for DURATION    remove images unused for DURATION (90s, 15m, 12h, 30d)\n"
+                           "  -h, --help               print this help\n",
+                           cmd_gc});
 
 }  // namespace
 }  // namespace gantry::cli

@@ -16,6 +16,16 @@ std::vector<Command>& commands() {
     return table;
 }
 
+int print_usage(const std::string& verb) {
+    for (const auto& c : commands()) {
+        if (c.name == verb) {
+            std::fputs(c.usage.c_str(), stdout);
+            return 0;
+        }
+    }
+    return 0;
+}
+
 }  // namespace gantry::cli
 
 namespace {
@@ -25,7 +35,12 @@ void usage(FILE* out) {
     std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     std::fputs("usage: gantry <command> [options]\n\ncommands:\n", out);
     for (const auto& c : cmds) std::fprintf(out, "  %s\n", c.synopsis.c_str());
-    std::fputs("  version                 print the version\n", out);
+    std::fputs(
+        "  version                 print the version\n\n"
+        "`gantry <command> --help` lists the options of one command.\n"
+        "exit status: 0 success; 1 failure; 2 usage error (image verbs and doctor); run and exec: 125\n"
+        "gantry failed, 126 command not executable, 127 command not found, else the command's status\n",
+        out);
 }
 
 }  // namespace
@@ -41,6 +56,12 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (verb == "--help" || verb == "-h" || verb == "help") {
+        if (argc > 2 && verb == "help") {
+            for (const auto& c : gantry::cli::commands())
+                if (c.name == argv[2]) return gantry::cli::print_usage(c.name);
+            gantry::log::error("help: unknown command '" + std::string(argv[2]) + "' (see gantry --help)");
+            return 2;
+        }
         usage(stdout);
         return 0;
     }

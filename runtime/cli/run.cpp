@@ -64,6 +64,20 @@ private:
     std::optional<std::string> inline_value_;
 };
 
+// --env/-e VALUE: "NAME=VALUE" sets that value (one variable: the value may hold commas); "NAME" or
+// "NAME1,NAME2" takes the caller's value of each name, as before.
+Status add_env(const std::string& verb, const std::string& v, std::vector<std::string>& names,
+               std::vector<std::string>& values) {
+    auto eq = v.find('=');
+    if (eq == 0) return make_error(verb + ": --env '" + v + "': no variable name before '='");
+    if (eq != std::string::npos) {
+        values.push_back(v);
+        return {};
+    }
+    for (auto& n : split_list(v, ',')) names.push_back(n);
+    return {};
+}
+
 Result<std::string> read_text(const std::string& path) {
     std::ifstream f(path);
     if (!f) return system_error("reading " + path);
@@ -82,6 +96,7 @@ int run_verb(const std::vector<std::string>& args) {
     OptionReader opts(args);
     while (!opts.done()) {
         std::string o = opts.next();
+        if (o == "--help" || o == "-h") return print_usage("run");
         Status st;
         auto take = [&](auto&& apply) -> Status {
             auto v = opts.value(o);
@@ -93,10 +108,7 @@ int run_verb(const std::vector<std::string>& args) {
         else if (o == "--workdir" || o == "-w")
             st = take([&](const std::string& v) -> Status { spec.workdir = v; return {}; });
         else if (o == "--env" || o == "-e")
-            st = take([&](const std::string& v) -> Status {
-                for (auto& n : split_list(v, ',')) spec.env_names.push_back(n);
-                return {};
-            });
+            st = take([&](const std::string& v) { return add_env("run", v, spec.env_names, spec.env_values); });
         else if (o == "--writable") spec.writable = true;
         else if (o == "--readonly") spec.writable = false;
         else if (o == "--remap-root") spec.remap_root = true;
@@ -129,13 +141,13 @@ int run_verb(const std::vector<std::string>& args) {
         else if (o == "--config-file")
             st = take([&](const std::string& v) -> Status { config_file = v; return {}; });
         else
-            st = make_error("run: unknown option " + o + " (see gantry run --help)");
+            st = make_error("run: unknown option '" + o + "' (see gantry run --help)");
         if (!st) return setup_failed(st.error());
     }
     auto rest = opts.rest();
     std::string image = image_file;
     if (image.empty()) {
-        if (rest.empty()) return setup_failed(make_error("run: no image given (gantry run [options] IMAGE [--] [COMMAND...])"));
+        if (rest.empty()) return setup_failed(make_error("run: no image given (see gantry run --help)"));
         image = rest.front();
         rest.erase(rest.begin());
         if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
@@ -190,18 +202,21 @@ int exec_verb(const std::vector<std::string>& args) {
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
     std::string workdir;
-    std::vector<std::string> env_names;
+    std::vector<std::string> env_names, env_values;
     OptionReader opts(args);
     while (!opts.done()) {
         std::string o = opts.next();
-        auto v = (o == "--workdir" || o == "-w" || o == "--env" || o == "-e") ? opts.value(o)
-                                                                            : Result<std::string>(make_error("exec: unknown option " + o));
+        if (o == "--help" || o == "-h") return print_usage("exec");
+        auto v = (o == "--workdir" || o == "-w" || o == "--env" || o == "-e")
+                     ? opts.value(o)
+                     : Result<std::string>(make_error("exec: unknown option " + o + " (see gantry exec --help)"));
         if (!v) return setup_failed(v.error());
         if (o == "--workdir" || o == "-w") workdir = *v;
-        else for (auto& n : split_list(*v, ',')) env_names.push_back(n);
+        else if (auto st = add_env("exec", *v, env_names, env_values); !st)
+            return setup_failed(st.error());
     }
     auto rest = opts.rest();
-    if (rest.empty()) return setup_failed(make_error("exec: no container name (gantry exec NAME [--] [COMMAND...])"));
+    if (rest.empty()) return setup_failed(make_error("exec: no container name (see gantry exec --help)"));
     auto container = Container::open(rest.front(), *config);
     if (!container) return setup_failed(container.error());
     rest.erase(rest.begin());
@@ -214,6 +229,7 @@ int exec_verb(const std::vector<std::string>& args) {
         state.defaults.workdir = *w;
     }
     for (auto& n : env_names) state.defaults.env_names.push_back(n);
+    for (auto& e : env_values) state.defaults.env_values.push_back(e);
     ProcessSpec process;
     process.argv = rest;
     auto status = run_in(state, process);
@@ -221,10 +237,26 @@ int exec_verb(const std::vector<std::string>& args) {
     return *status;
 }
 
-int stop_verb(const std::vector<std::string>& args) {
+// stop and ps take no options but --help: anything else that looks like one is a usage error (125).
+Result<bool> help_or_no_options(const std::string& verb, const std::vector<std::string>& args) {
+    for (const auto& a : args) {
+        if (a == "--") break;
+        if (a == "--help" || a == "-h") return true;
+        if (a.size() > 1 && a[0] == '-')
+            return make_error(verb + ": unknown option '" + a + "' (see gantry " + verb + " --help)");
+    }
+    return false;
+}
+
+int stop_verb(const std::vector<std::string>& args_in) {
+    auto help = help_or_no_options("stop", args_in);
+    if (!help) return setup_failed(help.error());
+    if (*help) return print_usage("stop");
+    std::vector<std::string> args = args_in;
+    if (!args.empty() && args.front() == "--") args.erase(args.begin());
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
-    if (args.empty()) return setup_failed(make_error("stop: no container name (gantry stop NAME...)"));
+    if (args.empty()) return setup_failed(make_error("stop: no container name (see gantry stop --help)"));
     int rc = 0;
     for (const auto& name : args) {
         auto c = Container::open(name, *config);
@@ -242,9 +274,15 @@ int stop_verb(const std::vector<std::string>& args) {
     return rc;
 }
 
-int ps_verb(const std::vector<std::string>&) {
+int ps_verb(const std::vector<std::string>& args) {
+    auto help = help_or_no_options("ps", args);
+    if (!help) return setup_failed(help.error());
+    if (*help) return print_usage("ps");
+    if (!args.empty()) return setup_failed(make_error("ps: takes no operands (see gantry ps --help)"));
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
+    // Tab-separated, a header first: `cut -f1` (or `tail -n +2`) gives the names.
+    std::printf("NAME\tPID\tBACKEND\n");
     for (const auto& name : list_containers(*config)) {
         auto c = Container::open(name, *config);
         if (c) std::printf("%s\t%d\t%s\n", name.c_str(), static_cast<int>(c->pid()), c->state().backend.c_str());
@@ -252,10 +290,58 @@ int ps_verb(const std::vector<std::string>&) {
     return 0;
 }
 
-const Registration run_registration({"run", "run [OPTIONS] IMAGE [--] [CMD...]  run a command in a new container", run_verb});
-const Registration exec_registration({"exec", "exec NAME [CMD...]      run a command in a running named container", exec_verb});
-const Registration stop_registration({"stop", "stop NAME...            stop named containers", stop_verb});
-const Registration ps_registration({"ps", "ps                      list named containers", ps_verb});
+const Registration run_registration(
+    {"run", "run [OPTIONS] IMAGE [--] [CMD...]  run a command in a new container",
+     "usage: gantry run [OPTIONS] IMAGE [--] [COMMAND [ARG...]]\n"
+     "Runs COMMAND (default: the image's Cmd) in a new container of IMAGE: a registry reference (pulled\n"
+     "into the store unless there) or a squashfs file ('/...' or './...').\n\n"
+     "options:\n"
+     "  -e, --env NAME=VALUE     set NAME to VALUE inside (repeatable)\n"
+     "  -e, --env NAME[,NAME]    pass the caller's value of NAME (repeatable)\n"
+     "  -m, --mount SPEC         bind-mount SRC[:DST[:FLAGS]] (comma-separated list; repeatable)\n"
+     "  -w, --workdir DIR        working directory inside (default: the image's, else /)\n"
+     "  --writable, --readonly   writes to / land in a tmpfs that vanishes with the container\n"
+     "  --remap-root, --no-remap-root   run as uid/gid 0 inside\n"
+     "  --entrypoint, --no-entrypoint   prefix the image's Entrypoint to the command\n"
+     "  --mount-home, --no-mount-home   bind-mount your home directory (default: on)\n"
+     "  --unshare LIST           also unshare these namespaces: net, ipc, uts\n"
+     "  --backend NAME           how to mount the image: auto, kernel, fuse, extract\n"
+     "  --name NAME              name the container, so gantry exec/stop/ps find it\n"
+     "  -d, --detach             keep the container running (needs --name; stop it with gantry stop)\n"
+     "  --store DIR              the image store (default: gantry.conf's store_path)\n"
+     "  --image-file FILE        run this squashfs file (instead of the IMAGE operand)\n"
+     "  --config-file FILE       the image config (JSON) for a squashfs file\n"
+     "  -h, --help               print this help\n\n"
+     "exit status: the command's; 125 gantry failed, 126 command not executable, 127 command not found\n",
+     run_verb});
+const Registration exec_registration({"exec",
+                                      "exec [OPTIONS] NAME [CMD...]  run a command in a running named container",
+                                      "usage: gantry exec [OPTIONS] NAME [--] [COMMAND [ARG...]]\n"
+                                      "Runs COMMAND (default: /bin/sh) in the running container NAME.\n\n"
+                                      "options:\n"
+                                      "  -e, --env NAME=VALUE     set NAME to VALUE inside (repeatable)\n"
+                                      "  -e, --env NAME[,NAME]    pass the caller's value of NAME (repeatable)\n"
+                                      "  -w, --workdir DIR        working directory inside\n"
+                                      "  -h, --help               print this help\n\n"
+                                      "exit status: the command's; 125 gantry failed, 126 command not executable,\n"
+                                      "127 command not found\n",
+                                      exec_verb});
+const Registration stop_registration(
+    {"stop", "stop NAME...            stop named containers",
+     "usage: gantry stop NAME...\n"
+     "Stops the named containers. Exit status 1 when one could not be stopped, 125 on a\n"
+     "usage error.\n\n"
+     "options:\n"
+     "  -h, --help   print this help\n",
+     stop_verb});
+const Registration ps_registration(
+    {"ps", "ps                      list named containers",
+     "usage: gantry ps\n"
+     "Lists your named containers, tab-separated under a header: NAME, PID (of the holder),\n"
+     "BACKEND.\n\n"
+     "options:\n"
+     "  -h, --help   print this help\n",
+     ps_verb});
 
 }  // namespace
 }  // namespace gantry::cli

@@ -96,6 +96,7 @@ Status write_state(const std::string& path, const ContainerState& st) {
         {"image_env", st.defaults.image_env},
         {"device_env", st.defaults.device_env},
         {"env_names", st.defaults.env_names},
+        {"env_values", st.defaults.env_values},
         {"workdir", st.defaults.workdir},
         {"home", st.defaults.home},
         {"remap_root", st.defaults.remap_root},
@@ -128,6 +129,7 @@ Result<ContainerState> read_state(const std::string& path) {
         st.defaults.image_env = j.at("image_env").get<std::vector<std::string>>();
         st.defaults.device_env = j.value("device_env", std::vector<std::string>{});
         st.defaults.env_names = j.at("env_names").get<std::vector<std::string>>();
+        st.defaults.env_values = j.value("env_values", std::vector<std::string>{});
         st.defaults.workdir = j.at("workdir").get<std::string>();
         st.defaults.home = j.at("home").get<std::string>();
         st.defaults.remap_root = j.at("remap_root").get<bool>();
@@ -386,7 +388,7 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     c.state_.unshare = spec.unshare;
     c.state_.backend = to_string(s.backend);
     c.state_.defaults = ProcessDefaults{spec.image_config.env, spec.devices.env, spec.env_names, s.workdir, s.home,
-                                        spec.remap_root};
+                                        spec.remap_root,       spec.env_values};
     c.owned_ = !spec.detach;
     c.is_child_ = !spec.detach;
     c.kernel_mount_ = s.backend == MountBackend::kernel;

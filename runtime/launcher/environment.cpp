@@ -96,6 +96,9 @@ std::vector<std::string> container_environment(const ProcessDefaults& defaults,
             if (split_entry(e, name, value) && name == want) env.set(name, value);
         }
     }
+    // 6. --env NAME=VALUE: what the user wrote on the command line, over everything else.
+    for (const auto& e : defaults.env_values)
+        if (split_entry(e, name, value)) env.set(name, value);
     return env.entries();
 }
 

@@ -174,6 +174,27 @@ TEST_CASE("environment, docker rule (gantry run): image env, Slurm wiring, --env
     CHECK(has("HOME=/"));
 }
 
+TEST_CASE("environment: --env NAME=VALUE sets the value over the image, the host, the wiring and HOME") {
+    ProcessDefaults d;
+    d.image_env = {"FOO=image", "KEEP=image"};
+    d.env_names = {"BAR"};
+    d.home = "/home/u";
+    d.env_values = {"FOO=bar", "BAR=given", "SLURM_PROCID=9", "HOME=/elsewhere", "EMPTY=", "EQ=a=b", "FOO=last"};
+    std::vector<std::string> host = {"FOO=host", "BAR=host", "SLURM_PROCID=3"};
+    for (auto rule : {EnvironmentRule::docker, EnvironmentRule::pyxis}) {
+        auto env = container_environment(d, host, rule);
+        auto has = [&](const std::string& e) { return std::find(env.begin(), env.end(), e) != env.end(); };
+        CHECK(has("FOO=last"));  // later entries win
+        CHECK_FALSE(has("FOO=bar"));
+        CHECK(has("BAR=given"));
+        CHECK(has("SLURM_PROCID=9"));
+        CHECK(has("HOME=/elsewhere"));
+        CHECK(has("EMPTY="));
+        CHECK(has("EQ=a=b"));
+        CHECK(has("KEEP=image"));
+    }
+}
+
 namespace {
 
 bool has_entry(const std::vector<std::string>& env, const std::string& entry) {
