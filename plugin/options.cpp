@@ -118,7 +118,9 @@ std::string value_problem(int id, const std::string& label, std::string_view val
     if (id == kSave) {
         bool directory = v.back() == '/';
         struct stat sb {};
-        if (!directory && as_user && ::stat(v.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) directory = true;
+        // Only an absolute path: a relative one is the step's to resolve (srun --chdir), in user_init.
+        if (!directory && as_user && v[0] == '/' && ::stat(v.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode))
+            directory = true;
         if (directory) {
             std::string dir = v.back() == '/' ? v : v + "/";
             return "gantry: " + label + "=" + v + ": target is a directory (give a file path, e.g. " + dir +

@@ -260,9 +260,17 @@ refused_quickly() {
   refused_quickly "gantry: --container-name: argument required" --container-image="$TINY" --container-name=
   refused_quickly "gantry: --container-save: argument required" --container-image="$TINY" --container-save=
   refused_quickly "gantry: --container-save=$WORK/dir: target is a directory" --container-image="$TINY" --container-save="$WORK/dir"
-  refused_quickly "gantry: --container-save=dir: target is a directory" --container-image="$TINY" --container-save=dir
   refused_quickly "gantry: --container-save=new/: target is a directory" --container-image="$TINY" --container-save=new/
   [ ! -e "$WORK/new" ]
+  # A relative path names a directory only once the step knows its working directory (srun --chdir):
+  # the step fails before its command runs, and the nodes stay up.
+  run as_user srun -n1 --container-image="$TINY" --container-save=dir touch "$WORK/ran"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -qF "gantry: --container-save=dir: target is a directory (give a file path, e.g. $WORK/dir/image.sqsh)"
+  [ ! -e "$WORK/ran" ]
+  for ((i = 0; i < 100; i++)); do [ "$(sinfo -h -o '%t' | sort -u)" = "idle" ] && break; sleep 0.1; done
+  [ "$(sinfo -h -o '%t' | sort -u)" = "idle" ]
   # The environment forms: Pyxis reports a bad value and runs the job without it; so do we.
   run as_user env PYXIS_CONTAINER_ENV=HOME, srun -n1 --container-image="$TINY" true
   echo "$output"
