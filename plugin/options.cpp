@@ -1,9 +1,14 @@
 // The Pyxis-compatible `--container-*` options (see options.hpp).
 #include "options.hpp"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
+
+#include "gantry/log.hpp"
 
 namespace gantry::plugin {
 namespace {
@@ -36,6 +41,46 @@ void record_error(const std::string& message) {
     if (option_error().empty()) option_error() = message;
 }
 
+// An option refused while Slurm parses the command line: srun (or sbatch) prints the line and stops
+// before any step starts. In slurmstepd the message is kept for task_init as well.
+int refuse(const std::string& message) {
+    record_error(message);
+    slurm_error("%s", message.c_str());
+    return -1;
+}
+
+// What each option wants, for "argument required" (Pyxis refuses every empty value).
+const char* expected_value(int id) {
+    switch (id) {
+        case kImage:
+            return "an image such as ubuntu:24.04, or a squashfs file path";
+        case kMounts:
+            return "SRC[:DST[:FLAGS]][,...]";
+        case kWorkdir:
+            return "a directory inside the container";
+        case kName:
+            return "NAME[:auto|create|exec|no_exec]";
+        case kSave:
+            return "the path of the squashfs file to write";
+        case kEnv:
+            return "NAME[,NAME...]";
+        case kUnshare:
+            return "NAMESPACE[,NAMESPACE...] (net, ipc, uts)";
+        default:
+            return "a value";
+    }
+}
+
+bool has_empty_element(std::string_view list) {
+    size_t start = 0;
+    for (;;) {
+        size_t comma = list.find(',', start);
+        if (comma == start || (comma == std::string_view::npos && start == list.size())) return true;
+        if (comma == std::string_view::npos) return false;
+        start = comma + 1;
+    }
+}
+
 // Slurm may call a callback twice with the same value (sbatch options forwarded through the
 // environment, then the command line): the same value is fine. A different value is an error, except
 // that a value given on an inner srun's command line overrides one inherited from sbatch.
@@ -60,6 +105,31 @@ int set_string(std::optional<std::string>& slot, const char* option, const char*
     return 0;
 }
 
+// The checks Pyxis makes while it parses an option, so that a bad value stops srun before any step
+// starts. `label` names the option as the user gave it (--container-env, PYXIS_CONTAINER_ENV).
+// `as_user`: we run as the user (srun, sbatch, salloc), who may be told whether their path is a
+// directory; slurmstepd (root) leaves that to user_init (resolve_save_path). An empty result: the value is fine.
+std::string value_problem(int id, const std::string& label, std::string_view value, bool as_user) {
+    if (value.empty())
+        return "gantry: " + label + ": argument required (give " + expected_value(id) + ", or leave the option out)";
+    std::string v(value);
+    if ((id == kEnv || id == kMounts || id == kUnshare) && has_empty_element(value))
+        return "gantry: " + label + ": invalid format '" + v + "': an empty element; remove the extra comma";
+    if (id == kSave) {
+        bool directory = v.back() == '/';
+        struct stat sb {};
+        // Only an absolute path: a relative one is the step's to resolve (srun --chdir), in user_init.
+        if (!directory && as_user && v[0] == '/' && ::stat(v.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode))
+            directory = true;
+        if (directory) {
+            std::string dir = v.back() == '/' ? v : v + "/";
+            return "gantry: " + label + "=" + v + ": target is a directory (give a file path, e.g. " + dir +
+                   "image.sqsh)";
+        }
+    }
+    return {};
+}
+
 int set_bool(std::optional<bool>& slot, const char* option, bool value) {
     if (slot && *slot != value) {
         std::string msg = std::string("gantry: conflicting options around --") + option;
@@ -71,14 +141,36 @@ int set_bool(std::optional<bool>& slot, const char* option, bool value) {
     return 0;
 }
 
-int on_option(int val, const char* optarg, int /*remote*/) {
+// The name of an option that takes a value, for messages; nullptr for flags.
+const char* option_name(int id) {
+    switch (id) {
+        case kImage:
+            return "container-image";
+        case kMounts:
+            return "container-mounts";
+        case kWorkdir:
+            return "container-workdir";
+        case kName:
+            return "container-name";
+        case kSave:
+            return "container-save";
+        case kEnv:
+            return "container-env";
+        case kUnshare:
+            return "container-unshare";
+        default:
+            return nullptr;
+    }
+}
+
+int on_option(int val, const char* optarg, int remote) {
     JobOptions& o = options();
+    if (const char* name = option_name(val); name != nullptr) {
+        auto problem = value_problem(val, std::string("--") + name, optarg != nullptr ? optarg : "", remote == 0);
+        if (!problem.empty()) return refuse(problem);
+    }
     switch (val) {
         case kImage:
-            if (optarg == nullptr || *optarg == '\0') {
-                record_error("gantry: --container-image: empty image name");
-                return -1;
-            }
             return set_string(o.image, "container-image", optarg);
         case kMounts: {
             // Several --container-mounts accumulate, like Pyxis.
@@ -147,10 +239,39 @@ std::optional<std::string> job_env(spank_t sp, const std::string& name) {
     return std::string(buf);
 }
 
-std::optional<std::string> env_form(spank_t sp, const char* suffix) {
-    if (auto v = job_env(sp, std::string("GANTRY_CONTAINER_") + suffix)) return v;
-    return job_env(sp, std::string("PYXIS_CONTAINER_") + suffix);
+// The environment form of an option: which variable gave it, and its value.
+struct EnvForm {
+    std::string var;
+    std::string value;
+};
+
+template <typename Lookup>
+std::optional<EnvForm> env_form_from(Lookup&& lookup, const char* suffix) {
+    for (const char* prefix : {"GANTRY_CONTAINER_", "PYXIS_CONTAINER_"}) {
+        std::string var = std::string(prefix) + suffix;
+        if (auto v = lookup(var)) return EnvForm{var, *v};
+    }
+    return std::nullopt;
 }
+
+std::optional<std::string> env_form(spank_t sp, const char* suffix) {
+    auto form = env_form_from([&](const std::string& var) { return job_env(sp, var); }, suffix);
+    if (!form) return std::nullopt;
+    return form->value;
+}
+
+// The options that take a value, with the suffix of their environment form.
+struct ValueOption {
+    int id;
+    const char* suffix;
+    std::optional<std::string> JobOptions::*slot;
+};
+constexpr ValueOption kValueOptions[] = {
+    {kImage, "IMAGE", &JobOptions::image},       {kMounts, "MOUNTS", &JobOptions::mounts},
+    {kWorkdir, "WORKDIR", &JobOptions::workdir}, {kName, "NAME", &JobOptions::name},
+    {kSave, "SAVE", &JobOptions::save},          {kEnv, "ENV", &JobOptions::env},
+    {kUnshare, "UNSHARE", &JobOptions::unshare},
+};
 
 std::optional<bool> env_bool(spank_t sp, const char* suffix) {
     auto v = env_form(sp, suffix);
@@ -182,19 +303,23 @@ struct spank_option* option_table() { return g_table; }
 
 void apply_environment(spank_t sp) {
     JobOptions& o = options();
-    auto fill = [&](std::optional<std::string>& slot, const char* suffix) {
-        if (!slot) slot = env_form(sp, suffix);
-    };
     auto fill_bool = [&](std::optional<bool>& slot, const char* suffix) {
         if (!slot) slot = env_bool(sp, suffix);
     };
-    fill(o.image, "IMAGE");
-    fill(o.mounts, "MOUNTS");
-    fill(o.workdir, "WORKDIR");
-    fill(o.name, "NAME");
-    fill(o.save, "SAVE");
-    fill(o.env, "ENV");
-    fill(o.unshare, "UNSHARE");
+    for (const auto& opt : kValueOptions) {
+        std::optional<std::string>& slot = o.*opt.slot;
+        if (slot) continue;
+        auto form = env_form_from([&](const std::string& var) { return job_env(sp, var); }, opt.suffix);
+        if (!form) continue;
+        // Pyxis reports a bad environment form and goes on without it; srun has told the user
+        // already (check_environment_forms), so here it only reaches slurmd's log.
+        auto problem = value_problem(opt.id, form->var, form->value, false);
+        if (!problem.empty()) {
+            log::warning(problem.substr(std::strlen("gantry: ")) + " (ignored)");
+            continue;
+        }
+        slot = form->value;
+    }
     fill_bool(o.mount_home, "MOUNT_HOME");
     fill_bool(o.remap_root, "REMAP_ROOT");
     fill_bool(o.entrypoint, "ENTRYPOINT");
@@ -202,6 +327,25 @@ void apply_environment(spank_t sp) {
     fill_bool(o.writable, "WRITABLE");
     if (!o.writable) {
         if (auto ro = env_bool(sp, "READONLY")) o.writable = !*ro;
+    }
+}
+
+void check_environment_forms() {
+    const JobOptions& o = options();
+    for (const auto& opt : kValueOptions) {
+        if (o.*opt.slot) continue;  // the command line wins; its value was checked when parsed
+        auto form = env_form_from(
+            [](const std::string& var) -> std::optional<std::string> {
+                const char* v = std::getenv(var.c_str());
+                if (v == nullptr) return std::nullopt;
+                return std::string(v);
+            },
+            opt.suffix);
+        if (!form) continue;
+        auto problem = value_problem(opt.id, form->var, form->value, true);
+        if (!problem.empty())
+            slurm_info("gantry: warning: %s; ignored, as Pyxis does: the job runs as if %s were unset",
+                       problem.substr(std::strlen("gantry: ")).c_str(), form->var.c_str());
     }
 }
 

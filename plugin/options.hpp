@@ -41,6 +41,12 @@ std::string& option_error();
 
 // Fills options not given on the command line from the job environment: GANTRY_CONTAINER_<NAME>, then
 // PYXIS_CONTAINER_<NAME> (e.g. PYXIS_CONTAINER_IMAGE, PYXIS_CONTAINER_MOUNT_HOME=0).
+// A value Pyxis would refuse on the command line (an empty one, an empty element of a list, a
+// --container-save target that is a directory) is left out, as Pyxis leaves it out.
 void apply_environment(spank_t sp);
+
+// In srun, sbatch and salloc (as the user): tells the user about environment forms that
+// apply_environment will leave out, so that a typo in PYXIS_CONTAINER_ENV does not pass silently.
+void check_environment_forms();
 
 }  // namespace gantry::plugin

@@ -99,7 +99,13 @@ GANTRY_EXPORT int slurm_spank_init(spank_t sp, int argc, char** argv) {
 GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
     return guarded("slurm_spank_init_post_opt", [&] {
         switch (spank_context()) {
-            case S_CTX_LOCAL: gantry::plugin::pin_image_digest(sp, g_settings); return 0;
+            case S_CTX_LOCAL:
+                gantry::plugin::check_environment_forms();
+                gantry::plugin::pin_image_digest(sp, g_settings);
+                return 0;
+            case S_CTX_ALLOCATOR:
+                gantry::plugin::check_environment_forms();
+                return 0;
             case S_CTX_REMOTE:
                 gantry::plugin::apply_environment(sp);
                 // Failures are kept and reported by every task (slurm_spank_task_init), so the step
@@ -108,6 +114,14 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
                 return 0;
             default: return 0;
         }
+    });
+}
+
+GANTRY_EXPORT int slurm_spank_user_init(spank_t, int, char**) {
+    return guarded("slurm_spank_user_init", [&] {
+        // Slurm ignores this hook's result; failures are kept for slurm_spank_task_init.
+        if (spank_context() == S_CTX_REMOTE) gantry::plugin::resolve_save_path();
+        return 0;
     });
 }
 

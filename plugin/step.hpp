@@ -26,6 +26,12 @@ void watch_step_signals();
 // container. Errors are kept and reported by join_step, because Slurm ignores some early failures.
 Status prepare_step(spank_t sp, const Settings& settings);
 
+// slurmstepd (remote, slurm_spank_user_init: the job user's euid, in the job's working directory,
+// --chdir included): takes a relative --container-save against that directory, as Pyxis does
+// (SPANK has no item for the directory; the job's PWD is whatever the caller's shell said), and
+// refuses a target that is a directory. Failures are reported by every task.
+void resolve_save_path();
+
 // Each task (remote, job user, before exec): enters the container and sets its environment.
 Status join_step(spank_t sp);
 

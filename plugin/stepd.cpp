@@ -1,9 +1,11 @@
 // The remote (slurmstepd, root) context of a step: pull the image as the job user and create the
 // step's container once per node (prepare_step), stop it after the last local task (task_exited,
 // finish_step, with --container-save). Slurm glue over the launcher library and pull.cpp.
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -89,9 +91,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     st.groups = id->groups;
     uint32_t node = 0;
     if (o.save && item(sp, S_JOB_NODEID, &node) && node == 0) {
-        if (o.save->empty() || (*o.save)[0] != '/')
-            return make_error("--container-save=" + *o.save + ": give an absolute path");
-        st.save_path = *o.save;
+        if (o.save->empty()) return make_error("--container-save: argument required");
+        st.save_path = *o.save;  // a relative path is resolved in user_init (resolve_save_path)
     }
     ContainerSpec spec;
     spec.config = st.config;
@@ -232,6 +233,33 @@ Status prepare_step(spank_t sp, const Settings& settings) {
     auto st = do_prepare(sp, settings);
     if (!st) state().error = "gantry: " + st.error().message;
     return st;
+}
+
+void resolve_save_path() {
+    StepState& st = state();
+    if (st.save_path.empty() || !st.error.empty()) return;
+    std::string path = st.save_path;
+    if (path[0] != '/') {
+        std::string cwd(PATH_MAX, '\0');
+        if (::getcwd(cwd.data(), cwd.size()) == nullptr) {
+            st.error = "gantry: --container-save=" + path +
+                       ": could not read the job's working directory to take the path against; give an absolute path";
+            st.save_path.clear();
+            return;
+        }
+        cwd.resize(std::strlen(cwd.c_str()));
+        path = cwd + (cwd.back() == '/' ? "" : "/") + path;
+    }
+    // As the job user (user_init runs with the user's euid): whether the target is a directory is
+    // theirs to know. srun checked the same path already, but from its own directory and filesystem.
+    struct stat sb {};
+    if (::stat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        st.error = "gantry: --container-save=" + st.save_path + ": target is a directory (give a file path, e.g. " +
+                   path + "/image.sqsh)";
+        st.save_path.clear();
+        return;
+    }
+    st.save_path = path;
 }
 
 void task_exited(spank_t sp, const Settings& settings) {

@@ -230,6 +230,74 @@ JOB
   ! grep -q '^squashfs-root/proc/.' "$WORK/ro.list" || false
 }
 
+# refused_quickly MESSAGE SRUN-ARGS...: srun stops while it parses its options (no job, so well
+# under the time an allocation takes), prints MESSAGE on one line, and every node stays idle.
+refused_quickly() {
+  local message=$1 start elapsed
+  shift
+  start=$(date +%s%N)
+  run as_user timeout 30 srun -n1 "$@" true
+  elapsed=$((($(date +%s%N) - start) / 1000000))
+  echo "srun $* -> status $status in ${elapsed} ms"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$status" -ne 124 ]
+  echo "$output" | grep -qF -- "$message"
+  [ "$elapsed" -lt 5000 ]
+  [ -z "$(squeue -h -u "$U")" ]
+  [ "$(sinfo -h -o '%t' | sort -u)" = "idle" ]
+}
+
+@test "Pyxis's argument checks: empty values, an empty list element, a save target that is a directory" {
+  mkdir "$WORK/dir" && chown "$U" "$WORK/dir"
+  refused_quickly "gantry: --container-workdir: argument required" --container-image="$TINY" --container-workdir=
+  refused_quickly "gantry: --container-env: argument required" --container-image="$TINY" --container-env=
+  refused_quickly "gantry: --container-env: invalid format 'FOO,': an empty element" --container-image="$TINY" --container-env=FOO,
+  refused_quickly "gantry: --container-env: invalid format 'FOO,,BAR'" --container-image="$TINY" --container-env=FOO,,BAR
+  refused_quickly "gantry: --container-image: argument required" --container-image=
+  refused_quickly "gantry: --container-mounts: argument required" --container-image="$TINY" --container-mounts=
+  refused_quickly "gantry: --container-mounts: invalid format '$WORK:/data,'" --container-image="$TINY" --container-mounts="$WORK:/data,"
+  refused_quickly "gantry: --container-name: argument required" --container-image="$TINY" --container-name=
+  refused_quickly "gantry: --container-save: argument required" --container-image="$TINY" --container-save=
+  refused_quickly "gantry: --container-save=$WORK/dir: target is a directory" --container-image="$TINY" --container-save="$WORK/dir"
+  refused_quickly "gantry: --container-save=new/: target is a directory" --container-image="$TINY" --container-save=new/
+  [ ! -e "$WORK/new" ]
+  # A relative path names a directory only once the step knows its working directory (srun --chdir):
+  # the step fails before its command runs, and the nodes stay up.
+  run as_user srun -n1 --container-image="$TINY" --container-save=dir touch "$WORK/ran"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -qF "gantry: --container-save=dir: target is a directory (give a file path, e.g. $WORK/dir/image.sqsh)"
+  [ ! -e "$WORK/ran" ]
+  for ((i = 0; i < 100; i++)); do [ "$(sinfo -h -o '%t' | sort -u)" = "idle" ] && break; sleep 0.1; done
+  [ "$(sinfo -h -o '%t' | sort -u)" = "idle" ]
+  # The environment forms: Pyxis reports a bad value and runs the job without it; so do we.
+  run as_user env PYXIS_CONTAINER_ENV=HOME, srun -n1 --container-image="$TINY" true
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qF "gantry: warning: PYXIS_CONTAINER_ENV: invalid format 'HOME,'"
+}
+
+@test "a relative --container-save (or PYXIS_CONTAINER_SAVE) is taken against the job's working directory" {
+  run as_user srun -n1 --container-image="$TINY" --container-writable --container-save=out.sqsh sh -c 'echo relative > /marker'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ -f "$WORK/out.sqsh" ]
+  [ "$(stat -c %U "$WORK/out.sqsh")" = "$U" ]
+  run as_user srun -n1 --container-image="$WORK/out.sqsh" cat /marker
+  [ "$output" = "relative" ]
+  # srun --chdir: the step's working directory, not the one srun started in.
+  mkdir "$WORK/sub" && chown "$U" "$WORK/sub"
+  run as_user srun -n1 --chdir="$WORK/sub" --container-image="$TINY" --container-save=./chdir.sqsh true
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ -f "$WORK/sub/chdir.sqsh" ]
+  run as_user env PYXIS_CONTAINER_SAVE=env.sqsh srun -n1 --container-image="$TINY" true
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ -f "$WORK/env.sqsh" ]
+}
+
 @test "sbatch: #SBATCH --container-image runs the batch script itself in the container" {
   # In #SBATCH lines '#' starts a comment, so the Docker spelling REGISTRY/IMAGE is the one to use there.
   cat > "$WORK/batch.sh" <<JOB
