@@ -48,6 +48,9 @@ struct ProcessRequest {
     std::vector<Output> outputs;
     size_t stdout_cap = 64 * 1024;
     size_t stderr_cap = 64 * 1024;
+    // PR_SET_NO_NEW_PRIVS before exec: the program (e.g. an image's own ldconfig) can never gain
+    // privileges through setuid bits or file capabilities.
+    bool no_new_privs = false;
     // Polled about every 200 ms while the program runs: true stops it (SIGKILL to its process group).
     std::function<bool()> should_stop;
 };

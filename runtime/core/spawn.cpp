@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -110,6 +111,7 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
             from = static_cast<unsigned>(k) + 1;
         }
         ::close_range(from, ~0U, 0);
+        if (rq.no_new_privs && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(kSetupFailed);
         ::execve(argv[0], argv.data(), envp.data());
         ::_exit(kExecFailed);
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/spawn.hpp"
 #include "gantry/log.hpp"
 #include "internal.hpp"
 
@@ -140,31 +141,16 @@ Status update_ld_cache(Setup& s) {
         log::debug("the image has no ldconfig (not glibc-based?): ld.so cache not updated");
         return {};
     }
-    int err[2];
-    if (::pipe2(err, O_CLOEXEC) != 0) return system_error("creating a pipe");
-    pid_t pid = ::fork();
-    if (pid < 0) return system_error("starting " + ldconfig);
-    if (pid == 0) {
-        int null = ::open("/dev/null", O_RDWR);
-        ::dup2(null, 0);
-        ::dup2(null, 1);
-        ::dup2(err[1], 2);
-        const char* argv[] = {ldconfig.c_str(), "-X", nullptr};
-        const char* envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
-        ::execve(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
-        ::_exit(127);
-    }
-    ::close(err[1]);
-    std::string messages;
-    char buf[1024];
-    ssize_t n;
-    while ((n = ::read(err[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
-        if (n > 0 && messages.size() < 4096) messages.append(buf, static_cast<size_t>(n));
-    ::close(err[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    // A fresh exec of the image's program with nothing of ours but stdio: no descriptor of the holder,
+    // a fixed environment, and no way to gain privileges (NO_NEW_PRIVS) from the image's setuid bits.
+    ProcessRequest rq;
+    rq.argv = {ldconfig, "-X"};
+    rq.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+    rq.no_new_privs = true;
+    auto r = spawn(rq);
+    if (!r) return r.error().wrap("updating the container's ld.so cache");
+    if (r->status != 0) {
+        std::string messages = r->err.empty() ? r->out : r->err;
         auto nl = messages.find('\n');
         return make_error("updating the container's ld.so cache: " + ldconfig + " failed" +
                           (messages.empty() ? "" : ": " + messages.substr(0, nl)));

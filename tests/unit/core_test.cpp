@@ -171,7 +171,9 @@ TEST_CASE("spawn: exit status, stdout and stderr", "[spawn]") {
     CHECK(r->out == "out\n");
     CHECK(r->err == "err\n");
     CHECK_FALSE(gantry::spawn(shell("true")).value().stopped);
-    auto missing = gantry::spawn({{"/nonexistent/program"}, {}, {}, -1, {}, 200, {}, {}, 1024, 1024, {}});
+    gantry::ProcessRequest nothing;
+    nothing.argv = {"/nonexistent/program"};
+    auto missing = gantry::spawn(nothing);
     REQUIRE_FALSE(missing);
     CHECK(missing.error().message.find("could not run /nonexistent/program") != std::string::npos);
     CHECK_FALSE(gantry::spawn(shell("true")).value().stopped);
@@ -230,6 +232,17 @@ TEST_CASE("spawn: descriptors in and out, and nothing else of ours", "[spawn]") 
     auto over = gantry::spawn(big);
     REQUIRE_FALSE(over);
     CHECK(over.error().message.find("wrote too much to its report") != std::string::npos);
+}
+
+TEST_CASE("spawn: no_new_privs reaches the program", "[spawn]") {
+    auto rq = shell("grep NoNewPrivs: /proc/self/status");
+    auto plain = gantry::spawn(rq);
+    REQUIRE(plain);
+    CHECK(plain->out == "NoNewPrivs:\t0\n");
+    rq.no_new_privs = true;
+    auto locked = gantry::spawn(rq);
+    REQUIRE(locked);
+    CHECK(locked->out == "NoNewPrivs:\t1\n");
 }
 
 TEST_CASE("spawn: should_stop kills the program and its process group", "[spawn]") {
