@@ -20,11 +20,6 @@ std::vector<std::string> job_environment(spank_t sp) {
     return env;
 }
 
-std::string last_line(const std::string& text) {
-    std::string t = trim(text);
-    auto nl = t.rfind('\n');
-    return nl == std::string::npos ? t : t.substr(nl + 1);
-}
 
 std::string container_name(const std::string& name, uint32_t jobid, const Settings& settings) {
     // Pyxis naming, so that scripts and admins find the same names.

@@ -99,7 +99,6 @@ inline bool item(spank_t sp, spank_item_t what, T* out) {
 }
 
 std::vector<std::string> job_environment(spank_t sp);
-std::string last_line(const std::string& text);
 std::string container_name(const std::string& name, uint32_t jobid, const Settings& settings);
 Config load_plugin_config(const Settings& settings);
 

@@ -8,6 +8,8 @@
 namespace gantry {
 
 std::string trim(std::string_view s);
+// The last non-empty line of `text`, trimmed (a program's closing message).
+std::string last_line(std::string_view text);
 // Splits on `sep`, trims each piece, drops empty pieces.
 std::vector<std::string> split_list(std::string_view s, char sep);
 bool starts_with(std::string_view s, std::string_view prefix);

@@ -245,26 +245,10 @@ std::optional<std::string> try_read_file(const std::string& path) {
 }
 
 Status write_file_atomic(const std::string& path, const std::string& content, mode_t mode) {
-    std::random_device rd;
-    std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode));
-    if (!fd) return system_error("writing " + tmp);
-    Defer cleanup([&] { ::unlink(tmp.c_str()); });
-    size_t off = 0;
-    while (off < content.size()) {
-        ssize_t n = ::write(fd.get(), content.data() + off, content.size() - off);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return system_error("writing " + tmp);
-        }
-        off += static_cast<size_t>(n);
-    }
-    if (::fchmod(fd.get(), mode) != 0) return system_error("setting mode of " + tmp);
-    if (::fsync(fd.get()) != 0) return system_error("flushing " + tmp);
-    if (::close(fd.release()) != 0) return system_error("closing " + tmp);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) return system_error("renaming " + tmp + " to " + path);
-    cleanup.dismiss();
-    return {};
+    auto slash = path.find_last_of('/');
+    auto dir = Directory::open(dir_of(path));
+    if (!dir) return dir.error().wrap("writing " + path);
+    return write_file_atomic_at(*dir, slash == std::string::npos ? path : path.substr(slash + 1), content, mode);
 }
 
 Status remove_tree(const std::string& path) {

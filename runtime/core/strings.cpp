@@ -5,6 +5,12 @@
 
 namespace gantry {
 
+std::string last_line(std::string_view text) {
+    std::string t = trim(text);
+    auto nl = t.rfind('\n');
+    return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
 std::string trim(std::string_view s) {
     const char* ws = " \t\r\n";
     auto b = s.find_first_not_of(ws);

@@ -20,12 +20,6 @@ namespace {
 // The descriptor of the holder's root in mksquashfs (opened inside the user namespace, see spawn()).
 constexpr int kRootFd = 200;
 
-std::string last_line(const std::string& text) {
-    std::string t = trim(text);
-    auto nl = t.rfind('\n');
-    return nl == std::string::npos ? t : t.substr(nl + 1);
-}
-
 }  // namespace
 
 // The mount points below "/" in a process's view, relative to its root ("proc", "etc/hosts"), decoded

@@ -127,7 +127,7 @@ bool lockable_exclusively(const Directory& dir, const std::string& name, UniqueF
 
 // A staging area's name is the hex digest it produces; anything else there is no producer's.
 bool is_hex_digest(const std::string& name) {
-    return name.size() == 64 && name.find_first_not_of("0123456789abcdef") == std::string::npos;
+    return validate_digest("sha256:" + name).ok();
 }
 
 }  // namespace
