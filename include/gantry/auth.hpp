@@ -59,6 +59,9 @@ std::optional<Credentials> ecr_credentials(const ImageReference& ref);
 // The full chain above, first match wins; what RegistryClient uses when RegistryOptions::credentials
 // is empty. `default_credential_sources()` names the sources for "no credentials found" messages.
 CredentialLookup default_credential_lookup();
+// What the default chain falls back to when the credentials it found are refused: native ECR for an
+// ECR registry (an expired `docker login` token in config.json), nothing elsewhere.
+CredentialLookup default_credential_fallback();
 std::string default_credential_sources();
 
 namespace auth {

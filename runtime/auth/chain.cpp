@@ -20,6 +20,10 @@ CredentialLookup default_credential_lookup() {
     };
 }
 
+CredentialLookup default_credential_fallback() {
+    return [](const ImageReference& ref) -> std::optional<Credentials> { return ecr_credentials(ref); };
+}
+
 std::string default_credential_sources() {
     return docker_config_source() + " (auths, credHelpers, credsStore), " + containers_auth_source() + ", " +
            enroot_credentials_source() + ", native ECR (<acct>.dkr.ecr.<region>.amazonaws.com only)";

@@ -121,11 +121,13 @@ std::vector<AuthChallenge> parse_www_authenticate(std::string_view header) {
 }
 
 Authenticator::Authenticator(CredentialLookup lookup, std::string sources,
-                             std::function<bool(const std::string&)> plain_http_ok, std::string extra_ca_file)
+                             std::function<bool(const std::string&)> plain_http_ok, std::string extra_ca_file,
+                             CredentialLookup fallback)
     : lookup_(std::move(lookup)),
       sources_(std::move(sources)),
       plain_http_ok_(std::move(plain_http_ok)),
-      extra_ca_file_(std::move(extra_ca_file)) {}
+      extra_ca_file_(std::move(extra_ca_file)),
+      fallback_(std::move(fallback)) {}
 
 std::string Authenticator::scope_of(const ImageReference& ref) { return "repository:" + ref.repository + ":pull"; }
 
@@ -165,7 +167,26 @@ Error Authenticator::failure(const ImageReference& ref) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto& creds = credentials_locked(ref);
     if (!creds) return no_credentials(ref);
-    return make_error("authentication to " + ref.registry + " failed (tried: " + creds->source + ")");
+    auto refused = fell_back_.find(ref.user + "@" + ref.registry);
+    return make_error("authentication to " + ref.registry + " failed (tried: " +
+                      (refused != fell_back_.end() && !refused->second.empty() ? refused->second + ", then " : "") +
+                      creds->source + ")");
+}
+
+// Credentials that were refused give way, once, to the fallback's: a `docker login` token for ECR in
+// config.json lives 12 hours, after which native ECR (the node's IAM role) is what still works.
+bool Authenticator::fall_back_locked(const ImageReference& ref) {
+    const std::string key = ref.user + "@" + ref.registry;
+    if (!fallback_ || fell_back_.count(key) != 0) return false;
+    const auto& refused = credentials_locked(ref);
+    std::string refused_source = refused ? refused->source : std::string();
+    fell_back_[key] = refused_source;
+    auto next = fallback_(ref);
+    if (!next || (refused && next->source == refused->source)) return false;
+    log::warning("the credentials for " + ref.registry + " from " + refused_source +
+                 " were refused (an expired `docker login` token?); using " + next->source + " instead");
+    credentials_[key] = std::move(next);
+    return true;
 }
 
 Status Authenticator::fetch_token_locked(http::HttpConnection& conn, const ImageReference& ref,
@@ -269,8 +290,14 @@ Status Authenticator::on_unauthorized(http::HttpConnection& conn, const ImageRef
         if (!creds->identity_token.empty())
             return make_error(ref.registry + " asks for Basic authentication, but the credentials from " + creds->source +
                               " are an identity token (usable only with a Bearer token service)");
-        if (state.scheme == RegistryState::Scheme::basic && !sent.empty())
-            return make_error("authentication to " + ref.registry + " failed (tried: " + creds->source + ")");
+        if (state.scheme == RegistryState::Scheme::basic && !sent.empty()) {
+            if (fall_back_locked(ref)) return {};
+            const auto& now = credentials_locked(ref);
+            auto refused = fell_back_.find(ref.user + "@" + ref.registry);
+            bool other = refused != fell_back_.end() && now && refused->second != now->source;
+            return make_error("authentication to " + ref.registry + " failed (tried: " +
+                              (other ? refused->second + ", then " : "") + (now ? now->source : creds->source) + ")");
+        }
         state.scheme = RegistryState::Scheme::basic;
         return {};
     }

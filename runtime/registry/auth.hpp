@@ -20,8 +20,10 @@ class Authenticator {
 public:
     // `plain_http_ok(host)`: whether a token realm on that host may be reached without TLS.
     // `extra_ca_file`: gantry.conf's ca_bundle, for the identity-token POST to the realm.
+    // `fallback`: asked once per user@registry when the credentials `lookup` found are refused (the
+    // default chain's: native ECR for an ECR registry, after an expired `docker login` token).
     Authenticator(CredentialLookup lookup, std::string sources, std::function<bool(const std::string&)> plain_http_ok,
-                  std::string extra_ca_file = {});
+                  std::string extra_ca_file = {}, CredentialLookup fallback = {});
 
     // The Authorization value to send for ref's repository now; empty: anonymous.
     std::string authorization(const ImageReference& ref);
@@ -46,6 +48,7 @@ private:
     const std::optional<Credentials>& credentials_locked(const ImageReference& ref);
     Status fetch_token_locked(http::HttpConnection& conn, const ImageReference& ref, const AuthChallenge& c);
     Error no_credentials(const ImageReference& ref) const;
+    bool fall_back_locked(const ImageReference& ref);
     static std::string scope_of(const ImageReference& ref);
 
     std::mutex mutex_;
@@ -56,6 +59,8 @@ private:
     std::map<std::string, RegistryState> registries_;
     std::map<std::string, Token> tokens_;  // by registry + " " + scope
     std::map<std::string, std::optional<Credentials>> credentials_;  // by user@registry
+    CredentialLookup fallback_;
+    std::map<std::string, std::string> fell_back_;  // user@registry -> the refused source
 };
 
 }  // namespace gantry

@@ -72,7 +72,8 @@ RegistryClient::Impl::Impl(const Config& cfg, RegistryOptions opts)
       options(std::move(opts)),
       transport(http::make_transport(transport_settings(cfg))),
       auth(options.credentials ? options.credentials : default_credential_lookup(), sources_for(options),
-           [this](const std::string& host) { return plain_http_ok(host); }, config.ca_bundle) {
+           [this](const std::string& host) { return plain_http_ok(host); }, config.ca_bundle,
+           options.credentials ? CredentialLookup{} : default_credential_fallback()) {
     if (auto st = check_readable(config.ca_bundle, "ca_bundle in gantry.conf"); !st) settings_status = st;
     if (auto st = check_readable(env("SSL_CERT_FILE"), "SSL_CERT_FILE"); !st) settings_status = st;
     if (options.max_attempts < 1) options.max_attempts = 1;

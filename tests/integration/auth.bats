@@ -368,6 +368,34 @@ PY
   ! echo "$output" | grep -q "not-the-secret" || false
 }
 
+@test "native ECR: an expired docker-login token in config.json gives way to native ECR, in one line" {
+  start_ecr
+  # What `aws ecr get-login-password | docker login` leaves behind: a token ECR stopped accepting.
+  mkdir -p "$HOME/.docker"
+  printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$GANTRY_TEST_REGISTRY_TLS" "$(b64 "AWS:expired-docker-login-token")" \
+    >"$HOME/.docker/config.json"
+  # Without AWS credentials there is nothing to fall back to: the message names the refused source.
+  pull
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"authentication to $GANTRY_TEST_REGISTRY_TLS failed (tried: ~/.docker/config.json)"* ]]
+  [ "$(tokens_issued)" = 0 ]
+  # With them, the refused token gives way to native ECR and the pull succeeds.
+  export AWS_ACCESS_KEY_ID=$AKID AWS_SECRET_ACCESS_KEY=$SECRET
+  pull
+  pulled_ok
+  [[ "$output" == *"the credentials for $GANTRY_TEST_REGISTRY_TLS from ~/.docker/config.json were refused (an expired \`docker login\` token?); using native ECR (GetAuthorizationToken) instead"* ]]
+  [ "$(echo "$output" | grep -c "were refused")" = 1 ]
+  [ "$(tokens_issued)" = 1 ]
+  no_secret
+  # A non-ECR registry never falls through: the same refused entry for the plain registry stays an error.
+  unset GANTRY_TEST_ECR_REGISTRIES
+  rm -rf "$STORE" "$HOME/.cache"
+  pull
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"authentication to $GANTRY_TEST_REGISTRY_TLS failed (tried: ~/.docker/config.json)"* ]]
+  [ "$(tokens_issued)" = 1 ]
+}
+
 @test "native ECR: clock skew is reported as such" {
   start_ecr --clock-offset 3600
   export AWS_ACCESS_KEY_ID=$AKID AWS_SECRET_ACCESS_KEY=$SECRET
