@@ -42,6 +42,10 @@ struct Config {
     std::string scratch_path = "/tmp";
     // auto | kernel | fuse | extract
     std::string mount_backend = "auto";
+    // When a tag is resolved at the registry: always (every pull, the default), missing (only when the
+    // store has no record of the tag), never (the store only). A digest-pinned reference whose image
+    // is stored never needs the registry.
+    std::string pull_policy = "always";
     // Kernel backend: seconds a node-wide image mount stays after its last container left (reused
     // by later steps and jobs meanwhile); 0 releases it as soon as it is idle.
     int mount_idle_seconds = 300;

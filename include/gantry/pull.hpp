@@ -26,8 +26,18 @@ struct PullProgress {
     std::string note;          // e.g. who holds the producer lock while waiting
 };
 
+// When to ask the registry what a tag names (docker/podman's --pull). Digest-pinned references whose
+// image is stored are served from the store under every policy: their content cannot change.
+enum class PullPolicy { always, missing, never };
+Result<PullPolicy> parse_pull_policy(const std::string& text);
+
 struct PullOptions {
     Platform platform = Platform::host();
+    PullPolicy policy = PullPolicy::always;
+    // The registry's answer is what authorizes the caller (the store owner's half of a plugin pull,
+    // for a job user who cannot read the store): every pull then resolves at the registry with the
+    // caller's credentials, whatever the policy.
+    bool registry_authorizes = false;
     CredentialLookup credentials;  // empty: the registry client's default sources
     std::string credential_sources;  // names what `credentials` consults, for "no credentials" messages
     std::function<void(const PullProgress&)> on_progress;

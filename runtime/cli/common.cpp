@@ -96,8 +96,22 @@ Result<ImageStore> open_store(const Config& config, const std::string& store_opt
     return ImageStore::open(ImageStore::resolve_path(config, store_option), create, config);
 }
 
+Result<PullPolicy> pull_policy(const Config& config, const std::optional<std::string>& option) {
+    if (option) {
+        auto p = parse_pull_policy(*option);
+        if (!p) return p.error().wrap("--pull");
+        return p;
+    }
+    if (const char* env = std::getenv("GANTRY_PULL_POLICY"); env != nullptr && *env != '\0') {
+        auto p = parse_pull_policy(env);
+        if (!p) return p.error().wrap("GANTRY_PULL_POLICY");
+        return p;
+    }
+    return parse_pull_policy(config.pull_policy);
+}
+
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
-                                             const std::string& image, bool quiet) {
+                                             const std::string& image, bool quiet, PullPolicy policy) {
     RunnableImage out;
     if (is_local_image_path(image)) {
         if (::access(image.c_str(), R_OK) != 0) return system_error("opening image file " + image);
@@ -109,6 +123,7 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     auto store = open_store(config, store_option, true);
     if (!store) return store.error();
     PullOptions opts;
+    opts.policy = policy;
     ProgressPrinter printer(quiet);
     opts.on_progress = [&](const PullProgress& p) { printer.show(p); };
     auto pulled = pull_image(config, *store, *ref, opts);

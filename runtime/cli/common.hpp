@@ -8,6 +8,7 @@
 
 #include "gantry/config.hpp"
 #include "gantry/image_config.hpp"
+#include "gantry/pull.hpp"
 #include "gantry/result.hpp"
 #include "gantry/store.hpp"
 
@@ -42,7 +43,11 @@ struct RunnableImage {
 // A path starting with '.' or '/' is a local squashfs file; anything else is a registry reference that
 // is pulled into the store unless already there.
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
-                                             const std::string& image, bool quiet);
+                                             const std::string& image, bool quiet, PullPolicy policy);
+
+// The pull policy: --pull=POLICY, else GANTRY_PULL_POLICY (how a job's environment sets it for the
+// plugin's pulls), else gantry.conf's pull_policy.
+Result<PullPolicy> pull_policy(const Config& config, const std::optional<std::string>& option);
 
 // Exit statuses of the image verbs and doctor (gantry(1), EXIT STATUS): 1 the operation failed, 2 the
 // command line is wrong (unknown option, missing or extra operand, malformed option value).

@@ -163,6 +163,7 @@ int cmd_pull(std::vector<std::string> args) {
     auto store_opt = take_option(args, "--store");
     auto platform_opt = take_option(args, "--platform");
     bool quiet = take_flag(args, "--quiet") || take_flag(args, "-q");
+    auto pull_opt = take_option(args, "--pull");
     // Hidden: the plugin's side of a pull (plugin/step.cpp): the typed report (include/gantry/pull_report.hpp)
     // and the two halves of a pull into a trusted store (see credentials_to_json).
     auto report_opt = take_option(args, "--report-fd");
@@ -199,6 +200,9 @@ int cmd_pull(std::vector<std::string> args) {
     auto config = load_config();
     if (!config) return finish(PullErrorKind::usage, config.error());
     PullOptions opts;
+    auto policy = pull_policy(*config, pull_opt);
+    if (!policy) return finish_usage(policy.error());
+    opts.policy = *policy;
     if (platform_opt) {
         auto p = Platform::parse(*platform_opt);
         if (!p) return finish_usage(p.error().wrap("pull: --platform"));
@@ -212,6 +216,7 @@ int cmd_pull(std::vector<std::string> args) {
         auto lookup = credentials_from_json(*text);
         if (!lookup) return finish(PullErrorKind::usage, lookup.error());
         opts.credentials = std::move(*lookup);
+        opts.registry_authorizes = true;  // the job user's credentials, checked at the registry every time
         opts.credential_sources = "the job user's credentials handed over by the plugin (" +
                                   std::string(*text == "{}" ? "none" : "for one registry") + ")";
     }
@@ -399,13 +404,15 @@ int cmd_gc(std::vector<std::string> args) {
 }
 
 const Registration reg_pull({"pull",
-                             "pull [--store DIR] [--platform OS/ARCH] [--quiet] IMAGE   fetch an image into the store",
+                             "pull [--store DIR] [--platform OS/ARCH] [--pull POLICY] [--quiet] IMAGE   fetch an image into the store",
                              "usage: gantry pull [OPTIONS] IMAGE\n"
                              "Fetches IMAGE (a registry reference) into the store as one squashfs file and prints\n"
                              "'<digest> <squashfs path>'.\n\n"
                              "options:\n"
                              "  --store DIR                     the image store (default: gantry.conf's store_path)\n"
                              "  --platform OS/ARCH[/VARIANT]    the platform to pick from a multi-platform image\n"
+                             "  --pull always|missing|never     when to ask the registry what a tag names (default:\n"
+                             "                                  GANTRY_PULL_POLICY, else gantry.conf's pull_policy)\n"
                              "  -q, --quiet                     no progress\n"
                              "  -h, --help                      print this help\n",
                              cmd_pull});

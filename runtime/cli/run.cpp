@@ -93,6 +93,7 @@ int run_verb(const std::vector<std::string>& args) {
     spec.config = *config;
     ProcessSpec process;
     std::string image_file, config_file, store_option;
+    std::optional<std::string> pull_option;
     OptionReader opts(args);
     while (!opts.done()) {
         std::string o = opts.next();
@@ -136,6 +137,8 @@ int run_verb(const std::vector<std::string>& args) {
         else if (o == "--detach" || o == "-d") spec.detach = true;
         else if (o == "--store")
             st = take([&](const std::string& v) -> Status { store_option = v; return {}; });
+        else if (o == "--pull")
+            st = take([&](const std::string& v) -> Status { pull_option = v; return {}; });
         else if (o == "--image-file")
             st = take([&](const std::string& v) -> Status { image_file = v; return {}; });
         else if (o == "--config-file")
@@ -154,7 +157,9 @@ int run_verb(const std::vector<std::string>& args) {
     } else if (image[0] != '/' && image[0] != '.') {
         image = "./" + image;
     }
-    auto resolved = resolve_runnable_image(spec.config, store_option, image, false);
+    auto policy = pull_policy(spec.config, pull_option);
+    if (!policy) return setup_failed(policy.error());
+    auto resolved = resolve_runnable_image(spec.config, store_option, image, false, *policy);
     if (!resolved) return setup_failed(resolved.error());
     spec.image_path = resolved->squashfs_path;
     // A store image is trusted when the store is; a local file only when it is root-owned all the way
@@ -309,6 +314,9 @@ const Registration run_registration(
      "  --name NAME              name the container, so gantry exec/stop/ps find it\n"
      "  -d, --detach             keep the container running (needs --name; stop it with gantry stop)\n"
      "  --store DIR              the image store (default: gantry.conf's store_path)\n"
+     "  --pull POLICY            always (resolve the tag at the registry), missing (only if never\n"
+     "                           resolved), never (the store only); default: GANTRY_PULL_POLICY, else\n"
+     "                           gantry.conf's pull_policy (always). A stored digest needs no registry\n"
      "  --image-file FILE        run this squashfs file (instead of the IMAGE operand)\n"
      "  --config-file FILE       the image config (JSON) for a squashfs file\n"
      "  -h, --help               print this help\n\n"

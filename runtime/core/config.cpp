@@ -88,6 +88,12 @@ const std::map<std::string, Setter>& setters() {
              c.mount_backend = v;
              return {};
          }},
+        {"pull_policy",
+         [](Config& c, const std::string& v) -> Status {
+             GANTRY_TRY(one_of(v, {"always", "missing", "never"}));
+             c.pull_policy = v;
+             return {};
+         }},
         {"mount_idle_seconds",
          [](Config& c, const std::string& v) -> Status {
              auto n = parse_int(v, 0, 7 * 24 * 3600);

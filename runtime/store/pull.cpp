@@ -65,6 +65,32 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
 
 }  // namespace
 
+Result<PullPolicy> parse_pull_policy(const std::string& text) {
+    if (text == "always") return PullPolicy::always;
+    if (text == "missing") return PullPolicy::missing;
+    if (text == "never") return PullPolicy::never;
+    return make_error("unknown pull policy '" + text + "' (valid: always, missing, never)");
+}
+
+namespace {
+
+// The image the store can serve for `ref` without the registry, under `policy`: a digest-pinned
+// reference by its own digest (or the platform manifest it was resolved to before), a tag by the
+// store's last resolution unless the policy is `always`. Both records pass the store's owner rule
+// (lookup_tag, find), so another user cannot redirect a tag to an image of their choosing.
+std::optional<std::string> stored_digest(const ImageStore& store, const ImageReference& ref, PullPolicy policy) {
+    if (!ref.digest.empty()) {
+        if (store.find(ref.digest)) return ref.digest;
+    } else if (policy == PullPolicy::always) {
+        return std::nullopt;
+    }
+    auto record = store.lookup_tag(ref);
+    if (record && validate_digest(record->digest) && store.find(record->digest)) return record->digest;
+    return std::nullopt;
+}
+
+}  // namespace
+
 SquashfsOptions squashfs_options(const Config& config) {
     SquashfsOptions o;
     o.compressor = config.compressor;
@@ -99,6 +125,27 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     ropts.cancel = &cancel;
     ropts.on_progress = [&](uint64_t done) { bytes_done = done; };
     RegistryClient client(config, ropts);
+
+    // A stored digest-pinned image, or a tag under `missing`/`never`, needs no network at all, unless
+    // the registry must vouch for the caller: a private_images store (users cannot read its files, so
+    // only a registry that lets them pull the image may hand it over) or a pull on someone's behalf.
+    const bool registry_authorizes = options.registry_authorizes || config.private_images;
+    if (registry_authorizes && options.policy == PullPolicy::never)
+        return make_error("the pull policy 'never' is not available for " + ref.str() +
+                          ": in this store every pull is authorized by the registry (private_images or a "
+                          "store_owner pull); use --pull=always or missing");
+    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy)) {
+        store.touch(*stored);
+        PullResult result;
+        result.digest = *stored;
+        result.squashfs_path = store.squashfs_path(*stored);
+        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+        return result;
+    }
+    if (options.policy == PullPolicy::never)
+        return make_error(ref.str() + " is not in the store " + store.root() +
+                          " and the pull policy is 'never'; pull it first (gantry pull " + ref.str() +
+                          ") or use --pull=missing");
 
     // Only the manifest (never a blob) is fetched before the store and the producer lock are
     // consulted: waiters and cache hits cost the registry one manifest request each.

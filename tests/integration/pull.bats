@@ -255,3 +255,41 @@ compare_with_reference() {
   # The 300 kB layer was never asked for.
   [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$layer")" -eq "$before" ]
 }
+
+@test "pull policy: a stored digest and --pull=never/missing run with no network at all; always needs the registry" {
+  local tag="$REG/$GANTRY_TEST_IMAGE_TINY" pinned="$REG/${GANTRY_TEST_IMAGE_TINY%:*}@$GANTRY_TEST_DIGEST_TINY"
+  run "$GANTRY" pull --quiet --store "$STORE" "$tag"
+  [ "$status" -eq 0 ]
+  # `unshare -n`: a network namespace with nothing in it, not even loopback: any registry request fails.
+  offline() { run unshare -n "$@"; }
+  offline "$GANTRY" run --store "$STORE" "$pinned" sh -c 'echo ran-offline'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" == *ran-offline* ]]
+  offline "$GANTRY" run --store "$STORE" --pull=never "$tag" true
+  [ "$status" -eq 0 ]
+  GANTRY_PULL_POLICY=missing offline "$GANTRY" run --store "$STORE" "$tag" true
+  [ "$status" -eq 0 ]
+  offline "$GANTRY" pull --quiet --store "$STORE" --pull=missing "$tag"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$GANTRY_TEST_DIGEST_TINY" ]
+  # The default (always) asks the registry what the tag names now: offline, that fails.
+  offline "$GANTRY" run --store "$STORE" "$tag" true
+  [ "$status" -ne 0 ]
+  # never: an image the store has not got is an error that says what to do, without trying the network.
+  offline "$GANTRY" run --store "$STORE" --pull=never "$REG/gantry-test/not-there:1" true
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"is not in the store $STORE and the pull policy is 'never'; pull it first (gantry pull $REG/gantry-test/not-there:1)"* ]]
+  # A bad policy is a usage error naming the option.
+  run "$GANTRY" pull --store "$STORE" --pull=sometimes "$tag"
+  [ "$status" -eq 2 ]
+  [[ "$output" == *"--pull: unknown pull policy 'sometimes' (valid: always, missing, never)"* ]]
+  # private_images: the registry vouches for every pull, so `never` is refused and a stored tag is
+  # resolved again (the registry is asked even under `missing`).
+  printf 'private_images = 1\n' >"$T/private.conf"
+  GANTRY_CONFIG=$T/private.conf offline "$GANTRY" pull --quiet --store "$STORE" --pull=missing "$tag"
+  [ "$status" -ne 0 ]
+  GANTRY_CONFIG=$T/private.conf offline "$GANTRY" pull --quiet --store "$STORE" --pull=never "$tag"
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"the pull policy 'never' is not available"* ]]
+}
