@@ -355,11 +355,12 @@ TEST_CASE("slurm release from slurmd -V and scontrol --version") {
 }
 
 TEST_CASE("Error::wrap keeps the registry's HTTP status and errno under the added context", "[core][result]") {
-    Error e = make_error("resolving r/x:missing: HTTP 404 MANIFEST_UNKNOWN (manifest unknown)");
+    using gantry::Error;
+    Error e = gantry::make_error("resolving r/x:missing: HTTP 404 MANIFEST_UNKNOWN (manifest unknown)");
     e.http_status = 404;
     Error w = e.wrap("failed to import docker image r/x:missing").wrap("outer");
     CHECK(w.http_status == 404);
     CHECK(w.message == "outer: failed to import docker image r/x:missing: " + e.message);
-    CHECK(make_error("no status").wrap("x").http_status == 0);
-    CHECK(system_error("opening f", ENOENT).wrap("y").errnum == ENOENT);
+    CHECK(gantry::make_error("no status").wrap("x").http_status == 0);
+    CHECK(gantry::system_error("opening f", ENOENT).wrap("y").errnum == ENOENT);
 }
