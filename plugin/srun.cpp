@@ -27,10 +27,10 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
     // With --container-name, an existing container may make the image irrelevant (it is not imported
     // again): the nodes know, srun does not, so node 0 tells the user instead (join_step).
     bool named = o.name.has_value();
-    if (!named) tell_user("gantry: importing docker image: " + *o.image);
+    Config config = load_plugin_config(settings);
+    if (!named && config.import_messages) tell_user("gantry: importing docker image: " + *o.image);
     auto ref = parse_reference(*o.image);
     if (!ref || !ref->digest.empty()) return {};  // a bad name is reported by the nodes, in Pyxis's words
-    Config config = load_plugin_config(settings);
     // srun waits for this: one quick try, and the nodes resolve the tag themselves when it fails.
     RegistryOptions quick;
     quick.max_attempts = 2;

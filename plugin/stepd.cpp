@@ -134,8 +134,10 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                                  : pull_as_user(settings, *id, *store_root, image, env);
         if (!pulled) return pulled.error();
         // srun announced the import unless a named container might have made it unnecessary.
-        if (o.name) tell_user("importing docker image: " + *o.image);
-        tell_user("imported docker image: " + *o.image);
+        if (st.config.import_messages) {
+            if (o.name) tell_user("importing docker image: " + *o.image);
+            tell_user("imported docker image: " + *o.image);
+        }
         auto cfg = parse_image_config(pulled->config_json);
         if (!cfg) return cfg.error().wrap("failed to import docker image " + image);
         st.digest = pulled->digest;
