@@ -27,10 +27,10 @@ struct Error {
 
 // An error from errno after a failing system call: "<what>: <strerror(errno)>".
 inline Error system_error(const std::string& what, int err = errno) {
-    return Error{what + ": " + std::strerror(err), err};
+    return Error{what + ": " + std::strerror(err), err, 0};
 }
 
-inline Error make_error(std::string message) { return Error{std::move(message), 0}; }
+inline Error make_error(std::string message) { return Error{std::move(message), 0, 0}; }
 
 // A minimal expected<T, Error> (std::expected is C++23; Debian 12's g++ 12 lacks it).
 template <typename T>
