@@ -31,7 +31,7 @@ manifest_requests() {
 
 @test "a cold pull with -N2 -n4 shows 'importing' and 'imported' exactly once on srun's terminal" {
   name="compat-cold-$RANDOM$RANDOM"
-  gantry_fresh_image "$WORK/img" "$name" >/dev/null
+  gantry_fresh_image "$WORK" "$name" >/dev/null
   image="$REG#gantry-test/$name"
   as_user srun -N2 -n4 --container-image="$image" cat /unique/id >"$WORK/out" 2>"$WORK/err"
   echo "--- stdout"; cat "$WORK/out"; echo "--- stderr"; cat "$WORK/err"
