@@ -101,8 +101,8 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
         switch (spank_context()) {
             case S_CTX_LOCAL:
                 gantry::plugin::check_environment_forms();
-                gantry::plugin::pin_image_digest(sp, g_settings);
-                return 0;
+                // Already printed on srun's terminal (srun.cpp): srun adds its own line and stops.
+                return gantry::plugin::pin_image_digest(sp, g_settings) ? 0 : -1;
             case S_CTX_ALLOCATOR:
                 gantry::plugin::check_environment_forms();
                 return 0;

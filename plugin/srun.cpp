@@ -1,4 +1,8 @@
-// The local (srun) context: resolve the image's tag once for the whole step.
+// The local (srun) context: what the user sees before the step starts, and the image's tag resolved
+// once for the whole step. srun's stderr is the user's terminal, so a line written here is shown once
+// per step, whatever the number of nodes and tasks.
+#include <unistd.h>
+
 #include <string>
 
 #include "gantry/reference.hpp"
@@ -8,19 +12,43 @@
 #include "step_internal.hpp"
 
 namespace gantry::plugin {
+namespace {
 
-void pin_image_digest(spank_t sp, const Settings& settings) {
+void tell_user(const std::string& line) {
+    std::string text = line + "\n";
+    (void)!::write(STDERR_FILENO, text.data(), text.size());
+}
+
+}  // namespace
+
+Status pin_image_digest(spank_t sp, const Settings& settings) {
     JobOptions& o = options();
-    if (!o.image || is_local_image_path(*o.image)) return;
-    auto ref = parse_reference(*o.image);
-    if (!ref || !ref->digest.empty()) return;
+    if (!o.image || is_local_image_path(*o.image)) return {};
+    // With --container-name, an existing container may make the image irrelevant (it is not imported
+    // again): the nodes know, srun does not, so node 0 tells the user instead (join_step).
+    bool named = o.name.has_value();
     Config config = load_plugin_config(settings);
+    if (!named && config.import_messages) tell_user("gantry: importing docker image: " + *o.image);
+    auto ref = parse_reference(*o.image);
+    if (!ref || !ref->digest.empty()) return {};  // a bad name is reported by the nodes, in Pyxis's words
     // srun waits for this: one quick try, and the nodes resolve the tag themselves when it fails.
     RegistryOptions quick;
     quick.max_attempts = 2;
     RegistryClient client(config, quick);
     auto digest = client.resolve_digest(*ref, Platform::host());
-    if (digest) spank_setenv(sp, kDigestVar, digest->c_str(), 1);
+    if (digest) {
+        spank_setenv(sp, kDigestVar, digest->c_str(), 1);
+        return {};
+    }
+    // The registry's final word that the tag does not exist: every node would ask again and every
+    // task print the same error, so the step ends here, with one request and one line. Anything else
+    // (unreachable from the login node, credentials only the nodes have) is left to the nodes.
+    if (digest.error().http_status == 404 && !named) {
+        Error e = digest.error().wrap("failed to import docker image " + *o.image);
+        tell_user("gantry: " + e.message);
+        return e;
+    }
+    return {};
 }
 
 }  // namespace gantry::plugin

@@ -13,10 +13,12 @@ extern "C" {
 
 namespace gantry::plugin {
 
-// srun (local context): resolves the image's tag to a digest once for the whole step and hands the
-// digest to every node through the job environment, so all ranks run the same image even if the
-// tag moves while the step starts. Best effort: nodes resolve it themselves when this fails.
-void pin_image_digest(spank_t sp, const Settings& settings);
+// srun (local context): tells the user the image is being imported, resolves the image's tag to a
+// digest once for the whole step and hands the digest to every node through the job environment, so
+// all ranks run the same image even if the tag moves while the step starts. Best effort: nodes resolve
+// it themselves when this fails, except when the registry says the tag does not exist (HTTP 404):
+// then the error is printed once here and the step does not start.
+Status pin_image_digest(spank_t sp, const Settings& settings);
 
 // slurmstepd (remote, in slurm_spank_init, before anything else): notes slurmstepd's own threads, so
 // that a pull can tell when Slurm asks to signal or end the step and stop (step.cpp, StepSignals).

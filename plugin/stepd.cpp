@@ -57,6 +57,13 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         name = container_name(name, id->jobid, settings);
     }
 
+    // Lines for the user's terminal, from node 0 only: the first task there prints them (join_step).
+    uint32_t node_id = 0;
+    bool first_node = item(sp, S_JOB_NODEID, &node_id) && node_id == 0;
+    auto tell_user = [&](const std::string& line) {
+        if (first_node) st.notices += "gantry: " + line + "\n";
+    };
+
     // An existing named container is reused (auto, exec) or replaced (create).
     if (!name.empty()) {
         auto existing = Container::open(name, st.config);
@@ -69,6 +76,10 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                 st.run_on_host = true;
                 return {};
             }
+            // Its mounts were made when it was created; Pyxis scripts grep for this phrase.
+            if (o.mounts)
+                tell_user("warning: ignoring --container-mounts: container " + *o.name +
+                          " already exists and keeps the mounts it was created with");
             st.joined = existing->state();
             existing->release();
             return {};
@@ -122,6 +133,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env)
                                  : pull_as_user(settings, *id, *store_root, image, env);
         if (!pulled) return pulled.error();
+        // srun announced the import unless a named container might have made it unnecessary.
+        if (st.config.import_messages) {
+            if (o.name) tell_user("importing docker image: " + *o.image);
+            tell_user("imported docker image: " + *o.image);
+        }
         auto cfg = parse_image_config(pulled->config_json);
         if (!cfg) return cfg.error().wrap("failed to import docker image " + image);
         st.digest = pulled->digest;

@@ -18,8 +18,12 @@ namespace gantry::plugin {
 Status join_step(spank_t sp) {
     StepState& st = state();
     if (!st.error.empty()) return make_error(st.error.substr(8));
-    if (st.run_on_host || st.joined.holder_pid <= 0) return {};
     std::vector<std::string> before = job_environment(sp);
+    // slurmstepd's own output while it prepared the step never reaches srun; a task's stderr does.
+    // Only node 0 has notices, and only its first task prints them: once per step.
+    if (!st.notices.empty() && find_env(before, "SLURM_LOCALID").value_or("") == "0")
+        (void)!::write(STDERR_FILENO, st.notices.data(), st.notices.size());
+    if (st.run_on_host || st.joined.holder_pid <= 0) return {};
     // --- devices (issue 7): the selection's warnings, once per step, on the user's terminal ---
     if (!st.device_warnings.empty() && find_env(before, "SLURM_LOCALID").value_or("") == "0")
         (void)!::write(STDERR_FILENO, st.device_warnings.data(), st.device_warnings.size());

@@ -75,6 +75,9 @@ struct Config {
     // container also gets Slurm's configuration directory, the munge socket directory and the SPANK
     // plugin itself, read-only at their host paths (the image brings the Slurm client).
     bool batch_srun = true;
+    // Pyxis's "importing docker image" / "imported docker image" lines on srun's terminal, once per
+    // step (docs/user.md, "What is printed"). Off: srun's output is only the tasks' (some test suites).
+    bool import_messages = true;
 
     // Path the values were read from, empty for built-in defaults.
     std::string source;

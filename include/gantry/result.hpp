@@ -15,17 +15,22 @@ namespace gantry {
 struct Error {
     std::string message;  // "what I was doing, on what: why", without the "gantry: " prefix
     int errnum = 0;       // errno of the failing system call, 0 when not a system error
+    // The registry's HTTP status when it answered with an error (404: it has no such manifest or blob),
+    // 0 otherwise. Lets a caller tell a final answer from a failed transfer without reading the text.
+    int http_status = 0;
 
     // Adds the caller's context in front: wrap("pulling ubuntu") -> "pulling ubuntu: <message>".
-    [[nodiscard]] Error wrap(const std::string& context) const { return Error{context + ": " + message, errnum}; }
+    [[nodiscard]] Error wrap(const std::string& context) const {
+        return Error{context + ": " + message, errnum, http_status};
+    }
 };
 
 // An error from errno after a failing system call: "<what>: <strerror(errno)>".
 inline Error system_error(const std::string& what, int err = errno) {
-    return Error{what + ": " + std::strerror(err), err};
+    return Error{what + ": " + std::strerror(err), err, 0};
 }
 
-inline Error make_error(std::string message) { return Error{std::move(message), 0}; }
+inline Error make_error(std::string message) { return Error{std::move(message), 0, 0}; }
 
 // A minimal expected<T, Error> (std::expected is C++23; Debian 12's g++ 12 lacks it).
 template <typename T>

@@ -144,6 +144,7 @@ const std::map<std::string, Setter>& setters() {
         {"efa", bool_key(&Config::efa)},
         {"efa_host_libs", bool_key(&Config::efa_host_libs)},
         {"pmix", bool_key(&Config::pmix)},
+        {"import_messages", bool_key(&Config::import_messages)},
         {"batch_srun", bool_key(&Config::batch_srun)},
         {"private_images", bool_key(&Config::private_images)},
         {"pytorch", bool_key(&Config::pytorch)},

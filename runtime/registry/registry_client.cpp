@@ -181,7 +181,9 @@ Error RegistryClient::Impl::failure(const std::string& what, const http::Respons
     } else if (r.status >= 300 && r.status < 400) {
         msg += " (redirect without a usable Location)";
     }
-    return make_error(msg);
+    Error e = make_error(msg);
+    e.http_status = r.status;
+    return e;
 }
 
 bool RegistryClient::Impl::backoff(int attempt, const http::Response& last, const std::atomic<bool>* stop) const {

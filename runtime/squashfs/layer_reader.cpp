@@ -389,7 +389,7 @@ Result<std::string> LayerReader::finish() {
     for (;;) {
         const void* p = nullptr;
         auto got = next_chunk(&p);
-        if (!got) return Error{std::string(compression_name(compression_)) + ": " + got.error().message, 0};
+        if (!got) return Error{std::string(compression_name(compression_)) + ": " + got.error().message, 0, 0};
         if (*got == 0) break;
     }
     decoder_.join();  // it has finished: the digest and the byte count are ours to read now

@@ -467,7 +467,7 @@ Status ImageStore::remove(const std::string& digest) const {
     const std::string sqsh = hex + ".sqsh";
     UniqueFd guard;
     if (!lockable_exclusively(d.images, sqsh, &guard))
-        return Error{"image " + digest + " is in use by a running container", EBUSY};
+        return Error{"image " + digest + " is in use by a running container", EBUSY, 0};
     // The .sqsh goes first so that no reader finds an image without metadata.
     if (::unlinkat(d.images.fd(), sqsh.c_str(), 0) != 0 && errno != ENOENT)
         return system_error("removing " + d.images.path_of(sqsh));

@@ -100,8 +100,11 @@ gantry_cluster_registry() {
 # gantry_plugin_conf [LINE...]: writes the gantry.conf the plugin reads in the harness (the shared store
 # in the FSx stand-in, and REG as an insecure registry: gantry allows plain HTTP only to registries
 # listed there), plus the given lines; creates the store.
+# Pyxis-style import lines on srun's terminal are off here, so that tests compare srun's output with
+# the tasks' alone; GANTRY_TEST_IMPORT_MESSAGES= (empty) keeps the default (on), pyxis_compat.bats.
 gantry_plugin_conf() {
   { printf 'store_path = %s\ninsecure_registries = %s\n' "$GANTRY_TEST_FSX/store" "$REG"
+    if [ -n "${GANTRY_TEST_IMPORT_MESSAGES-0}" ]; then printf 'import_messages = %s\n' "${GANTRY_TEST_IMPORT_MESSAGES-0}"; fi
     for l in "$@"; do echo "$l"; done; } > "$GANTRY_HARNESS_DIR/gantry.conf"
   mkdir -p "$GANTRY_TEST_FSX/store" && chmod 1777 "$GANTRY_TEST_FSX/store"
 }

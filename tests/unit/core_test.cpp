@@ -353,3 +353,14 @@ TEST_CASE("slurm release from slurmd -V and scontrol --version") {
     CHECK(gantry::slurm_conf::line_words("  include a/*.conf # x") == std::vector<std::string>{"include", "a/*.conf"});
     CHECK(gantry::slurm_conf::line_words("# only a comment").empty());
 }
+
+TEST_CASE("Error::wrap keeps the registry's HTTP status and errno under the added context", "[core][result]") {
+    using gantry::Error;
+    Error e = gantry::make_error("resolving r/x:missing: HTTP 404 MANIFEST_UNKNOWN (manifest unknown)");
+    e.http_status = 404;
+    Error w = e.wrap("failed to import docker image r/x:missing").wrap("outer");
+    CHECK(w.http_status == 404);
+    CHECK(w.message == "outer: failed to import docker image r/x:missing: " + e.message);
+    CHECK(gantry::make_error("no status").wrap("x").http_status == 0);
+    CHECK(gantry::system_error("opening f", ENOENT).wrap("y").errnum == ENOENT);
+}

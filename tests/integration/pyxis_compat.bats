@@ -1,0 +1,133 @@
+# fixtures: registry images slurm
+# What a Pyxis user sees and relies on, through srun on the 3-node harness: the import announced once
+# per step on srun's terminal, a missing tag tried once per step, and named containers attached from
+# another step (--overlap) and cleaned up when a step holding one is cancelled.
+
+load helpers
+
+setup() {
+  gantry_load_env registry images slurm
+  gantry_cluster_registry
+  GANTRY_TEST_IMPORT_MESSAGES= gantry_plugin_conf  # Gantry's default: import lines on
+  TINY="$REG#gantry-test/tiny"
+  U=$GANTRY_TEST_USER
+  WORK=$(mktemp -d "$GANTRY_TEST_FSX/pyxis-compat.XXXXXX")
+  chown "$U" "$WORK"
+}
+
+teardown() {
+  rm -rf "$WORK"
+}
+
+as_user() {
+  runuser -u "$U" -- env -C "$WORK" "$@"
+}
+
+# manifest_requests METHOD REPO REF: how many METHOD requests for REPO's manifest REF the open
+# registry's access log holds.
+manifest_requests() {
+  grep -cE "\"$1 /v2/$2/manifests/$3 HTTP/[0-9.]+\"" "$GANTRY_TEST_REGISTRY_HTTP_LOG" || true
+}
+
+@test "a cold pull with -N2 -n4 shows 'importing' and 'imported' exactly once on srun's terminal" {
+  name="compat-cold-$RANDOM$RANDOM"
+  gantry_fresh_image "$WORK" "$name" >/dev/null
+  image="$REG#gantry-test/$name"
+  as_user srun -N2 -n4 --container-image="$image" cat /unique/id >"$WORK/out" 2>"$WORK/err"
+  echo "--- stdout"; cat "$WORK/out"; echo "--- stderr"; cat "$WORK/err"
+  [ "$(grep -c "^$name " "$WORK/out")" -eq 4 ]
+  [ "$(grep -cx "gantry: importing docker image: $image" "$WORK/err")" -eq 1 ]
+  [ "$(grep -cx "gantry: imported docker image: $image" "$WORK/err")" -eq 1 ]
+  # In that order, and nothing is printed on stdout for the import.
+  [ "$(grep -n "importing docker image" "$WORK/err" | cut -d: -f1)" -lt "$(grep -n "imported docker image" "$WORK/err" | cut -d: -f1)" ]
+  ! grep -q "docker image" "$WORK/out" || false
+}
+
+@test "a missing tag with -N2 -n4: one manifest request to the registry and one error on the terminal" {
+  tag="no-such-tag-$RANDOM$RANDOM"
+  image="$REG#gantry-test/tiny:$tag"
+  run as_user timeout 120 srun -N2 -n4 --container-image="$image" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$status" -ne 124 ]
+  [ "$(echo "$output" | grep -c "gantry: failed to import docker image")" -eq 1 ]
+  echo "$output" | grep "gantry: failed to import docker image" | grep -q "$tag"
+  echo "$output" | grep -Eqi "manifest unknown|404"
+  sleep 1  # the registry writes its access log line after answering
+  gets=$(manifest_requests GET gantry-test/tiny "$tag")
+  heads=$(manifest_requests HEAD gantry-test/tiny "$tag")
+  echo "manifest GETs: $gets, HEADs: $heads"
+  [ "$gets" -eq 1 ]
+  [ "$heads" -le 1 ]
+  # No node was asked to start anything: the step never launched.
+  ! echo "$output" | grep -q "task_init\|slurmstepd" || false
+}
+
+# Job script for the named-container tests: step 0 creates container "att" and keeps running; a second
+# step attaches with --overlap (with a --container-mounts that must be ignored); the test cancels step
+# 0 while the job goes on; a last step finds the container still there (named containers live until
+# the job ends, container_scope=job).
+write_attach_job() {
+  cat >"$WORK/job.sh" <<JOB
+#!/bin/bash
+srun -n1 --container-image="$TINY" --container-name=att --container-writable --container-mounts="$WORK:$WORK" \
+  sh -c 'echo "written by step \$SLURM_STEP_ID" > /state; touch "$WORK/up"; exec sleep 600' &
+for ((i = 0; i < 600; i++)); do [ -e "$WORK/up" ] && break; sleep 0.1; done
+srun --overlap -n1 --container-name=att --container-mounts=/tmp:/mnt/gantry-ignored \
+  sh -c 'cat /state; [ -d /mnt/gantry-ignored ] && echo mounted || echo not-mounted' >"$WORK/attach.out" 2>"$WORK/attach.err"
+echo "attach status \$?" >>"$WORK/attach.out"
+touch "$WORK/attached"
+for ((i = 0; i < 600; i++)); do [ -e "$WORK/cancelled" ] && break; sleep 0.1; done
+srun --overlap -n1 --container-name=att cat /state >"$WORK/after.out" 2>&1
+echo "after status \$?" >>"$WORK/after.out"
+JOB
+  chmod 755 "$WORK/job.sh"
+  chown "$U" "$WORK/job.sh"
+}
+
+wait_for() {
+  local i
+  for ((i = 0; i < 600; i++)); do [ -e "$1" ] && return 0; sleep 0.1; done
+  return 1
+}
+
+@test "--overlap --container-name attaches to a running step's container; --container-mounts is ignored with a warning" {
+  write_attach_job
+  jobid=$(as_user sbatch --parsable -N1 -o "$WORK/job.out" "$WORK/job.sh")
+  wait_for "$WORK/attached"
+  cat "$WORK/attach.out" "$WORK/attach.err"
+  grep -qx "written by step 0" "$WORK/attach.out"
+  grep -qx "not-mounted" "$WORK/attach.out"
+  grep -qx "attach status 0" "$WORK/attach.out"
+  [ "$(grep -c "ignoring --container-mounts" "$WORK/attach.err")" -eq 1 ]
+  touch "$WORK/cancelled"
+  scancel "$jobid"
+}
+
+@test "scancel of the step holding a named container: the container lives until the job ends, then no holder or state file is left" {
+  write_attach_job
+  jobid=$(as_user sbatch --parsable -N1 -o "$WORK/job.out" "$WORK/job.sh")
+  wait_for "$WORK/attached"
+  node=$(squeue -h -j "$jobid" -o %N)
+  state_file=/run/gantry/containers/pyxis_${jobid}_att.json
+  holder=$("$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$node" -- cat "$state_file" | grep -o '"holder_pid": *[0-9]*' | grep -o '[0-9]*$')
+  echo "job $jobid on $node, holder $holder"
+  [ -n "$holder" ]
+  kill -0 "$holder"
+
+  scancel "$jobid.0"
+  for ((i = 0; i < 300; i++)); do [ -z "$(squeue -h -s -j "$jobid" -o %i | grep "^$jobid\.0$")" ] && break; sleep 0.1; done
+  [ -z "$(squeue -h -s -j "$jobid" -o %i | grep "^$jobid\.0$")" ]
+  touch "$WORK/cancelled"
+  for ((i = 0; i < 600; i++)); do [ -z "$(squeue -h -j "$jobid" 2>/dev/null)" ] && break; sleep 0.1; done
+  cat "$WORK/after.out" "$WORK/job.out"
+  # The container outlived its step: a later step of the job still found its file.
+  grep -qx "written by step 0" "$WORK/after.out"
+  grep -qx "after status 0" "$WORK/after.out"
+
+  # The job is over: its epilog stopped the holder and removed the state file.
+  for ((i = 0; i < 300; i++)); do kill -0 "$holder" 2>/dev/null || break; sleep 0.1; done
+  ! kill -0 "$holder" 2>/dev/null || false
+  run "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$node" -- test -e "$state_file"
+  [ "$status" -ne 0 ]
+}
