@@ -150,6 +150,7 @@ GANTRY_EXPORT int slurm_spank_task_exit(spank_t sp, int, char**) {
 GANTRY_EXPORT int slurm_spank_exit(spank_t sp, int, char**) {
     return guarded("slurm_spank_exit", [&] {
         if (spank_context() == S_CTX_REMOTE) gantry::plugin::finish_step(sp, g_settings);
+        if (spank_context() == S_CTX_LOCAL) gantry::plugin::stop_import_watch();
         return 0;
     });
 }

@@ -5,6 +5,9 @@
 
 #include <string>
 
+#include <memory>
+
+#include "gantry/import_watch.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/registry.hpp"
 #include "options.hpp"
@@ -19,6 +22,18 @@ void tell_user(const std::string& line) {
     (void)!::write(STDERR_FILENO, text.data(), text.size());
 }
 
+// srun's progress lines while the nodes import the image (one per step: srun is one process).
+std::unique_ptr<ImportWatch> g_import_watch;
+
+void watch_import(const Config& config, const std::string& digest, const std::string& image) {
+    if (!config.import_messages || config.import_progress_seconds <= 0) return;
+    auto store = job_store_path(config, ::getuid());  // srun runs as the user: the store the nodes use for them
+    if (!store) return;
+    g_import_watch = std::make_unique<ImportWatch>(*store, config, digest, image,
+                                                   std::chrono::seconds(config.import_progress_seconds),
+                                                   [](const std::string& line) { tell_user("gantry: " + line); });
+}
+
 }  // namespace
 
 Status pin_image_digest(spank_t sp, const Settings& settings) {
@@ -30,7 +45,11 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
     Config config = load_plugin_config(settings);
     if (!named && config.import_messages) tell_user("gantry: importing docker image: " + *o.image);
     auto ref = parse_reference(*o.image);
-    if (!ref || !ref->digest.empty()) return {};  // a bad name is reported by the nodes, in Pyxis's words
+    if (!ref) return {};  // a bad name is reported by the nodes, in Pyxis's words
+    if (!ref->digest.empty()) {
+        if (!named) watch_import(config, ref->digest, *o.image);
+        return {};
+    }
     // srun waits for this: one quick try, and the nodes resolve the tag themselves when it fails.
     RegistryOptions quick;
     quick.max_attempts = 2;
@@ -38,6 +57,7 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
     auto digest = client.resolve_digest(*ref, Platform::host());
     if (digest) {
         spank_setenv(sp, kDigestVar, digest->c_str(), 1);
+        if (!named) watch_import(config, *digest, *o.image);
         return {};
     }
     // The registry's final word that the tag does not exist: every node would ask again and every
@@ -50,5 +70,7 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
     }
     return {};
 }
+
+void stop_import_watch() { g_import_watch.reset(); }
 
 }  // namespace gantry::plugin

@@ -18,7 +18,10 @@ namespace gantry::plugin {
 // all ranks run the same image even if the tag moves while the step starts. Best effort: nodes resolve
 // it themselves when this fails, except when the registry says the tag does not exist (HTTP 404):
 // then the error is printed once here and the step does not start.
+// While the nodes pull, srun prints their progress (gantry.conf import_progress_seconds) from a thread
+// of its own, until the image is in the store or srun ends (stop_import_watch, slurm_spank_exit).
 Status pin_image_digest(spank_t sp, const Settings& settings);
+void stop_import_watch();
 
 // slurmstepd (remote, in slurm_spank_init, before anything else): notes slurmstepd's own threads, so
 // that a pull can tell when Slurm asks to signal or end the step and stop (step.cpp, StepSignals).

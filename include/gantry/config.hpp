@@ -78,6 +78,9 @@ struct Config {
     // Pyxis's "importing docker image" / "imported docker image" lines on srun's terminal, once per
     // step (docs/user.md, "What is printed"). Off: srun's output is only the tasks' (some test suites).
     bool import_messages = true;
+    // With import_messages: srun prints the nodes' import progress (bytes, layers, rate) this often
+    // while they pull; 0: never.
+    int import_progress_seconds = 10;
 
     // Path the values were read from, empty for built-in defaults.
     std::string source;

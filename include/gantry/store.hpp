@@ -66,15 +66,32 @@ struct TagRecord {
     int64_t resolved_at = 0;
 };
 
+// How far the producer of one digest has got, as its lock file says (ProducerLock::record_progress):
+// what `srun` shows the user while the nodes pull (plugin/srun.cpp).
+struct ProducerProgress {
+    std::string holder;  // "host:pid"
+    uint64_t bytes_done = 0;
+    uint64_t bytes_total = 0;
+    uint64_t layers_done = 0;
+    uint64_t layers_total = 0;
+    int64_t updated_at = 0;  // unix seconds
+};
+
 // Held by the single producer of one digest; released (and the lock file left for reuse) on destruction.
 class ProducerLock {
 public:
     ProducerLock() = default;
-    explicit ProducerLock(UniqueFd fd) : fd_(std::move(fd)) {}
+    ProducerLock(UniqueFd fd, bool ours, std::string holder)
+        : fd_(std::move(fd)), ours_(ours), holder_(std::move(holder)) {}
     [[nodiscard]] bool held() const { return fd_.valid(); }
+    // Rewrites the lock file's text: the holder line, then "progress DONE TOTAL LAYERS_DONE LAYERS
+    // UNIXTIME". Only in a lock file of our own (never one another account planted).
+    void record_progress(uint64_t bytes_done, uint64_t bytes_total, uint64_t layers_done, uint64_t layers_total) const;
 
 private:
     UniqueFd fd_;
+    bool ours_ = false;
+    std::string holder_;
 };
 
 class ImageStore {
@@ -104,6 +121,9 @@ public:
 
     Status record_tag(const ImageReference& ref, const std::string& digest) const;
     std::optional<TagRecord> lookup_tag(const ImageReference& ref) const;
+    // The producer of `digest` and its last recorded progress, read-only and without waiting; nullopt
+    // when nobody is producing it (no lock file, nobody holds its lock, or no progress recorded yet).
+    std::optional<ProducerProgress> producer_progress(const std::string& digest) const;
 
     // Blocks until this process is the producer for `digest` or `timeout` passes. `on_wait` is called
     // about every few seconds while waiting, with who holds the lock ("host:pid") when known.

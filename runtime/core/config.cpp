@@ -94,6 +94,13 @@ const std::map<std::string, Setter>& setters() {
              c.pull_policy = v;
              return {};
          }},
+        {"import_progress_seconds",
+         [](Config& c, const std::string& v) -> Status {
+             auto n = parse_int(v, 0, 3600);
+             if (!n) return n.error();
+             c.import_progress_seconds = static_cast<int>(*n);
+             return {};
+         }},
         {"mount_idle_seconds",
          [](Config& c, const std::string& v) -> Status {
              auto n = parse_int(v, 0, 7 * 24 * 3600);

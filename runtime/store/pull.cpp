@@ -105,10 +105,21 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // The converter (this thread) and the reporter thread both update progress; one mutex orders them.
     PullProgress progress;
     std::mutex progress_mutex;
+    // Once we produce, the lock file carries our progress for others to show (srun, waiters), every
+    // 2 s at most: it may live on a shared file system.
+    const ProducerLock* producer = nullptr;
+    auto recorded = std::chrono::steady_clock::time_point{};
     auto update = [&](const std::function<void(PullProgress&)>& change) {
         std::lock_guard<std::mutex> lock(progress_mutex);
         change(progress);
         if (options.on_progress) options.on_progress(progress);
+        auto now = std::chrono::steady_clock::now();
+        if (producer != nullptr && progress.phase == PullProgress::Phase::downloading &&
+            now - recorded >= std::chrono::seconds(2)) {
+            producer->record_progress(progress.bytes_done, progress.bytes_total, progress.layers_done,
+                                      progress.layers_total);
+            recorded = now;
+        }
     };
     auto report = [&] { update([](PullProgress&) {}); };
     // Root does not write a store users can write (docs/store.md, "Trust model"): said before anything
@@ -202,7 +213,15 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
             }
         }
     }
+    {
+        std::lock_guard<std::mutex> guard(progress_mutex);
+        producer = &*lock;
+    }
     auto produced = produce_locked(config, store, ref, options, client, digest, result, update, cancel, bytes_done);
+    {
+        std::lock_guard<std::mutex> guard(progress_mutex);
+        producer = nullptr;
+    }
     if (produced) {
         store.clear_failure_note(digest);
     } else if (!group.empty()) {

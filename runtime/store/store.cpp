@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "gantry/digest.hpp"
@@ -111,9 +112,11 @@ Result<LockFile> open_lock_file(const Directory& locks, const std::string& name)
     return LockFile{std::move(*f), ours};
 }
 
+// The first line of a lock file's text: "host:pid" of its producer (a progress line may follow).
 std::string holder_of(const LockFile& lock, const std::string& path) {
     auto text = read_capped(lock.file.fd.get(), kMaxStoreRecordBytes, path);
-    return text ? trim(*text) : std::string();
+    if (!text) return {};
+    return trim(text->substr(0, text->find('\n')));
 }
 
 // Tries flock(LOCK_EX|LOCK_NB) on an existing file; true when nobody holds a lock on it.
@@ -308,11 +311,49 @@ Result<ProducerLock> ImageStore::lock_producer(const std::string& digest, std::c
         delay = std::min(delay * 2, std::chrono::milliseconds(500));
     }
     // Record who we are for waiters' messages; the lock, not this text, is the truth.
+    std::string who = host_and_pid();
     if (lock->ours) {
-        std::string who = host_and_pid() + "\n";
-        if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, who.data(), who.size(), 0);
+        std::string line = who + "\n";
+        if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, line.data(), line.size(), 0);
     }
-    return ProducerLock(std::move(lock->file.fd));
+    return ProducerLock(std::move(lock->file.fd), lock->ours, who);
+}
+
+void ProducerLock::record_progress(uint64_t bytes_done, uint64_t bytes_total, uint64_t layers_done,
+                                   uint64_t layers_total) const {
+    if (!ours_ || !fd_) return;
+    std::string text = holder_ + "\nprogress " + std::to_string(bytes_done) + " " + std::to_string(bytes_total) + " " +
+                       std::to_string(layers_done) + " " + std::to_string(layers_total) + " " +
+                       std::to_string(static_cast<long long>(std::time(nullptr))) + "\n";
+    // One pwrite of a few dozen bytes: a reader sees the old text or the new one (padded by ftruncate
+    // below only when it shrank), never a mix that parses.
+    if (::pwrite(fd_.get(), text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()))
+        (void)!::ftruncate(fd_.get(), static_cast<off_t>(text.size()));
+}
+
+std::optional<ProducerProgress> ImageStore::producer_progress(const std::string& digest) const {
+    if (!validate_digest(digest)) return std::nullopt;
+    const std::string name = digest_hex(digest) + ".lock";
+    // Read-only and never locked by us beyond a non-blocking probe: a reader must not delay the producer.
+    auto f = open_regular_at(dirs_->locks, name, O_RDONLY);
+    if (!f) return std::nullopt;
+    if (::flock(f->fd.get(), LOCK_SH | LOCK_NB) == 0) {
+        ::flock(f->fd.get(), LOCK_UN);
+        return std::nullopt;  // nobody holds it: no producer at work
+    }
+    auto text = read_capped(f->fd.get(), kMaxStoreRecordBytes, dirs_->locks.path_of(name));
+    if (!text) return std::nullopt;
+    auto nl = text->find('\n');
+    if (nl == std::string::npos) return std::nullopt;
+    ProducerProgress p;
+    p.holder = trim(text->substr(0, nl));
+    std::istringstream in(text->substr(nl + 1));
+    std::string word;
+    if (!(in >> word) || word != "progress") return std::nullopt;
+    long long at = 0;
+    if (!(in >> p.bytes_done >> p.bytes_total >> p.layers_done >> p.layers_total >> at)) return std::nullopt;
+    p.updated_at = at;
+    return p;
 }
 
 Result<std::string> ImageStore::prepare_staging(const std::string& digest) const {

@@ -21,6 +21,7 @@
 
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
+#include "gantry/import_watch.hpp"
 #include "gantry/pull_report.hpp"
 #include "gantry/store.hpp"
 
@@ -164,6 +165,57 @@ TEST_CASE("one producer per digest across processes; a killed producer is replac
     CHECK(mine.ok());
     ::close(ready[0]);
     ::close(ready[1]);
+}
+
+TEST_CASE("the producer's progress is readable from its lock file while it holds the lock, and only then") {
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("progress");
+    CHECK_FALSE(store.producer_progress(d).has_value());  // no lock file at all
+    int ready[2], go[2];
+    REQUIRE(::pipe(ready) == 0);
+    REQUIRE(::pipe(go) == 0);
+    pid_t child = ::fork();
+    if (child == 0) {
+        auto lock = store.lock_producer(d, 10s);
+        if (lock) lock->record_progress(1536ULL << 20, 4096ULL << 20, 3, 12);
+        char c = lock.ok() ? 'y' : 'n';
+        (void)!::write(ready[1], &c, 1);
+        (void)!::read(go[0], &c, 1);  // hold the lock until told
+        ::_exit(0);
+    }
+    char c = 0;
+    REQUIRE(::read(ready[0], &c, 1) == 1);
+    REQUIRE(c == 'y');
+    auto p = store.producer_progress(d);
+    REQUIRE(p.has_value());
+    CHECK(p->holder.find(":" + std::to_string(child)) != std::string::npos);
+    CHECK(p->bytes_done == (1536ULL << 20));
+    CHECK(p->bytes_total == (4096ULL << 20));
+    CHECK(p->layers_done == 3);
+    CHECK(p->layers_total == 12);
+    CHECK(p->updated_at > 0);
+    CHECK(format_import_progress("team/pytorch:24.05", *p, 110.0 * (1 << 20)) ==
+          "team/pytorch:24.05: 1.5 GiB / 4.0 GiB (37%), 3/12 layers, 110.0 MiB/s");
+    // Waiters still name the holder by its first line alone.
+    auto busy = store.lock_producer(d, 1s);
+    REQUIRE_FALSE(busy.ok());
+    CHECK(busy.error().message.find("progress") == std::string::npos);
+    // The producer is gone: its last text stays in the file, but nobody holds the lock, so no progress.
+    (void)!::write(go[1], "x", 1);
+    ::waitpid(child, nullptr, 0);
+    CHECK_FALSE(store.producer_progress(d).has_value());
+    for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+}
+
+TEST_CASE("import progress lines: without a total or a rate, parts are left out") {
+    ProducerProgress p;
+    p.bytes_done = 2048;
+    CHECK(format_import_progress("img", p, 0) == "img: 2.0 KiB");
+    p.bytes_total = 4096;
+    p.layers_total = 2;
+    p.layers_done = 1;
+    CHECK(format_import_progress("img", p, 0) == "img: 2.0 KiB / 4.0 KiB (50%), 1/2 layers");
 }
 
 TEST_CASE("images in use are neither removed nor collected") {
