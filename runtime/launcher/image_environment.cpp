@@ -10,6 +10,7 @@
 
 #include "gantry/dropins.hpp"
 #include "gantry/squashfs.hpp"
+#include "internal.hpp"
 
 namespace gantry {
 namespace {
@@ -19,6 +20,7 @@ constexpr size_t kMaxReplyBytes = 4 * kMaxEnvironmentBytes;
 
 // Reads and parses the file with the caller's rights: "NAME=VALUE" entries.
 Result<std::vector<std::string>> read_as_caller(const std::string& image, const std::vector<std::string>& env) {
+    GANTRY_TRY(launcher::check_squashfs(image));  // a regular squashfs file, with the usual messages
     auto text = read_image_file(image, "/etc/environment", kMaxEnvironmentBytes);
     if (!text) return text.error();
     if (!*text) return std::vector<std::string>{};

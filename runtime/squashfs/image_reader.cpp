@@ -4,6 +4,7 @@
 #include <sqfs/compressor.h>
 #include <sqfs/data_reader.h>
 #include <sqfs/dir_reader.h>
+#include <sqfs/error.h>
 #include <sqfs/inode.h>
 #include <sqfs/io.h>
 #include <sqfs/super.h>
