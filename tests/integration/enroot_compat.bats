@@ -114,7 +114,7 @@ make_enroot_image() {
   [ "$status" -eq 0 ]
   # The later file wins; the job's SITE_NCCL=WARN does not replace the site's value.
   [ "$(echo "$output" | grep -cE '^TRACE job-([0-9]+)=\1 \$HOME unset$')" -eq 2 ]
-  run as_user bash -c 'export SITE_NCCL=WARN; srun -N1 --container-env=SITE_NCCL --container-image="$0" printenv SITE_NCCL' "$TINY"
+  run as_user bash -c 'export SITE_NCCL=WARN; srun -N1 --container-env=SITE_NCCL --container-image="$0" sh -c "echo \$SITE_NCCL"' "$TINY"
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | tail -1)" = WARN ]
