@@ -56,7 +56,7 @@ Result<std::vector<DropinMount>> parse_fstab_file(std::string_view text, const s
 
 // What the drop-in directories add to every container.
 struct SiteDefaults {
-    std::vector<std::string> env;  // "NAME=VALUE", files in lexical order, lines in file order
+    std::vector<std::string> env;   // "NAME=VALUE", files in lexical order, lines in file order
     std::vector<MountSpec> mounts;  // nofail mounts of missing sources already left out
 };
 

@@ -72,7 +72,6 @@ Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, con
 // libsquashfs without mounting it; nullopt when the image has no such regular file (a symlink is not
 // followed). A file larger than `max_bytes` is an error. The image may be user-controlled: run this
 // with the user's rights (runtime/launcher/image_environment.cpp does).
-Result<std::optional<std::string>> read_image_file(const std::string& image, const std::string& path,
-                                                   size_t max_bytes);
+Result<std::optional<std::string>> read_image_file(const std::string& image, const std::string& path, size_t max_bytes);
 
 }  // namespace gantry

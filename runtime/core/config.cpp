@@ -225,8 +225,10 @@ Status apply_enroot_conf(Config& config, const std::string& text, const std::str
         if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
             value = value.substr(1, value.size() - 2);
         bool on;
-        if (value == "y" || value == "yes" || value == "true" || value == "1") on = true;
-        else if (value == "n" || value == "no" || value == "false" || value == "0") on = false;
+        if (value == "y" || value == "yes" || value == "true" || value == "1")
+            on = true;
+        else if (value == "n" || value == "no" || value == "false" || value == "0")
+            on = false;
         else
             return make_error(origin + ":" + std::to_string(lineno) + ": " + key + ": expected yes or no, got '" +
                               value + "'");

@@ -39,8 +39,8 @@ std::vector<std::string> split_fields(const std::string& line) {
 Status check_owner(const struct stat& st, const std::string& path, const char* what) {
     uid_t me = ::geteuid();
     if (st.st_uid != 0 && st.st_uid != me)
-        return make_error("drop-in " + std::string(what) + " " + path + " is owned by uid " + std::to_string(st.st_uid) +
-                          ", not root: refusing to read it (chown root " + path + ")");
+        return make_error("drop-in " + std::string(what) + " " + path + " is owned by uid " +
+                          std::to_string(st.st_uid) + ", not root: refusing to read it (chown root " + path + ")");
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
         char mode[8];
         std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
@@ -159,9 +159,11 @@ Result<std::string> expand_variables(std::string_view text, const std::vector<st
             continue;
         }
         size_t close = text.find('}', i + 2);
-        std::string_view name = close == std::string_view::npos ? text.substr(i + 2) : text.substr(i + 2, close - i - 2);
+        std::string_view name =
+            close == std::string_view::npos ? text.substr(i + 2) : text.substr(i + 2, close - i - 2);
         if (close == std::string_view::npos || !valid_name(name))
-            return make_error("'" + std::string(text.substr(i, close == std::string_view::npos ? text.npos : close - i + 1)) +
+            return make_error("'" +
+                              std::string(text.substr(i, close == std::string_view::npos ? text.npos : close - i + 1)) +
                               "' is not a ${NAME} reference (only ${NAME} is expanded)");
         if (auto v = find_env(env, std::string(name))) out += *v;
         i = close + 1;
@@ -247,8 +249,9 @@ Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<
                         log::debug(d.where + ": " + d.mount.source + " does not exist; skipped (nofail)");
                         continue;
                     }
-                    return make_error(d.where + ": mounting " + d.mount.source + " at " + d.mount.destination +
-                                      ": source path does not exist (add nofail to its options to skip it when missing)");
+                    return make_error(
+                        d.where + ": mounting " + d.mount.source + " at " + d.mount.destination +
+                        ": source path does not exist (add nofail to its options to skip it when missing)");
                 }
             }
             site.mounts.push_back(std::move(d.mount));

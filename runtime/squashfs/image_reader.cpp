@@ -61,15 +61,13 @@ Result<std::optional<std::string>> read_image_file(const std::string& image, con
         return std::optional<std::string>();
     sqfs_u64 size = 0;
     if (sqfs_inode_get_file_size(inode.get(), &size) != 0) return make_error(what + ": corrupt image");
-    if (size > max_bytes)
-        return make_error(what + ": larger than " + std::to_string(max_bytes) + " bytes");
+    if (size > max_bytes) return make_error(what + ": larger than " + std::to_string(max_bytes) + " bytes");
     SqfsPtr<sqfs_data_reader_t> data(sqfs_data_reader_create(file.get(), super.block_size, cmp.get(), 0));
     if (!data) return make_error(what + ": out of memory");
     if (sqfs_data_reader_load_fragment_table(data.get(), &super) != 0) return make_error(what + ": corrupt image");
     std::string text(static_cast<size_t>(size), '\0');
-    sqfs_s32 n = size == 0 ? 0
-                           : sqfs_data_reader_read(data.get(), inode.get(), 0, text.data(),
-                                                   static_cast<sqfs_u32>(size));
+    sqfs_s32 n =
+        size == 0 ? 0 : sqfs_data_reader_read(data.get(), inode.get(), 0, text.data(), static_cast<sqfs_u32>(size));
     if (n < 0 || static_cast<sqfs_u64>(n) != size) return make_error(what + ": corrupt image");
     return std::optional<std::string>(std::move(text));
 }

@@ -379,8 +379,8 @@ TEST_CASE("gantry.conf: container defaults, drop-in directories and enroot.conf"
                                         "enroot.conf");
     REQUIRE(st.ok());
     d = gantry::container_defaults(*c);
-    CHECK(d.writable);        // gantry.conf said yes; enroot.conf's no loses
-    CHECK(d.remap_root);      // only enroot.conf set it
+    CHECK(d.writable);          // gantry.conf said yes; enroot.conf's no loses
+    CHECK(d.remap_root);        // only enroot.conf set it
     CHECK_FALSE(d.mount_home);  // gantry.conf said no
 
     auto bad = gantry::apply_enroot_conf(*plain, "\nENROOT_REMAP_ROOT maybe\n", "/etc/enroot/enroot.conf");
@@ -403,6 +403,7 @@ TEST_CASE("gantry.conf: load_config reads the enroot.conf it names") {
     std::ofstream(dir + "/gantry.conf") << "enroot_conf = " + dir + "/missing.conf\n";
     auto missing = gantry::load_config(dir + "/gantry.conf", false);
     REQUIRE_FALSE(missing.ok());
-    CHECK(missing.error().message.find(dir + "/missing.conf (enroot_conf in " + dir + "/gantry.conf)") != std::string::npos);
+    CHECK(missing.error().message.find(dir + "/missing.conf (enroot_conf in " + dir + "/gantry.conf)") !=
+          std::string::npos);
     std::filesystem::remove_all(dir);
 }

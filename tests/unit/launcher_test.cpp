@@ -536,7 +536,7 @@ TEST_CASE("drop-ins: ${NAME} expansion follows Enroot") {
     CHECK(*expand_variables("${HOME}/x", env) == "/home/u/x");
     CHECK(*expand_variables("a${UNSET}b", env) == "ab");
     CHECK(*expand_variables("${EMPTY}", env) == "");
-    CHECK(*expand_variables("${A}", env) == "2");  // the last entry wins
+    CHECK(*expand_variables("${A}", env) == "2");                                         // the last entry wins
     CHECK(*expand_variables("$HOME and $ and $(cmd)", env) == "$HOME and $ and $(cmd)");  // only ${NAME}
     CHECK(*expand_variables("cost: 5$", env) == "cost: 5$");
     auto bad = expand_variables("${HOME:-/tmp}", env);
@@ -649,7 +649,8 @@ TEST_CASE("drop-ins: directories in lexical order, owner and mode checked") {
         env_dir.write("30-bad.env", "this would not parse\n", 0664);
         auto r = load_site_defaults(config, {});
         REQUIRE_FALSE(r.ok());
-        CHECK(r.error().message.find("drop-in file " + env_dir.path + "/30-bad.env is writable by its group or others") == 0);
+        CHECK(r.error().message.find("drop-in file " + env_dir.path +
+                                     "/30-bad.env is writable by its group or others") == 0);
         CHECK(r.error().message.find("chmod go-w") != std::string::npos);
     }
     SECTION("an other-writable directory is refused") {
@@ -689,7 +690,8 @@ std::string make_enroot_image(const ScratchDir& dir, const std::string& environm
     REQUIRE(::mkdir((tree + "/etc").c_str(), 0755) == 0);
     if (!environment.empty()) dir.write("tree/etc/environment", environment);
     std::string image = dir.path + "/image.sqsh";
-    REQUIRE(std::system(("mksquashfs '" + tree + "' '" + image + "' -noappend -quiet -no-progress >/dev/null").c_str()) == 0);
+    REQUIRE(std::system(
+                ("mksquashfs '" + tree + "' '" + image + "' -noappend -quiet -no-progress >/dev/null").c_str()) == 0);
     ::chmod(image.c_str(), 0644);
     return image;
 }
@@ -698,7 +700,8 @@ std::string make_enroot_image(const ScratchDir& dir, const std::string& environm
 
 TEST_CASE("image environment: /etc/environment of a squashfs without OCI config") {
     ScratchDir dir;
-    std::string image = make_enroot_image(dir, "PATH=\"/opt/app/bin:/usr/bin\"\nAPP_HOME=/opt/app\nDISPLAY=${DISPLAY}\n");
+    std::string image =
+        make_enroot_image(dir, "PATH=\"/opt/app/bin:/usr/bin\"\nAPP_HOME=/opt/app\nDISPLAY=${DISPLAY}\n");
     auto text = read_image_file(image, "/etc/environment", 1 << 16);
     REQUIRE(text.ok());
     REQUIRE(text->has_value());
@@ -715,8 +718,9 @@ TEST_CASE("image environment: /etc/environment of a squashfs without OCI config"
     auto none = read_image_environment(bare, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {});
     REQUIRE(none.ok());
     CHECK(none->empty());
-    CHECK_FALSE(read_image_environment(dir.path + "/tree/etc/environment", static_cast<uid_t>(-1),
-                                       static_cast<gid_t>(-1), {}).ok());  // not a squashfs image
+    CHECK_FALSE(
+        read_image_environment(dir.path + "/tree/etc/environment", static_cast<uid_t>(-1), static_cast<gid_t>(-1), {})
+            .ok());  // not a squashfs image
 }
 
 TEST_CASE("image environment: root reads a user's image as that user", "[root]") {
