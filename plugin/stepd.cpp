@@ -11,6 +11,7 @@
 
 #include "gantry/devices.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/dropins.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/mounts.hpp"
 #include "gantry/reference.hpp"
@@ -176,9 +177,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             for (const auto& path : batch_srun_paths(env))
                 if (auto m = parse_mount(path + ":" + path + ":ro")) spec.mounts.push_back(*m);
     }
-    spec.writable = o.writable.value_or(false);
-    spec.remap_root = o.remap_root.value_or(false);
-    spec.mount_home = o.mount_home.value_or(true);
+    // The srun flags decide; without them, the site's defaults (gantry.conf, or its enroot_conf).
+    ContainerDefaults site = container_defaults(st.config);
+    spec.writable = o.writable.value_or(site.writable);
+    spec.remap_root = o.remap_root.value_or(site.remap_root);
+    spec.mount_home = o.mount_home.value_or(site.mount_home);
     if (o.unshare) {
         auto u = parse_unshare(*o.unshare);
         if (!u) return u.error();
@@ -187,6 +190,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     if (o.workdir) spec.workdir = *o.workdir;
     if (o.env) spec.env_names = split_list(*o.env, ',');
     spec.name = name;
+    // An Enroot image's /etc/environment (read as the job user), environ.d and mounts.d.
+    if (auto applied = apply_site_defaults(spec, env); !applied) return applied.error();
     // --- devices and wiring (issue 7, docs/devices.md): GPUs, CDI, EFA for this step's container ---
     auto edits = select_devices(st.config, env, spec.image_config);
     if (!edits) return edits.error();

@@ -82,6 +82,23 @@ struct Config {
     // while they pull; 0: never.
     int import_progress_seconds = 10;
 
+    // Site defaults of the container flags (Enroot's ENROOT_ROOTFS_WRITABLE, ENROOT_REMAP_ROOT,
+    // ENROOT_MOUNT_HOME): --container-writable/--container-readonly, --[no-]container-remap-root and
+    // --[no-]container-mount-home (gantry run: --writable, --remap-root, --mount-home and their
+    // opposites) still decide per job. Unset: the value from `enroot_conf` when it has one, else
+    // off, off, on (container_defaults).
+    std::optional<bool> container_writable;
+    std::optional<bool> container_remap_root;
+    std::optional<bool> container_mount_home;
+    // Drop-in directories applied to every container (Enroot's environ.d and mounts.d formats,
+    // include/gantry/dropins.hpp): *.env files add environment variables, *.fstab files add mounts.
+    // Empty: none. A missing directory is the same as an empty one.
+    std::string environ_dir = "/etc/gantry/environ.d";
+    std::string mounts_dir = "/etc/gantry/mounts.d";
+    // An enroot.conf whose ENROOT_ROOTFS_WRITABLE, ENROOT_REMAP_ROOT and ENROOT_MOUNT_HOME fill the
+    // container_* keys this file leaves unset (migration; every other ENROOT_* key is ignored).
+    std::string enroot_conf;
+
     // Path the values were read from, empty for built-in defaults.
     std::string source;
 };
@@ -89,7 +106,22 @@ struct Config {
 // Parses gantry.conf text; `origin` names it in error messages.
 Result<Config> parse_config(const std::string& text, const std::string& origin);
 
-// Reads the file at `path`. A missing file yields the defaults only when `missing_ok`.
+// Fills the container_* keys that `config` leaves unset from enroot.conf text (`KEY VALUE` or
+// `KEY=VALUE` lines; ENROOT_ROOTFS_WRITABLE, ENROOT_REMAP_ROOT, ENROOT_MOUNT_HOME; y/yes/true/1 or
+// n/no/false/0). Other keys are Enroot's business and ignored; a bad boolean names `origin` and line.
+Status apply_enroot_conf(Config& config, const std::string& text, const std::string& origin);
+
+// The container flags a job gets when it names none: gantry.conf, then enroot_conf, then the built-in
+// defaults (not writable, no remap-root, home mounted).
+struct ContainerDefaults {
+    bool writable = false;
+    bool remap_root = false;
+    bool mount_home = true;
+};
+ContainerDefaults container_defaults(const Config& config);
+
+// Reads the file at `path` (and the enroot.conf it names). A missing file yields the defaults only
+// when `missing_ok`.
 Result<Config> load_config(const std::string& path, bool missing_ok);
 
 // GANTRY_CONFIG, else /etc/gantry/gantry.conf (missing is fine: defaults).

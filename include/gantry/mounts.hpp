@@ -41,6 +41,10 @@ struct MountSpec {
     bool operator==(const MountSpec&) const = default;
 };
 
+// Applies one FLAG (as listed above; tmpfs also KEY=VALUE) to `m`; false when the flag is unknown
+// for this kind of mount. Shared with the mounts.d parser (include/gantry/dropins.hpp).
+bool apply_mount_flag(MountSpec& m, const std::string& flag);
+
 // Parses one ENTRY. Does not touch the filesystem.
 Result<MountSpec> parse_mount(std::string_view entry);
 

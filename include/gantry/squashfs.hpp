@@ -68,4 +68,10 @@ Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, con
                                        const std::function<Status(size_t index)>& wait_for = {},
                                        std::optional<LimitBreach>* breach = nullptr);
 
+// The content of the regular file `path` ("/etc/environment") inside the squashfs `image`, read with
+// libsquashfs without mounting it; nullopt when the image has no such regular file (a symlink is not
+// followed). A file larger than `max_bytes` is an error. The image may be user-controlled: run this
+// with the user's rights (runtime/launcher/image_environment.cpp does).
+Result<std::optional<std::string>> read_image_file(const std::string& image, const std::string& path, size_t max_bytes);
+
 }  // namespace gantry

@@ -13,6 +13,7 @@
 #include "common.hpp"
 #include "gantry/config.hpp"
 #include "gantry/devices.hpp"
+#include "gantry/dropins.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
@@ -91,6 +92,11 @@ int run_verb(const std::vector<std::string>& args) {
     if (!config) return setup_failed(config.error());
     ContainerSpec spec;
     spec.config = *config;
+    // The site's defaults (gantry.conf, or its enroot_conf); the options below override them.
+    ContainerDefaults site = container_defaults(spec.config);
+    spec.writable = site.writable;
+    spec.remap_root = site.remap_root;
+    spec.mount_home = site.mount_home;
     ProcessSpec process;
     std::string image_file, config_file, store_option;
     std::optional<std::string> pull_option;
@@ -177,6 +183,8 @@ int run_verb(const std::vector<std::string>& args) {
     // run is the only task, so its per-task variables are fixed here too.
     std::vector<std::string> host_env;
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) host_env.emplace_back(*e);
+    // An Enroot image's /etc/environment, environ.d and mounts.d (include/gantry/dropins.hpp).
+    if (auto applied = apply_site_defaults(spec, host_env); !applied) return setup_failed(applied.error());
     auto edits = select_devices(spec.config, host_env, spec.image_config);
     if (!edits) return setup_failed(edits.error());
     for (const auto& w : edits->warnings) log::warning(w);

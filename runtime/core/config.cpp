@@ -59,6 +59,25 @@ Setter bool_key(bool Config::*field) {
     };
 }
 
+Setter optional_bool_key(std::optional<bool> Config::*field) {
+    return [field](Config& c, const std::string& v) -> Status {
+        auto b = parse_bool(v);
+        if (!b) return b.error();
+        c.*field = *b;
+        return {};
+    };
+}
+
+// A drop-in directory: an absolute path, or empty for none.
+Setter directory_key(std::string Config::*field) {
+    return [field](Config& c, const std::string& v) -> Status {
+        if (!v.empty() && v[0] != '/')
+            return make_error("expected an absolute directory (or nothing, for none), got '" + v + "'");
+        c.*field = v;
+        return {};
+    };
+}
+
 // A pull limit: a plain count (bytes or entries, like block_size), at least 1.
 Setter limit_key(uint64_t PullLimits::*field) {
     return [field](Config& c, const std::string& v) -> Status {
@@ -155,6 +174,17 @@ const std::map<std::string, Setter>& setters() {
         {"batch_srun", bool_key(&Config::batch_srun)},
         {"private_images", bool_key(&Config::private_images)},
         {"pytorch", bool_key(&Config::pytorch)},
+        {"container_writable", optional_bool_key(&Config::container_writable)},
+        {"container_remap_root", optional_bool_key(&Config::container_remap_root)},
+        {"container_mount_home", optional_bool_key(&Config::container_mount_home)},
+        {"environ_dir", directory_key(&Config::environ_dir)},
+        {"mounts_dir", directory_key(&Config::mounts_dir)},
+        {"enroot_conf",
+         [](Config& c, const std::string& v) -> Status {
+             if (!v.empty() && v[0] != '/') return make_error("expected an absolute path, got '" + v + "'");
+             c.enroot_conf = v;
+             return {};
+         }},
     };
     return table;
 }
@@ -187,6 +217,48 @@ Result<Config> parse_config(const std::string& text, const std::string& origin) 
     return c;
 }
 
+Status apply_enroot_conf(Config& config, const std::string& text, const std::string& origin) {
+    static const std::map<std::string, std::optional<bool> Config::*> keys = {
+        {"ENROOT_ROOTFS_WRITABLE", &Config::container_writable},
+        {"ENROOT_REMAP_ROOT", &Config::container_remap_root},
+        {"ENROOT_MOUNT_HOME", &Config::container_mount_home},
+    };
+    std::istringstream in(text);
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+        ++lineno;
+        line = trim(line);
+        if (line.empty() || line[0] == '#') continue;
+        auto sep = line.find_first_of(" \t=");
+        std::string key = line.substr(0, sep);
+        auto it = keys.find(key);
+        if (it == keys.end() || sep == std::string::npos) continue;
+        std::string value = trim(line.substr(sep + 1));
+        if (!value.empty() && value[0] == '=') value = trim(value.substr(1));
+        if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+            value = value.substr(1, value.size() - 2);
+        bool on;
+        if (value == "y" || value == "yes" || value == "true" || value == "1")
+            on = true;
+        else if (value == "n" || value == "no" || value == "false" || value == "0")
+            on = false;
+        else
+            return make_error(origin + ":" + std::to_string(lineno) + ": " + key + ": expected yes or no, got '" +
+                              value + "'");
+        if (!(config.*(it->second))) config.*(it->second) = on;  // gantry.conf's own key wins
+    }
+    return {};
+}
+
+ContainerDefaults container_defaults(const Config& config) {
+    ContainerDefaults d;
+    d.writable = config.container_writable.value_or(d.writable);
+    d.remap_root = config.container_remap_root.value_or(d.remap_root);
+    d.mount_home = config.container_mount_home.value_or(d.mount_home);
+    return d;
+}
+
 Result<Config> load_config(const std::string& path, bool missing_ok) {
     std::ifstream f(path);
     if (!f) {
@@ -195,7 +267,14 @@ Result<Config> load_config(const std::string& path, bool missing_ok) {
     }
     std::stringstream ss;
     ss << f.rdbuf();
-    return parse_config(ss.str(), path);
+    auto config = parse_config(ss.str(), path);
+    if (!config || config->enroot_conf.empty()) return config;
+    std::ifstream e(config->enroot_conf);
+    if (!e) return system_error("reading " + config->enroot_conf + " (enroot_conf in " + path + ")");
+    std::stringstream es;
+    es << e.rdbuf();
+    GANTRY_TRY(apply_enroot_conf(*config, es.str(), config->enroot_conf));
+    return config;
 }
 
 std::optional<unsigned> store_owner_uid(const Config& config) {

@@ -25,10 +25,7 @@ Result<std::string> normalize_container_path(std::string_view path, const std::s
     return out;
 }
 
-namespace {
-
-// Applies one FLAG to `m`; false when the flag is unknown for this kind of mount.
-bool apply_flag(MountSpec& m, const std::string& f) {
+bool apply_mount_flag(MountSpec& m, const std::string& f) {
     if (f == "ro") m.read_only = true;
     else if (f == "rw") m.read_only = false;
     else if (f == "rbind") m.recursive = true;
@@ -55,8 +52,6 @@ bool apply_flag(MountSpec& m, const std::string& f) {
         m.propagation_recursive = true;
     return true;
 }
-
-}  // namespace
 
 Result<MountSpec> parse_mount(std::string_view entry) {
     MountSpec m;
@@ -89,7 +84,7 @@ Result<MountSpec> parse_mount(std::string_view entry) {
         if (parts[2].empty()) return make_error("mount " + m.text + ": empty flags");
         for (const auto& f : split_list(parts[2], '+')) {
             if (m.kind == MountKind::umount) return make_error("mount " + m.text + ": umount takes no flags");
-            if (!apply_flag(m, f)) return make_error("mount " + m.text + ": unknown mount flag '" + f + "'");
+            if (!apply_mount_flag(m, f)) return make_error("mount " + m.text + ": unknown mount flag '" + f + "'");
         }
     }
     return m;

@@ -364,3 +364,57 @@ TEST_CASE("Error::wrap keeps the registry's HTTP status and errno under the adde
     CHECK(gantry::make_error("no status").wrap("x").http_status == 0);
     CHECK(gantry::system_error("opening f", ENOENT).wrap("y").errnum == ENOENT);
 }
+
+TEST_CASE("gantry.conf: container defaults, drop-in directories and enroot.conf") {
+    auto plain = gantry::parse_config("", "empty.conf");
+    REQUIRE(plain.ok());
+    auto d = gantry::container_defaults(*plain);
+    CHECK_FALSE(d.writable);
+    CHECK_FALSE(d.remap_root);
+    CHECK(d.mount_home);
+    CHECK(plain->environ_dir == "/etc/gantry/environ.d");
+    CHECK(plain->mounts_dir == "/etc/gantry/mounts.d");
+
+    auto c = gantry::parse_config(
+        "container_writable = yes\ncontainer_mount_home = no\nenviron_dir = /etc/enroot/environ.d\nmounts_dir =\n"
+        "enroot_conf = /etc/enroot/enroot.conf\n",
+        "t.conf");
+    REQUIRE(c.ok());
+    CHECK(c->environ_dir == "/etc/enroot/environ.d");
+    CHECK(c->mounts_dir.empty());
+    CHECK(c->enroot_conf == "/etc/enroot/enroot.conf");
+    // enroot.conf fills only what gantry.conf left unset.
+    auto st = gantry::apply_enroot_conf(*c,
+                                        "# site\nENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\n"
+                                        "ENROOT_ROOTFS_WRITABLE no\nENROOT_REMAP_ROOT  y\nENROOT_MOUNT_HOME=yes\n",
+                                        "enroot.conf");
+    REQUIRE(st.ok());
+    d = gantry::container_defaults(*c);
+    CHECK(d.writable);          // gantry.conf said yes; enroot.conf's no loses
+    CHECK(d.remap_root);        // only enroot.conf set it
+    CHECK_FALSE(d.mount_home);  // gantry.conf said no
+
+    auto bad = gantry::apply_enroot_conf(*plain, "\nENROOT_REMAP_ROOT maybe\n", "/etc/enroot/enroot.conf");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message == "/etc/enroot/enroot.conf:2: ENROOT_REMAP_ROOT: expected yes or no, got 'maybe'");
+    auto rel = gantry::parse_config("environ_dir = environ.d\n", "t.conf");
+    REQUIRE_FALSE(rel.ok());
+    CHECK(rel.error().message.find("t.conf:1: environ_dir") == 0);
+    CHECK_FALSE(gantry::parse_config("container_writable = sometimes\n", "t.conf").ok());
+}
+
+TEST_CASE("gantry.conf: load_config reads the enroot.conf it names") {
+    std::string dir = std::filesystem::temp_directory_path() / ("gantry-enroot-conf-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/enroot.conf") << "ENROOT_ROOTFS_WRITABLE yes\n";
+    std::ofstream(dir + "/gantry.conf") << "enroot_conf = " + dir + "/enroot.conf\n";
+    auto c = gantry::load_config(dir + "/gantry.conf", false);
+    REQUIRE(c.ok());
+    CHECK(gantry::container_defaults(*c).writable);
+    std::ofstream(dir + "/gantry.conf") << "enroot_conf = " + dir + "/missing.conf\n";
+    auto missing = gantry::load_config(dir + "/gantry.conf", false);
+    REQUIRE_FALSE(missing.ok());
+    CHECK(missing.error().message.find(dir + "/missing.conf (enroot_conf in " + dir + "/gantry.conf)") !=
+          std::string::npos);
+    std::filesystem::remove_all(dir);
+}

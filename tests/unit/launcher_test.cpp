@@ -1,6 +1,7 @@
 // Unit tests for the launcher module: mount-spec parsing, container paths, environment assembly,
 // entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, the
-// plan of a read-only container's top-level entries, and the fake-root system call filter.
+// plan of a read-only container's top-level entries, the fake-root system call filter, and the
+// Enroot-format drop-ins and image environment.
 #include "gantry/launcher.hpp"
 
 #include <fcntl.h>
@@ -19,7 +20,9 @@
 #include <vector>
 
 #include "../../runtime/launcher/internal.hpp"
+#include "gantry/dropins.hpp"
 #include "gantry/mounts.hpp"
+#include "gantry/squashfs.hpp"
 
 using namespace gantry;
 
@@ -498,4 +501,237 @@ TEST_CASE("syscall filter: once installed, chown to a foreign id and setresuid r
     CHECK(after.st_uid == before.st_uid);  // even for root: the call never ran
     CHECK(after.st_gid == before.st_gid);
     ::unlink(path.c_str());
+}
+
+// --- Enroot-format drop-ins and image environment (include/gantry/dropins.hpp) ---
+
+namespace {
+
+// A fresh directory under $TMPDIR, removed with everything in it when the test ends.
+struct ScratchDir {
+    std::string path;
+    ScratchDir() {
+        std::string tmpl = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/dropins.XXXXXX";
+        std::vector<char> buf(tmpl.begin(), tmpl.end());
+        buf.push_back('\0');
+        REQUIRE(::mkdtemp(buf.data()) != nullptr);
+        path = buf.data();
+        ::chmod(path.c_str(), 0755);
+    }
+    ~ScratchDir() { (void)std::system(("rm -rf '" + path + "'").c_str()); }
+    void write(const std::string& name, const std::string& text, mode_t mode = 0644) const {
+        std::string p = path + "/" + name;
+        FILE* f = std::fopen(p.c_str(), "w");
+        REQUIRE(f != nullptr);
+        std::fputs(text.c_str(), f);
+        std::fclose(f);
+        ::chmod(p.c_str(), mode);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("drop-ins: ${NAME} expansion follows Enroot") {
+    std::vector<std::string> env = {"HOME=/home/u", "EMPTY=", "A=1", "A=2"};
+    CHECK(*expand_variables("${HOME}/x", env) == "/home/u/x");
+    CHECK(*expand_variables("a${UNSET}b", env) == "ab");
+    CHECK(*expand_variables("${EMPTY}", env) == "");
+    CHECK(*expand_variables("${A}", env) == "2");                                         // the last entry wins
+    CHECK(*expand_variables("$HOME and $ and $(cmd)", env) == "$HOME and $ and $(cmd)");  // only ${NAME}
+    CHECK(*expand_variables("cost: 5$", env) == "cost: 5$");
+    auto bad = expand_variables("${HOME:-/tmp}", env);
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message.find("${HOME:-/tmp}") != std::string::npos);
+    CHECK_FALSE(expand_variables("${HOME", env).ok());
+    CHECK_FALSE(expand_variables("${1X}", env).ok());
+}
+
+TEST_CASE("drop-ins: .env files") {
+    std::vector<std::string> env = {"SLURM_JOB_ID=42", "PATH=/usr/bin"};
+    auto vars = parse_environment_file(
+        "# NCCL tuning\n\nNCCL_DEBUG=INFO\nexport FI_PROVIDER=efa\nQUOTED=\"a b\"\nSINGLE='x=y'\n"
+        "JOB_DIR=/scratch/${SLURM_JOB_ID}\n  SPACED = v  \nEMPTY=\n",
+        env, "/etc/gantry/environ.d/10-nccl.env");
+    REQUIRE(vars.ok());
+    CHECK(*vars == std::vector<std::string>{"NCCL_DEBUG=INFO", "FI_PROVIDER=efa", "QUOTED=a b", "SINGLE=x=y",
+                                            "JOB_DIR=/scratch/42", "SPACED=v", "EMPTY="});
+
+    auto bad = parse_environment_file("A=1\nthis is not an assignment\n", env, "/d/20-x.env");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message == "/d/20-x.env:2: expected NAME=VALUE, got 'this is not an assignment'");
+    bad = parse_environment_file("1A=x\n", env, "f.env");
+    CHECK_FALSE(bad.ok());
+    bad = parse_environment_file("A=${B:-c}\n", env, "f.env");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message.rfind("f.env:1: A: ", 0) == 0);
+
+    // An image's /etc/environment is the user's: odd lines are skipped, not fatal.
+    auto lenient = parse_environment_file("garbage\nPATH=\"/opt/x/bin:/usr/bin\"\nB=${B:-c}\n", env, "img", true);
+    REQUIRE(lenient.ok());
+    CHECK(*lenient == std::vector<std::string>{"PATH=/opt/x/bin:/usr/bin", "B=${B:-c}"});
+}
+
+TEST_CASE("drop-ins: .fstab files") {
+    std::vector<std::string> env = {"SITE=/srv/site"};
+    auto m = parse_fstab_file(
+        "# shared storage\n"
+        "/fsx /fsx none x-create=dir,rbind,nofail 0 0\n"
+        "${SITE}/tools opt/tools none x-create=dir,bind,ro,nosuid\n"
+        "/etc/site.cfg /etc/site.cfg rbind\n"
+        "tmpfs /scratch tmpfs size=1G,mode=1777\n"
+        "tmpfs /tmp2\n"
+        "/data ./data\n",
+        env, "/etc/gantry/mounts.d/10-site.fstab");
+    REQUIRE(m.ok());
+    REQUIRE(m->size() == 6);
+    const auto& fsx = (*m)[0];
+    CHECK(fsx.mount.kind == MountKind::bind);
+    CHECK(fsx.mount.source == "/fsx");
+    CHECK(fsx.mount.destination == "/fsx");
+    CHECK(fsx.mount.recursive);
+    CHECK(fsx.nofail);
+    CHECK(fsx.where == "/etc/gantry/mounts.d/10-site.fstab:2");
+    const auto& tools = (*m)[1];
+    CHECK(tools.mount.source == "/srv/site/tools");
+    CHECK(tools.mount.destination == "/opt/tools");  // relative to the container root
+    CHECK_FALSE(tools.mount.recursive);
+    CHECK(tools.mount.read_only);
+    CHECK(tools.mount.nosuid);
+    CHECK_FALSE(tools.nofail);
+    CHECK((*m)[2].mount.kind == MountKind::bind);  // three fields: the third is the options
+    CHECK((*m)[2].mount.recursive);
+    CHECK((*m)[3].mount.kind == MountKind::tmpfs);
+    CHECK((*m)[3].mount.data == "size=1G,mode=1777");
+    CHECK((*m)[4].mount.kind == MountKind::tmpfs);
+    CHECK((*m)[4].mount.destination == "/tmp2");
+    CHECK((*m)[5].mount.destination == "/data");
+
+    auto err = [&](const std::string& text) {
+        auto r = parse_fstab_file("# first\n" + text, env, "f.fstab");
+        REQUIRE_FALSE(r.ok());
+        CHECK(r.error().message.rfind("f.fstab:2: ", 0) == 0);
+        return r.error().message;
+    };
+    CHECK(err("server:/export /nfs nfs defaults\n").find("file system type 'nfs'") != std::string::npos);
+    CHECK(err("relative/src /dst none bind\n").find("not an absolute host path") != std::string::npos);
+    CHECK(err("/a /../etc none bind\n").find("'..'") != std::string::npos);
+    CHECK(err("/a /b none bind,x-move\n").find("x-move") != std::string::npos);
+    CHECK(err("/a /b none bind,x-create=pipe\n").find("x-create") != std::string::npos);
+    CHECK(err("/a /b none bind,frobnicate\n").find("frobnicate") != std::string::npos);
+    CHECK(err("/only-one-field\n").find("SOURCE TARGET") != std::string::npos);
+    CHECK(err("${UNSET}x /x none bind\n").find("not an absolute host path") != std::string::npos);
+}
+
+TEST_CASE("drop-ins: directories in lexical order, owner and mode checked") {
+    ScratchDir env_dir, mount_dir, src;
+    env_dir.write("20-late.env", "A=late\nC=${JOB}\n");
+    env_dir.write("10-early.env", "A=early\nB=b\n");
+    env_dir.write("README", "not=read\n");
+    mount_dir.write("10-site.fstab", src.path + " /site none x-create=dir\n/nonexistent/x /x none nofail\n");
+    Config config;
+    config.environ_dir = env_dir.path;
+    config.mounts_dir = mount_dir.path;
+    auto site = load_site_defaults(config, {"JOB=7"});
+    REQUIRE(site.ok());
+    CHECK(site->env == std::vector<std::string>{"A=early", "B=b", "A=late", "C=7"});
+    REQUIRE(site->mounts.size() == 1);  // the nofail mount of a missing source is left out
+    CHECK(site->mounts[0].source == src.path);
+    CHECK(site->mounts[0].destination == "/site");
+
+    SECTION("a missing source without nofail names the file and line") {
+        mount_dir.write("20-more.fstab", "/nonexistent/y /y none bind\n");
+        auto r = load_site_defaults(config, {});
+        REQUIRE_FALSE(r.ok());
+        CHECK(r.error().message.find(mount_dir.path + "/20-more.fstab:1: mounting /nonexistent/y at /y") == 0);
+        CHECK(r.error().message.find("nofail") != std::string::npos);
+    }
+    SECTION("a group-writable file is refused before it is parsed") {
+        env_dir.write("30-bad.env", "this would not parse\n", 0664);
+        auto r = load_site_defaults(config, {});
+        REQUIRE_FALSE(r.ok());
+        CHECK(r.error().message.find("drop-in file " + env_dir.path +
+                                     "/30-bad.env is writable by its group or others") == 0);
+        CHECK(r.error().message.find("chmod go-w") != std::string::npos);
+    }
+    SECTION("an other-writable directory is refused") {
+        ::chmod(mount_dir.path.c_str(), 0757);
+        auto r = load_site_defaults(config, {});
+        REQUIRE_FALSE(r.ok());
+        CHECK(r.error().message.find("drop-in directory " + mount_dir.path) == 0);
+    }
+    SECTION("missing or disabled directories add nothing") {
+        config.environ_dir = env_dir.path + "/absent";
+        config.mounts_dir.clear();
+        auto r = load_site_defaults(config, {});
+        REQUIRE(r.ok());
+        CHECK(r->env.empty());
+        CHECK(r->mounts.empty());
+    }
+}
+
+TEST_CASE("drop-ins: a file owned by another user is refused", "[root]") {
+    ScratchDir dir;
+    dir.write("10-x.env", "A=1\n");
+    REQUIRE(::chown((dir.path + "/10-x.env").c_str(), 65534, 65534) == 0);
+    Config config;
+    config.environ_dir = dir.path;
+    config.mounts_dir.clear();
+    auto r = load_site_defaults(config, {});
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find("is owned by uid 65534, not root") != std::string::npos);
+}
+
+namespace {
+
+// An Enroot-style image: a tree with /etc/environment, squashed by mksquashfs (squashfs-tools).
+std::string make_enroot_image(const ScratchDir& dir, const std::string& environment) {
+    std::string tree = dir.path + "/tree";
+    REQUIRE(::mkdir(tree.c_str(), 0755) == 0);
+    REQUIRE(::mkdir((tree + "/etc").c_str(), 0755) == 0);
+    if (!environment.empty()) dir.write("tree/etc/environment", environment);
+    std::string image = dir.path + "/image.sqsh";
+    REQUIRE(std::system(
+                ("mksquashfs '" + tree + "' '" + image + "' -noappend -quiet -no-progress >/dev/null").c_str()) == 0);
+    ::chmod(image.c_str(), 0644);
+    return image;
+}
+
+}  // namespace
+
+TEST_CASE("image environment: /etc/environment of a squashfs without OCI config") {
+    ScratchDir dir;
+    std::string image =
+        make_enroot_image(dir, "PATH=\"/opt/app/bin:/usr/bin\"\nAPP_HOME=/opt/app\nDISPLAY=${DISPLAY}\n");
+    auto text = read_image_file(image, "/etc/environment", 1 << 16);
+    REQUIRE(text.ok());
+    REQUIRE(text->has_value());
+    CHECK(text->value().find("APP_HOME=/opt/app") != std::string::npos);
+    CHECK_FALSE(read_image_file(image, "/etc/missing", 1 << 16)->has_value());
+    CHECK_FALSE(read_image_file(image, "/etc/environment", 8).ok());  // over the cap
+
+    auto env = read_image_environment(image, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {"DISPLAY=:0"});
+    REQUIRE(env.ok());
+    CHECK(*env == std::vector<std::string>{"PATH=/opt/app/bin:/usr/bin", "APP_HOME=/opt/app", "DISPLAY=:0"});
+
+    ScratchDir other;
+    std::string bare = make_enroot_image(other, "");
+    auto none = read_image_environment(bare, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {});
+    REQUIRE(none.ok());
+    CHECK(none->empty());
+    CHECK_FALSE(
+        read_image_environment(dir.path + "/tree/etc/environment", static_cast<uid_t>(-1), static_cast<gid_t>(-1), {})
+            .ok());  // not a squashfs image
+}
+
+TEST_CASE("image environment: root reads a user's image as that user", "[root]") {
+    ScratchDir dir;
+    std::string image = make_enroot_image(dir, "A=1\n");
+    auto env = read_image_environment(image, 65534, 65534, {});
+    REQUIRE(env.ok());
+    CHECK(*env == std::vector<std::string>{"A=1"});
+    // The same image where only root may read it: the user's child cannot open it.
+    ::chmod(image.c_str(), 0600);
+    auto denied = read_image_environment(image, 65534, 65534, {});
+    REQUIRE_FALSE(denied.ok());
+    CHECK(denied.error().message == "opening image " + image + ": Permission denied");
 }

@@ -1,0 +1,87 @@
+// Site-wide container settings in Enroot's file formats, for sites migrating from Pyxis + Enroot:
+//
+//   environ.d/*.env   NAME=VALUE lines: variables every container gets (NCCL/EFA tuning, proxies)
+//   mounts.d/*.fstab  fstab lines: mounts every container gets (/fsx, a site tools directory)
+//   /etc/environment  inside an image made by `enroot import` (no OCI config): the image's Env
+//
+// Both formats may reference the job's (for `gantry run`: the caller's) environment as ${NAME}, which
+// is replaced by its value, or by nothing when unset. As in Enroot, a bare $NAME is left as written.
+// gantry.conf names the directories (environ_dir, mounts_dir; docs/admin.md has the migration table).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gantry/config.hpp"
+#include "gantry/launcher.hpp"
+#include "gantry/mounts.hpp"
+#include "gantry/result.hpp"
+
+namespace gantry {
+
+// Replaces every ${NAME} in `text` with NAME's value in `env` ("NAME=value" entries, the last one
+// winning), or with nothing when NAME is unset. "${" that does not open a valid NAME and "}" is an
+// error (Enroot's ${NAME:-default} forms are not supported); "$" followed by anything else stays.
+Result<std::string> expand_variables(std::string_view text, const std::vector<std::string>& env);
+
+// Parses an environment file: one NAME=VALUE per line ("export " in front is allowed); blank lines and
+// lines starting with '#' are skipped; one pair of matching quotes around VALUE is removed; ${NAME}
+// is expanded from `env`. Returns "NAME=VALUE" entries in file order. Errors read "ORIGIN:LINE: ...".
+// `lenient` (an image's own /etc/environment) skips malformed lines instead of failing.
+Result<std::vector<std::string>> parse_environment_file(std::string_view text, const std::vector<std::string>& env,
+                                                        const std::string& origin, bool lenient = false);
+
+// One line of a mounts.d file.
+struct DropinMount {
+    MountSpec mount;
+    bool nofail = false;  // skip the mount when its source does not exist
+    std::string where;    // "FILE:LINE", for messages
+};
+
+// Parses fstab text: `SOURCE TARGET [TYPE [OPTIONS [FREQ [PASSNO]]]]` per line, '#' comments.
+//   SOURCE  an absolute host path (after ${NAME} expansion), or `tmpfs`
+//   TARGET  a path inside the container, relative to its root ("fsx" == "/fsx"); no `..`
+//   TYPE    none (a bind mount) or tmpfs; with three fields the third may be the options instead
+//           ("/opt/tools /opt/tools rbind"); with two, SOURCE `tmpfs` makes a tmpfs, else a bind mount
+//   OPTIONS bind (non-recursive), rbind (the default), ro, rw, nosuid, suid, nodev, dev, noexec, exec,
+//           the propagation flags of --container-mounts, nofail, defaults, x-create=dir|file|auto
+//           (Gantry always creates the mount point, as a directory or file like the source), and for
+//           tmpfs size=, mode=, nr_inodes=, uid=, gid=. x-move and x-detach are refused.
+//   FREQ and PASSNO are ignored (the file's order is the mount order).
+Result<std::vector<DropinMount>> parse_fstab_file(std::string_view text, const std::vector<std::string>& env,
+                                                  const std::string& origin);
+
+// What the drop-in directories add to every container.
+struct SiteDefaults {
+    std::vector<std::string> env;   // "NAME=VALUE", files in lexical order, lines in file order
+    std::vector<MountSpec> mounts;  // nofail mounts of missing sources already left out
+};
+
+// Reads config.environ_dir/*.env and config.mounts_dir/*.fstab (other names are ignored), each in
+// lexical order of the file names, expanding ${NAME} from `env`. The files are the admin's: a directory
+// or file must be owned by root (or, for an unprivileged caller, by the caller) and writable by
+// nobody else, checked on the open descriptor before a byte is parsed; otherwise the call fails naming
+// the file and the fix. A missing directory adds nothing.
+Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<std::string>& env);
+
+// The environment of an Enroot-made image: its /etc/environment (parse_environment_file, lenient), read
+// from the squashfs file without mounting it. The image is the user's bytes: when the caller is root
+// and `uid` is not, a child process switched to uid/gid (and the user's groups) opens and parses it, and
+// only the NAME=VALUE entries come back, checked and capped. An image without the file: no entries.
+Result<std::vector<std::string>> read_image_environment(const std::string& image, uid_t uid, gid_t gid,
+                                                        const std::vector<std::string>& env);
+
+// What both front ends (the plugin's step and `gantry run`) add to a ContainerSpec before
+// Container::create, `env` being the job's (or caller's) environment:
+//   1. a squashfs without an OCI config (no Env, Entrypoint or Cmd: an Enroot-made or hand-made
+//      image) gets its /etc/environment as the image environment;
+//   2. environ.d variables go after the image's (so they win over the image; the job's own variables
+//      do not replace them under the Pyxis rule, --container-env and --env NAME=VALUE still do);
+//   3. mounts.d mounts go before the user's --container-mounts (a user mount at the same target is
+//      mounted later, over it).
+Status apply_site_defaults(ContainerSpec& spec, const std::vector<std::string>& env);
+
+}  // namespace gantry

@@ -1,0 +1,277 @@
+// Site-wide drop-ins in Enroot's formats (environ.d/*.env, mounts.d/*.fstab) and their application to
+// a ContainerSpec; see include/gantry/dropins.hpp for the formats and the precedence.
+#include "gantry/dropins.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "gantry/files.hpp"
+#include "gantry/image_config.hpp"
+#include "gantry/log.hpp"
+#include "gantry/strings.hpp"
+
+namespace gantry {
+namespace {
+
+constexpr size_t kMaxDropinBytes = 1 << 20;  // one drop-in file; real ones are a few lines
+
+bool valid_name(std::string_view name) {
+    if (name.empty() || (std::isdigit(static_cast<unsigned char>(name[0])) != 0)) return false;
+    return std::all_of(name.begin(), name.end(),
+                       [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; });
+}
+
+std::vector<std::string> split_fields(const std::string& line) {
+    std::vector<std::string> out;
+    std::istringstream in(line);
+    std::string f;
+    while (in >> f) out.push_back(f);
+    return out;
+}
+
+// Owned by root (or by the unprivileged caller itself) and writable by nobody else: then only the
+// admin (or that caller) decides what the file says. `what` is "directory" or "file".
+Status check_owner(const struct stat& st, const std::string& path, const char* what) {
+    uid_t me = ::geteuid();
+    if (st.st_uid != 0 && st.st_uid != me)
+        return make_error("drop-in " + std::string(what) + " " + path + " is owned by uid " +
+                          std::to_string(st.st_uid) + ", not root: refusing to read it (chown root " + path + ")");
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+        return make_error("drop-in " + std::string(what) + " " + path + " is writable by its group or others (mode " +
+                          mode + "): refusing to read it (chmod go-w " + path + ")");
+    }
+    return {};
+}
+
+struct DropinFile {
+    std::string path;
+    std::string text;
+};
+
+// The *SUFFIX files of `dir` in lexical order, each checked (check_owner) on its open descriptor before
+// it is read. Symlinks are followed: the directory is the admin's, so is every link in it.
+Result<std::vector<DropinFile>> read_dropin_dir(const std::string& dir, const std::string& suffix) {
+    std::vector<DropinFile> out;
+    if (dir.empty()) return out;
+    UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dfd) {
+        if (errno == ENOENT) return out;
+        return system_error("opening drop-in directory " + dir);
+    }
+    struct stat dst {};
+    if (::fstat(dfd.get(), &dst) != 0) return system_error("reading drop-in directory " + dir);
+    GANTRY_TRY(check_owner(dst, dir, "directory"));
+    auto directory = Directory::open(fd_path(dfd.get()));
+    if (!directory) return directory.error().wrap("reading drop-in directory " + dir);
+    auto names = list_directory(*directory);
+    if (!names) return names.error().wrap("reading drop-in directory " + dir);
+    std::sort(names->begin(), names->end());
+    for (const auto& name : *names) {
+        if (name.size() <= suffix.size() || !ends_with(name, suffix) || name[0] == '.') continue;
+        std::string path = dir + "/" + name;
+        UniqueFd fd(::openat(dfd.get(), name.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+        if (!fd) return system_error("opening drop-in file " + path);
+        struct stat st {};
+        if (::fstat(fd.get(), &st) != 0) return system_error("reading drop-in file " + path);
+        if (!S_ISREG(st.st_mode)) return make_error("drop-in file " + path + " is not a regular file");
+        GANTRY_TRY(check_owner(st, path, "file"));
+        auto text = read_capped(fd.get(), kMaxDropinBytes, "drop-in file " + path);
+        if (!text) return text.error();
+        out.push_back({path, std::move(*text)});
+    }
+    return out;
+}
+
+Status parse_fstab_options(DropinMount& d, const std::string& options) {
+    for (const auto& o : split_list(options, ',')) {
+        if (o.empty() || o == "defaults") continue;
+        if (o == "nofail") {
+            d.nofail = true;
+        } else if (starts_with(o, "x-create=")) {
+            std::string kind = o.substr(9);
+            // Gantry creates every mount point (as a directory or a file, like the source), so the
+            // value only has to be one Enroot knows.
+            if (kind != "dir" && kind != "file" && kind != "auto")
+                return make_error("option '" + o + "': expected x-create=dir, x-create=file or x-create=auto");
+        } else if (o == "x-move" || o == "x-detach") {
+            return make_error("option '" + o + "' is not supported (Gantry applies bind mounts and tmpfs only)");
+        } else if (!apply_mount_flag(d.mount, o)) {
+            return make_error("unknown mount option '" + o + "'");
+        }
+    }
+    return {};
+}
+
+Result<DropinMount> parse_fstab_line(const std::vector<std::string>& raw, const std::vector<std::string>& env) {
+    std::vector<std::string> f;
+    for (const auto& r : raw) {
+        auto e = expand_variables(r, env);
+        if (!e) return e.error();
+        f.push_back(std::move(*e));
+    }
+    if (f.size() < 2 || f.size() > 6) return make_error("expected 'SOURCE TARGET [TYPE [OPTIONS]]'");
+    std::string type, options;
+    if (f.size() == 2) {
+        type = f[0] == "tmpfs" ? "tmpfs" : "none";
+    } else if (f.size() == 3 && f[2] != "none" && f[2] != "tmpfs") {
+        type = f[0] == "tmpfs" ? "tmpfs" : "none";
+        options = f[2];
+    } else {
+        type = f[2];
+        if (f.size() > 3) options = f[3];
+    }
+    DropinMount d;
+    if (type == "tmpfs") {
+        d.mount.kind = MountKind::tmpfs;
+        d.mount.source = "tmpfs";
+    } else if (type == "none") {
+        d.mount.kind = MountKind::bind;
+        d.mount.source = f[0];
+        if (f[0].empty() || f[0][0] != '/')
+            return make_error("source '" + f[0] + "' is not an absolute host path (or tmpfs)");
+    } else {
+        return make_error("file system type '" + type + "' is not supported (use none for a bind mount, or tmpfs)");
+    }
+    std::string target = f[1];
+    if (!target.empty() && target[0] != '/' && target[0] != '.') target = "/" + target;
+    auto dst = normalize_container_path(target, "target");
+    if (!dst) return dst.error();
+    d.mount.destination = *dst;
+    GANTRY_TRY(parse_fstab_options(d, options));
+    return d;
+}
+
+}  // namespace
+
+Result<std::string> expand_variables(std::string_view text, const std::vector<std::string>& env) {
+    std::string out;
+    size_t i = 0;
+    while (i < text.size()) {
+        if (text[i] != '$' || i + 1 >= text.size() || text[i + 1] != '{') {
+            out += text[i++];
+            continue;
+        }
+        size_t close = text.find('}', i + 2);
+        std::string_view name =
+            close == std::string_view::npos ? text.substr(i + 2) : text.substr(i + 2, close - i - 2);
+        if (close == std::string_view::npos || !valid_name(name))
+            return make_error("'" +
+                              std::string(text.substr(i, close == std::string_view::npos ? text.npos : close - i + 1)) +
+                              "' is not a ${NAME} reference (only ${NAME} is expanded)");
+        if (auto v = find_env(env, std::string(name))) out += *v;
+        i = close + 1;
+    }
+    return out;
+}
+
+Result<std::vector<std::string>> parse_environment_file(std::string_view text, const std::vector<std::string>& env,
+                                                        const std::string& origin, bool lenient) {
+    std::vector<std::string> out;
+    std::istringstream in{std::string(text)};
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+        ++lineno;
+        std::string where = origin + ":" + std::to_string(lineno);
+        line = trim(line);
+        if (line.empty() || line[0] == '#') continue;
+        if (starts_with(line, "export ")) line = trim(line.substr(7));
+        auto eq = line.find('=');
+        std::string name = trim(line.substr(0, eq));
+        if (eq == std::string::npos || !valid_name(name)) {
+            if (lenient) continue;
+            return make_error(where + ": expected NAME=VALUE, got '" + line + "'");
+        }
+        std::string value = trim(line.substr(eq + 1));
+        if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+            value = value.substr(1, value.size() - 2);
+        auto expanded = expand_variables(value, env);
+        if (!expanded) {
+            if (lenient) {
+                out.push_back(name + "=" + value);
+                continue;
+            }
+            return expanded.error().wrap(where + ": " + name);
+        }
+        out.push_back(name + "=" + *expanded);
+    }
+    return out;
+}
+
+Result<std::vector<DropinMount>> parse_fstab_file(std::string_view text, const std::vector<std::string>& env,
+                                                  const std::string& origin) {
+    std::vector<DropinMount> out;
+    std::istringstream in{std::string(text)};
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+        ++lineno;
+        std::string where = origin + ":" + std::to_string(lineno);
+        line = trim(line);
+        if (line.empty() || line[0] == '#') continue;
+        auto d = parse_fstab_line(split_fields(line), env);
+        if (!d) return d.error().wrap(where);
+        d->where = where;
+        d->mount.text = line;
+        out.push_back(std::move(*d));
+    }
+    return out;
+}
+
+Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<std::string>& env) {
+    SiteDefaults site;
+    auto env_files = read_dropin_dir(config.environ_dir, ".env");
+    if (!env_files) return env_files.error();
+    for (const auto& f : *env_files) {
+        auto vars = parse_environment_file(f.text, env, f.path);
+        if (!vars) return vars.error();
+        site.env.insert(site.env.end(), vars->begin(), vars->end());
+    }
+    auto mount_files = read_dropin_dir(config.mounts_dir, ".fstab");
+    if (!mount_files) return mount_files.error();
+    for (const auto& f : *mount_files) {
+        auto mounts = parse_fstab_file(f.text, env, f.path);
+        if (!mounts) return mounts.error();
+        for (auto& d : *mounts) {
+            if (d.mount.kind == MountKind::bind) {
+                // An admin-named host path, looked at with our rights only to decide whether it exists;
+                // the user's own rights decide later whether it can be mounted (check_mount_sources).
+                struct stat st {};
+                if (::stat(d.mount.source.c_str(), &st) != 0) {
+                    if (d.nofail) {
+                        log::debug(d.where + ": " + d.mount.source + " does not exist; skipped (nofail)");
+                        continue;
+                    }
+                    return make_error(
+                        d.where + ": mounting " + d.mount.source + " at " + d.mount.destination +
+                        ": source path does not exist (add nofail to its options to skip it when missing)");
+                }
+            }
+            site.mounts.push_back(std::move(d.mount));
+        }
+    }
+    return site;
+}
+
+Status apply_site_defaults(ContainerSpec& spec, const std::vector<std::string>& env) {
+    const ImageConfig& ic = spec.image_config;
+    if (ic.env.empty() && ic.entrypoint.empty() && ic.cmd.empty()) {
+        auto image_env = read_image_environment(spec.image_path, spec.uid, spec.gid, env);
+        if (!image_env) return image_env.error();
+        spec.image_config.env = std::move(*image_env);
+    }
+    auto site = load_site_defaults(spec.config, env);
+    if (!site) return site.error();
+    for (auto& e : site->env) spec.image_config.env.push_back(std::move(e));
+    spec.mounts.insert(spec.mounts.begin(), site->mounts.begin(), site->mounts.end());
+    return {};
+}
+
+}  // namespace gantry
