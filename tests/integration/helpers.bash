@@ -196,3 +196,19 @@ gantry_node_tls_registry() {
   REG_PID=$(cat "$d/pid")
   if [ "$GANTRY_TEST_MODE" = multi ]; then TREG=gantry-login:$port; else TREG=127.0.0.1:$port; fi
 }
+
+# shape_link RATE: slows the host's traffic towards the nodes (the link the route to gnode1 uses) to
+# RATE, so that a pull of a few MB takes seconds and a kill lands mid-download. Run as root on the
+# harness's own veth (the nodes' only way out); unshape_link (teardown) removes it.
+shape_link() {
+  local ip
+  ip=$(getent ahostsv4 gnode1 | awk 'NR == 1 { print $1 }')
+  SHAPED_DEV=$(ip -o route get "$ip" | sed -n 's/.* dev \([^ ]*\).*/\1/p')
+  [ -n "$SHAPED_DEV" ]
+  tc qdisc replace dev "$SHAPED_DEV" root tbf rate "$1" burst 32kb latency 500ms
+}
+
+unshape_link() {
+  if [ -n "$SHAPED_DEV" ]; then tc qdisc del dev "$SHAPED_DEV" root 2>/dev/null || true; fi
+  SHAPED_DEV=
+}

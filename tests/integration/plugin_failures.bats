@@ -112,22 +112,6 @@ make_tls() {
   chmod 644 "$ca/ca.pem"
 }
 
-# shape_link RATE: slows the host's traffic towards the nodes (the link the route to gnode1 uses) to
-# RATE, so that a pull of a few MB takes seconds and a kill lands mid-download. Run as root on the
-# harness's own veth (the nodes' only way out); unshape_link (teardown) removes it.
-shape_link() {
-  local ip
-  ip=$(getent ahostsv4 gnode1 | awk 'NR == 1 { print $1 }')
-  SHAPED_DEV=$(ip -o route get "$ip" | sed -n 's/.* dev \([^ ]*\).*/\1/p')
-  [ -n "$SHAPED_DEV" ]
-  tc qdisc replace dev "$SHAPED_DEV" root tbf rate "$1" burst 32kb latency 500ms
-}
-
-unshape_link() {
-  if [ -n "$SHAPED_DEV" ]; then tc qdisc del dev "$SHAPED_DEV" root 2>/dev/null || true; fi
-  SHAPED_DEV=
-}
-
 # wait_for_partial HEX [BLOB [BYTES]]: waits (up to 60 s) until the producer of image HEX has
 # downloaded at least BYTES (default 1 MB) of BLOB (default: any blob) into the store's staging area;
 # prints the .partial file.

@@ -16,6 +16,7 @@ setup() {
 }
 
 teardown() {
+  unshape_link
   rm -rf "$WORK"
 }
 
@@ -41,6 +42,36 @@ manifest_requests() {
   # In that order, and nothing is printed on stdout for the import.
   [ "$(grep -n "importing docker image" "$WORK/err" | cut -d: -f1)" -lt "$(grep -n "imported docker image" "$WORK/err" | cut -d: -f1)" ]
   ! grep -q "docker image" "$WORK/out" || false
+}
+
+@test "a slow cold pull: srun prints the nodes' import progress (bytes, layers) while they pull, once per step" {
+  GANTRY_TEST_IMPORT_MESSAGES= gantry_plugin_conf "import_progress_seconds = 1"
+  name="compat-slow-$RANDOM$RANDOM"
+  gantry_fresh_image "$WORK" "$name" 8000000 >/dev/null   # 8 MB of random bytes: gzip keeps them
+  image="$REG#gantry-test/$name"
+  shape_link 16mbit   # ~2 MB/s towards the nodes: the download takes seconds
+  as_user srun -N2 -n2 --container-image="$image" cat /unique/id >"$WORK/out" 2>"$WORK/err"
+  unshape_link
+  echo "--- stdout"; cat "$WORK/out"; echo "--- stderr"; cat "$WORK/err"
+  [ "$(grep -c "^$name " "$WORK/out")" -eq 2 ]
+  # Progress lines come from srun alone: "IMAGE: DONE / TOTAL (P%), L/N layers[, RATE/s]".
+  progress=$(grep -E "^gantry: importing docker image: $image: [0-9.]+ [KMG]?i?B / [0-9.]+ [KMG]iB \([0-9]+%\), [0-9]+/[0-9]+ layers" "$WORK/err" | wc -l)
+  echo "progress lines: $progress"
+  [ "$progress" -ge 1 ]
+  # They come between the two announcements, which are still printed once each.
+  [ "$(grep -cx "gantry: importing docker image: $image" "$WORK/err")" -eq 1 ]
+  [ "$(grep -cx "gantry: imported docker image: $image" "$WORK/err")" -eq 1 ]
+  first_progress=$(grep -n "importing docker image: $image: " "$WORK/err" | head -n1 | cut -d: -f1)
+  [ "$(grep -n "importing docker image: $image\$" "$WORK/err" | cut -d: -f1)" -lt "$first_progress" ]
+  # With import_progress_seconds = 0 nothing but the announcements is printed.
+  GANTRY_TEST_IMPORT_MESSAGES= gantry_plugin_conf "import_progress_seconds = 0"
+  name2="compat-quiet-$RANDOM$RANDOM"
+  gantry_fresh_image "$WORK" "$name2" 8000000 >/dev/null
+  shape_link 16mbit
+  as_user srun -N1 -n1 --container-image="$REG#gantry-test/$name2" true 2>"$WORK/err2"
+  unshape_link
+  cat "$WORK/err2"
+  ! grep -q "importing docker image: $REG#gantry-test/$name2: " "$WORK/err2" || false
 }
 
 @test "a missing tag with -N2 -n4: one manifest request to the registry and one error on the terminal" {
