@@ -164,9 +164,10 @@ start_holder() {
       exec sleep infinity' holder "$root" "$hdir" "$src" "$etc" "$state/tmp" "$holder_pid_file" "$node" \
       >>"$state/holder.log" 2>&1 </dev/null
   ) &
-  local i
+  local i spawned=$!
   for ((i = 0; i < 100; i++)); do
     holder_alive && return 0
+    kill -0 "$spawned" 2>/dev/null || break
     sleep 0.1
   done
   die "the namespace around the $suite root could not be set up; see $state/holder.log: $(tail -3 "$state/holder.log" 2>/dev/null | tr '\n' ' ')"
@@ -259,7 +260,7 @@ cmd_stop() {
   for sig in TERM KILL; do
     pids=$(in_uts)
     [ -n "$pids" ] || break
-    note "sending SIG$sig to leftover process(es) of the cluster: $(echo $pids)"
+    note "sending SIG$sig to leftover process(es) of the cluster: $(tr "\n" " " <<<"$pids")"
     # shellcheck disable=SC2086
     kill -"$sig" $pids 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
