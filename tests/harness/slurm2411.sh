@@ -75,6 +75,7 @@ make_root() {
   rm -rf "$tmp"
   note "debootstrap --variant=minbase $suite from $mirror (about a minute; cached as $root)"
   if ! debootstrap --variant=minbase "$suite" "$tmp" "$mirror" >"$cache/slurm2411-debootstrap.log" 2>&1; then
+    rm -rf --one-file-system "$tmp"
     die "debootstrap $suite from $mirror failed (mirror unreachable? set GANTRY_TEST_DEBIAN_MIRROR); see $cache/slurm2411-debootstrap.log: $(tail -2 "$cache/slurm2411-debootstrap.log" | tr '\n' ' ')"
   fi
   t1=$SECONDS
