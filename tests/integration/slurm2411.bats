@@ -11,7 +11,9 @@ setup() {
   REG=$GANTRY_TEST_REGISTRY_HTTP
   TINY="$REG#gantry-test/tiny"
   U=gantry-test
-  printf 'store_path = %s\ninsecure_registries = %s\n' "$GANTRY_T2411_FSX/store" "$REG" >"$GANTRY_T2411_GANTRY_CONF"
+  # mount_backend = extract: with trixie's squashfuse_ll (0.5, libfuse 3.17) the fuse backend's
+  # teardown hangs (squashfuse_ll blocks in a lookup on its own mount; docs/testing.md, "Slurm 24.11").
+  printf 'store_path = %s\ninsecure_registries = %s\nmount_backend = extract\n' "$GANTRY_T2411_FSX/store" "$REG" >"$GANTRY_T2411_GANTRY_CONF"
   mkdir -p "$GANTRY_T2411_FSX/store" && chmod 1777 "$GANTRY_T2411_FSX/store"
   WORK=$(mktemp -d "$GANTRY_T2411_FSX/t.XXXXXX")
   chown "$U" "$WORK"
@@ -79,7 +81,7 @@ slurmd_alive() {
 
 @test "24.11: the host's 22.05-built spank_gantry.so is refused by name, without a crash; doctor names both releases" {
   old=$GANTRY_BUILD_DIR/plugin/spank_gantry.so
-  [ -f "$old" ] || skip "no host build of spank_gantry.so in $GANTRY_BUILD_DIR"
+  [ -f "$old" ] || { echo "no host (22.05) build of spank_gantry.so in $GANTRY_BUILD_DIR: build the spank_gantry target" >&2; false; }
   old_release=$(grep -aoE 'gantry-built-for-slurm=[0-9]+\.[0-9]+' "$old" | head -1 | cut -d= -f2)
   [ -n "$old_release" ]
   [ "$old_release" != 24.11 ]
