@@ -1,0 +1,434 @@
+#!/usr/bin/env bash
+# Gantry's second Slurm: Slurm 24.11 from Debian 13 (trixie), run from a trixie root beside the host's
+# Slurm 22.05 cluster (tests/harness/slurm.sh), with Gantry built inside that root against 24.11.
+#
+#   slurm2411.sh root      make sure the trixie root exists: debootstrap --variant=minbase trixie plus
+#                          apt-get install of the build and runtime packages, cached under
+#                          $GANTRY_HARNESS_DIR/cache/ keyed by a hash of the recipe below
+#   slurm2411.sh build     root, then configure and build gantry, gantry-entry and spank_gantry.so in
+#                          the root against its libslurm-dev 24.11 (build dir: <state>/build)
+#   slurm2411.sh start     build, then start munged, slurmctld and one slurmd ("gantry-trixie", 2+
+#                          CPUs) from the root with spank_gantry.so in its plugstack; writes
+#                          $GANTRY_HARNESS_DIR/slurm2411.env for the tests
+#   slurm2411.sh stop      stop every daemon and process of the cluster; logs stay in the state dir
+#   slurm2411.sh status    the daemons and sinfo; exit 1 unless all are up
+#   slurm2411.sh exec [--] CMD...   run CMD as root inside the trixie root (srun, sinfo, gantry ...)
+#
+# Not a chroot: the kernel refuses unshare(CLONE_NEWUSER) to a chrooted process, and the plugin makes
+# user namespaces. The root is entered with a mount namespace of its own and pivot_root, so that it is
+# the real root of everything the cluster runs. A "holder" process keeps that namespace (and a UTS
+# namespace with the hostname gantry-trixie) alive; daemons and commands join it with nsenter. The
+# network is the host's: loopback ports (gantry_free_port) for slurmctld and slurmd, and the harness
+# registry at its 127.0.0.1 address. $GANTRY_HARNESS_DIR and the source tree appear at their own paths
+# inside, so paths in env files and gantry.conf mean the same on both sides.
+#
+# State, logs and the build: $GANTRY_HARNESS_DIR/slurm2411 (never the 22.05 cluster's slurm/ or
+# /etc/slurm of the host). Mirror: $GANTRY_TEST_DEBIAN_MIRROR, default http://deb.debian.org/debian.
+# See docs/testing.md, "Slurm 24.11 (trixie root)".
+set -euo pipefail
+
+self=$(readlink -f "${BASH_SOURCE[0]}")
+here=$(dirname "$self")
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+
+hdir=$(readlink -m "${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}")
+src=$(readlink -f "${GANTRY_SOURCE_DIR:-$here/../..}")
+state=$hdir/slurm2411
+run=$state/run            # per start: configs, logs, spool, pid files (wiped by start)
+bdir=$state/build         # kept between starts: the build is incremental
+envfile=$hdir/slurm2411.env
+holder_pid_file=$state/holder.pid
+mirror=${GANTRY_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+node=gantry-trixie
+partition=trixie
+
+# The root's recipe. Any change here (suite, packages) makes a new cache entry.
+suite=trixie
+packages=(
+  # building Gantry (scripts/install-deps --build-only, with trixie's names)
+  build-essential cmake pkg-config libslurm-dev libsquashfs-dev libarchive-dev libcurl4-openssl-dev
+  libssl-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libyaml-dev libisal-dev libseccomp-dev
+  # the cluster and what the plugin runs on a node
+  slurmd slurmctld slurm-client munge squashfs-tools squashfuse fuse3 util-linux procps ca-certificates
+)
+recipe_version=1  # bump when the steps in make_root change
+recipe=$(printf '%s\n' "$recipe_version" "$suite" minbase "${packages[@]}" | sha256sum | cut -c1-16)
+cache=$hdir/cache
+root=$cache/$suite-slurm2411-$recipe
+
+note() { gantry_note "slurm2411: $*"; }
+die() { gantry_die "slurm2411: $*"; }
+
+# ---------------------------------------------------------------------------------------------------
+# The root
+
+make_root() {
+  [ -f "$root/.gantry-complete" ] && return 0
+  gantry_require_root "building the trixie root (debootstrap)"
+  gantry_require_cmd debootstrap debootstrap
+  [ -e /usr/share/debootstrap/scripts/$suite ] ||
+    die "this debootstrap does not know Debian $suite (/usr/share/debootstrap/scripts/$suite missing); install a newer debootstrap"
+  mkdir -p "$cache"
+  chmod 755 "$hdir" "$cache"
+  local tmp=$root.partial t0=$SECONDS t1
+  rm -rf "$tmp"
+  note "debootstrap --variant=minbase $suite from $mirror (about a minute; cached as $root)"
+  if ! debootstrap --variant=minbase "$suite" "$tmp" "$mirror" >"$cache/slurm2411-debootstrap.log" 2>&1; then
+    rm -rf --one-file-system "$tmp"
+    die "debootstrap $suite from $mirror failed (mirror unreachable? set GANTRY_TEST_DEBIAN_MIRROR); see $cache/slurm2411-debootstrap.log: $(tail -2 "$cache/slurm2411-debootstrap.log" | tr '\n' ' ')"
+  fi
+  t1=$SECONDS
+  note "TIMING debootstrap: $((t1 - t0)) s"
+  # Package scripts must not start services: the harness starts its own daemons.
+  printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
+  chmod 755 "$tmp/usr/sbin/policy-rc.d"
+  # apt in a chroot is fine (no user namespaces there); /proc for the maintainer scripts.
+  mount -t proc proc "$tmp/proc"
+  local rc=0
+  chroot "$tmp" env DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 sh -ec '
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "$@"
+    apt-get clean' apt "${packages[@]}" >"$cache/slurm2411-apt.log" 2>&1 || rc=$?
+  umount "$tmp/proc"
+  [ $rc -eq 0 ] || die "apt-get install in the $suite root failed (rc $rc); see $cache/slurm2411-apt.log: $(tail -3 "$cache/slurm2411-apt.log" | tr '\n' ' ')"
+  note "TIMING apt-get install (${#packages[@]} packages): $((SECONDS - t1)) s"
+  touch "$tmp/.gantry-complete"
+  mv "$tmp" "$root"
+  # Older recipes' roots are of no further use.
+  local old
+  for old in "$cache/$suite"-slurm2411-*; do
+    [ "$old" = "$root" ] || { note "removing the outdated root $old"; rm -rf --one-file-system "$old"; }
+  done
+}
+
+# ---------------------------------------------------------------------------------------------------
+# The namespace around the root
+
+holder_alive() {
+  local pid
+  [ -s "$holder_pid_file" ] && pid=$(cat "$holder_pid_file") && [ -n "$pid" ] &&
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] &&
+    [ "$(readlink "/proc/$pid/ns/uts")" != "$(readlink /proc/1/ns/uts)" ]
+}
+
+# start_holder: a process in a new mount and UTS namespace whose root is the trixie root (pivot_root),
+# with /proc, /sys, /dev, the harness dir and the source tree mounted, and passwd/group/hosts/slurm
+# configuration of this harness bound over the root's own (the cached root itself is not changed,
+# except for the empty directories the binds need).
+start_holder() {
+  holder_alive && return 0
+  local etc=$state/etc
+  mkdir -p "$etc/slurm" "$state/tmp"
+  chmod 1777 "$state/tmp"
+  # The root's accounts plus the harness users (same uids as on the host: files in the shared dirs
+  # keep their owners), so srun runs as gantry-test inside too.
+  cp "$root/etc/passwd" "$etc/passwd"
+  cp "$root/etc/group" "$etc/group"
+  local u
+  for u in gantry-test gantry-attacker; do
+    if getent passwd "$u" >/dev/null; then
+      getent passwd "$u" >>"$etc/passwd"
+      getent group "$u" >>"$etc/group" || true
+    fi
+  done
+  printf '127.0.0.1 localhost %s\n::1 localhost ip6-localhost ip6-loopback\n' "$node" >"$etc/hosts"
+  [ -e "$etc/slurm/slurm.conf" ] || : >"$etc/slurm/slurm.conf"
+  # Mount points for the binds (minbase has no /etc/hosts).
+  mkdir -p "$root$hdir" "$root$src" "$root/etc/slurm"
+  [ -e "$root/etc/hosts" ] || : >"$root/etc/hosts"
+  rm -f "$holder_pid_file" "$state/holder.log"
+  # Everything runs in a namespace this script creates: the mounts below touch nothing of the host.
+  ( for fd in /proc/"$BASHPID"/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+    done
+    exec setsid unshare --mount --uts --propagation private -- /bin/sh -ec '
+      R=$1 H=$2 SRC=$3 ETC=$4 TMP=$5 PIDF=$6 NODE=$7
+      hostname "$NODE"
+      mount --bind "$R" "$R"
+      mount -t proc proc "$R/proc"
+      mount --rbind /sys "$R/sys"
+      mount --rbind /dev "$R/dev"
+      mount -t tmpfs -o mode=0755 tmpfs "$R/run"
+      mount --bind "$TMP" "$R/tmp"
+      mount --bind "$SRC" "$R$SRC"
+      mount -o remount,bind,ro "$R$SRC"
+      mount --bind "$H" "$R$H"
+      for f in passwd group hosts; do mount --bind "$ETC/$f" "$R/etc/$f"; done
+      mount --bind "$ETC/slurm" "$R/etc/slurm"
+      cd "$R"
+      pivot_root . .
+      umount -l .
+      cd /
+      echo $$ > "$PIDF"
+      exec sleep infinity' holder "$root" "$hdir" "$src" "$etc" "$state/tmp" "$holder_pid_file" "$node" \
+      >>"$state/holder.log" 2>&1 </dev/null
+  ) &
+  local i spawned=$!
+  for ((i = 0; i < 100; i++)); do
+    holder_alive && return 0
+    kill -0 "$spawned" 2>/dev/null || break
+    sleep 0.1
+  done
+  die "the namespace around the $suite root could not be set up; see $state/holder.log: $(tail -3 "$state/holder.log" 2>/dev/null | tr '\n' ' ')"
+}
+
+# in_root CMD...: run CMD as root inside the trixie root (the holder's mount and UTS namespaces).
+in_root() {
+  nsenter --target "$(cat "$holder_pid_file")" --mount --uts --root --wd -- \
+    env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 HOME=/root \
+    SLURM_CONF=/etc/slurm/slurm.conf "$@"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Building Gantry in the root
+
+cmd_build() {
+  gantry_require_root "slurm2411.sh"
+  make_root
+  start_holder
+  mkdir -p "$bdir"
+  local t0=$SECONDS
+  note "building gantry, gantry-entry and spank_gantry.so against $suite's Slurm in $bdir (log: $state/build.log)"
+  if ! in_root sh -ec '
+      cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGANTRY_WERROR=ON -DGANTRY_BUILD_TESTS=OFF
+      cmake --build "$2" -j"$3" --target gantry gantry-entry spank_gantry' build "$src" "$bdir" "$(nproc)" \
+      >"$state/build.log" 2>&1; then
+    die "building Gantry in the $suite root failed; see $state/build.log: $(grep -m3 -E 'error|Error' "$state/build.log" | tr '\n' ' ')"
+  fi
+  grep -q "gantry-built-for-slurm=24.11" "$bdir/plugin/spank_gantry.so" ||
+    die "$bdir/plugin/spank_gantry.so carries no gantry-built-for-slurm=24.11 marker; see $state/build.log"
+  note "TIMING build: $((SECONDS - t0)) s"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# The cluster
+
+pid_in() { [ -s "$1" ] && cat "$1"; return 0; }
+
+# daemon_alive PIDFILE COMM
+daemon_alive() {
+  local pid
+  pid=$(pid_in "$1")
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] &&
+    ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null
+}
+
+stop_daemon() {
+  local pidfile=$1 comm=$2 pid i
+  daemon_alive "$pidfile" "$comm" || return 0
+  pid=$(pid_in "$pidfile")
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    daemon_alive "$pidfile" "$comm" || { note "stopped $comm (pid $pid)"; return 0; }
+    sleep 0.1
+  done
+  note "$comm (pid $pid) ignored SIGTERM for 10s; sending SIGKILL"
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+wait_pidfile() {
+  local f=$1 timeout=$2 i
+  for ((i = 0; i < timeout * 10; i++)); do
+    [ -s "$f" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# in_uts: the pids (other than the holder) in the holder's UTS namespace, i.e. everything the cluster
+# started: daemons, slurmstepd, job tasks.
+in_uts() {
+  local holder uts p
+  holder=$(pid_in "$holder_pid_file")
+  [ -n "$holder" ] && uts=$(readlink "/proc/$holder/ns/uts" 2>/dev/null) || return 0
+  [ "$uts" != "$(readlink /proc/1/ns/uts)" ] || return 0
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/uts" 2>/dev/null)" = "$uts" ] && echo "$p"
+  done
+  return 0
+}
+
+cmd_stop() {
+  gantry_require_root "slurm2411.sh"
+  stop_daemon "$run/slurmd.pid" slurmd
+  stop_daemon "$run/slurmctld.pid" slurmctld
+  stop_daemon "$run/munged.pid" munged
+  # Only processes in the UTS namespace this harness created: nothing of the host's.
+  local sig pids i
+  for sig in TERM KILL; do
+    pids=$(in_uts)
+    [ -n "$pids" ] || break
+    note "sending SIG$sig to leftover process(es) of the cluster: $(tr "\n" " " <<<"$pids")"
+    # shellcheck disable=SC2086
+    kill -"$sig" $pids 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+      [ -n "$(in_uts)" ] || break
+      sleep 0.1
+    done
+  done
+  if holder_alive; then
+    kill -KILL "$(cat "$holder_pid_file")" 2>/dev/null || true
+  fi
+  rm -f "$holder_pid_file" "$envfile"
+  note "Slurm 24.11 harness stopped (logs kept in $run)"
+}
+
+start_failed() {
+  local rc=$?
+  [ "$rc" -ne 0 ] || return 0
+  note "start failed; stopping what was started (logs: $run)"
+  cmd_stop || true
+  exit "$rc"
+}
+
+write_conf() {
+  local plugin=$bdir/plugin/spank_gantry.so
+  cat >"$state/etc/slurm/plugstack.conf" <<EOF
+# SPANK plugins of the Gantry Slurm 24.11 harness (tests/harness/slurm2411.sh start).
+required $plugin config=$run/gantry.conf
+EOF
+  [ -e "$run/gantry.conf" ] || printf '# the 24.11 suite writes this\n' >"$run/gantry.conf"
+  cat >"$state/etc/slurm/slurm.conf" <<EOF
+# Written by Gantry's tests/harness/slurm2411.sh for $state.
+ClusterName=gantry2411
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$run/munge/munge.socket
+StateSaveLocation=$run/ctld
+SlurmctldPidFile=$run/slurmctld.pid
+SlurmctldLogFile=$run/slurmctld.log
+SlurmctldDebug=verbose
+SlurmdSpoolDir=$run/spool
+SlurmdPidFile=$run/slurmd.pid
+SlurmdLogFile=$run/slurmd.log
+SlurmdDebug=verbose
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+ReturnToService=2
+SlurmdTimeout=60
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+PlugStackConfig=/etc/slurm/plugstack.conf
+NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=1024 State=UNKNOWN
+PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  chmod 0644 "$state/etc/slurm/slurm.conf" "$state/etc/slurm/plugstack.conf"
+}
+
+cmd_start() {
+  gantry_require_root "slurm2411.sh"
+  gantry_require_cmd nsenter util-linux
+  gantry_require_cmd unshare util-linux
+  "$here/user.sh" >/dev/null
+  cmd_build
+  cmd_stop >/dev/null 2>&1 || true
+  trap start_failed EXIT
+  rm -rf "$run"
+  mkdir -p "$run/ctld" "$run/spool" "$run/munge" "$run/fsx"
+  chmod 0755 "$hdir" "$state" "$run"
+  chmod 1777 "$run/fsx"
+  start_holder
+  ctld_port=$(gantry_free_port)
+  slurmd_port=$(gantry_free_port)
+  while [ "$slurmd_port" = "$ctld_port" ]; do slurmd_port=$(gantry_free_port); done
+  write_conf
+
+  # munged: its key and socket in the run dir, owned by the root's munge account.
+  dd if=/dev/urandom of="$run/munge/munge.key" bs=1024 count=1 status=none
+  in_root chown -R munge:munge "$run/munge"
+  chmod 0755 "$run/munge"
+  chmod 0400 "$run/munge/munge.key"
+  in_root runuser -u munge -- munged --key-file="$run/munge/munge.key" --socket="$run/munge/munge.socket" \
+    --pid-file="$run/munge/munged.pid" --log-file="$run/munge/munged.log" \
+    --seed-file="$run/munge/munged.seed" --num-threads=4 >>"$run/munged.out" 2>&1 ||
+    die "munged did not start: $(tail -3 "$run/munged.out" "$run/munge/munged.log" 2>/dev/null | tr '\n' ' ')"
+  wait_pidfile "$run/munge/munged.pid" 10 || die "munged wrote no pid file; see $run/munge/munged.log"
+  cp "$run/munge/munged.pid" "$run/munged.pid"
+
+  gantry_pid_start "$run/slurmctld.spawn" "$run/slurmctld.out" \
+    nsenter --target "$(cat "$holder_pid_file")" --mount --uts --root --wd -- \
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmctld -D -i -f /etc/slurm/slurm.conf
+  wait_pidfile "$run/slurmctld.pid" 20 ||
+    die "slurmctld 24.11 did not start; see $run/slurmctld.log: $(grep -iE 'error|fatal' "$run/slurmctld.out" "$run/slurmctld.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
+  gantry_pid_start "$run/slurmd.spawn" "$run/slurmd.out" \
+    nsenter --target "$(cat "$holder_pid_file")" --mount --uts --root --wd -- \
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmd -D -f /etc/slurm/slurm.conf -N "$node"
+  wait_pidfile "$run/slurmd.pid" 20 ||
+    die "slurmd 24.11 did not start; see $run/slurmd.log: $(grep -iE 'error|fatal' "$run/slurmd.out" "$run/slurmd.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
+  local i st=
+  for ((i = 0; i < 300; i++)); do
+    st=$(in_root sinfo -h -N -o %t 2>/dev/null || true)
+    [ "$st" = idle ] && break
+    sleep 0.2
+  done
+  [ "$st" = idle ] || die "node $node not idle after 60 s (sinfo: ${st:-nothing}); see $run/slurmctld.log and $run/slurmd.log"
+  cat >"$envfile" <<EOF
+# Written by tests/harness/slurm2411.sh start; source it to talk to the Slurm 24.11 cluster.
+export GANTRY_T2411_HARNESS=$self
+# Run a command as root in the trixie root: \$GANTRY_T2411_EXEC srun ...
+export GANTRY_T2411_EXEC="env GANTRY_HARNESS_DIR=$hdir $self exec"
+export GANTRY_T2411_ROOT=$root
+export GANTRY_T2411_STATE=$state
+export GANTRY_T2411_RUN=$run
+export GANTRY_T2411_BUILD=$bdir
+export GANTRY_T2411_PLUGIN=$bdir/plugin/spank_gantry.so
+export GANTRY_T2411_GANTRY=$bdir/runtime/gantry
+export GANTRY_T2411_CONF_DIR=$state/etc/slurm
+export GANTRY_T2411_GANTRY_CONF=$run/gantry.conf
+export GANTRY_T2411_NODE=$node
+export GANTRY_T2411_PARTITION=$partition
+export GANTRY_T2411_FSX=$run/fsx
+export GANTRY_T2411_SLURMD_PID=$run/slurmd.pid
+export GANTRY_T2411_SLURMCTLD_PID=$run/slurmctld.pid
+export GANTRY_T2411_SLURMD_LOG=$run/slurmd.log
+export GANTRY_T2411_SLURMCTLD_LOG=$run/slurmctld.log
+EOF
+  trap - EXIT
+  note "Slurm $(in_root slurmd -V | awk '{print $2}') harness up in the $suite root: node $node (127.0.0.1:$slurmd_port), slurmctld 127.0.0.1:$ctld_port; env in $envfile"
+}
+
+cmd_status() {
+  local rc=0
+  holder_alive || { echo "no Slurm 24.11 harness of $state is running"; return 1; }
+  for d in munged:munged slurmctld:slurmctld slurmd:slurmd; do
+    if daemon_alive "$run/${d%%:*}.pid" "${d#*:}"; then echo "${d%%:*}: running (pid $(cat "$run/${d%%:*}.pid"))"
+    else echo "${d%%:*}: NOT running"; rc=1; fi
+  done
+  in_root sinfo -N -o '%N %t %c %P' || rc=1
+  return $rc
+}
+
+cmd_exec() {
+  [ "${1:-}" = -- ] && shift
+  [ $# -gt 0 ] || die "usage: slurm2411.sh exec [--] CMD [ARGS...]"
+  gantry_require_root "slurm2411.sh exec"
+  holder_alive || die "the Slurm 24.11 harness is not running; start it: $self start"
+  in_root "$@"
+}
+
+case ${1:-} in
+  root) gantry_require_root "slurm2411.sh"; make_root; echo "$root" ;;
+  build) cmd_build ;;
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  exec) shift; cmd_exec "$@" ;;
+  *) echo "usage: $0 root | build | start | stop | status | exec [--] CMD..." >&2; exit 2 ;;
+esac

@@ -1,0 +1,122 @@
+# fixtures: registry images slurm2411
+# The plugin on a second Slurm: 24.11 from Debian 13 (trixie), built and run inside a trixie root
+# (tests/harness/slurm2411.sh) beside the host's 22.05 cluster. srun, slurmctld and slurmd here are
+# 24.11's own binaries; spank_gantry.so was built against 24.11's headers in that root.
+
+load helpers
+
+setup() {
+  gantry_load_env registry images slurm2411
+  # The trixie root shares the host's network: the harness registry at its loopback address.
+  REG=$GANTRY_TEST_REGISTRY_HTTP
+  TINY="$REG#gantry-test/tiny"
+  U=gantry-test
+  # mount_backend = extract: with trixie's squashfuse_ll (0.5, libfuse 3.17) the fuse backend's
+  # teardown hangs (squashfuse_ll blocks in a lookup on its own mount; docs/testing.md, "Slurm 24.11").
+  printf 'store_path = %s\ninsecure_registries = %s\nmount_backend = extract\n' "$GANTRY_T2411_FSX/store" "$REG" >"$GANTRY_T2411_GANTRY_CONF"
+  mkdir -p "$GANTRY_T2411_FSX/store" && chmod 1777 "$GANTRY_T2411_FSX/store"
+  WORK=$(mktemp -d "$GANTRY_T2411_FSX/t.XXXXXX")
+  chown "$U" "$WORK"
+}
+
+teardown() {
+  rm -rf "$WORK" "${ALT:-}"
+}
+
+# in_trixie CMD...: CMD as root inside the trixie root. as_user CMD...: as the test user, from WORK.
+in_trixie() { $GANTRY_T2411_EXEC "$@"; }
+as_user() { $GANTRY_T2411_EXEC runuser -u "$U" -- env -C "$WORK" "$@"; }
+
+slurmd_alive() {
+  local pid
+  pid=$(cat "$GANTRY_T2411_SLURMD_PID")
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmd ] && in_trixie scontrol ping | grep -q UP
+}
+
+@test "24.11: the root runs Slurm 24.11, the plugin was built for it, and srun --help lists its options" {
+  run in_trixie slurmd -V
+  echo "$output"
+  [[ $output == *" 24.11."* ]]
+  grep -qa "gantry-built-for-slurm=24.11" "$GANTRY_T2411_PLUGIN"
+  # The 22.05 host is not what runs here.
+  [[ $(slurmd -V) != *" 24.11."* ]]
+  slurmd_alive
+  run as_user srun --help
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q -- '--container-image'
+  echo "$output" | grep -q -- '--container-mounts'
+}
+
+@test "24.11: srun -n2 runs both ranks in the image as the job user, and slurmd survives the step" {
+  run as_user srun -n2 --container-image="$TINY" sh -c 'echo "rank $SLURM_PROCID uid $(id -u) $(cat /work/README)"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  # /work/README exists only in the image; uid 4242 is gantry-test, not root.
+  [ "$(echo "$output" | grep -c "^rank [01] uid $(id -u "$U") tiny work dir$")" -eq 2 ]
+  [ "$(echo "$output" | grep -c '^rank 0 ')" -eq 1 ]
+  [ ! -e "$GANTRY_T2411_ROOT/work/README" ]
+  slurmd_alive
+}
+
+@test "24.11: a --container-mounts bind is visible and writable in the container" {
+  echo "from the host" >"$WORK/in.txt"
+  chown "$U" "$WORK/in.txt"
+  run as_user srun -n1 --container-image="$TINY" --container-mounts="$WORK:/data" sh -c 'cat /data/in.txt; echo out > /data/out.txt'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "from the host" ]
+  [ "$(cat "$WORK/out.txt")" = out ]
+  [ "$(stat -c %u "$WORK/out.txt")" = "$(id -u "$U")" ]
+}
+
+@test "24.11: a bad image fails the step with pyxis's 'failed to import docker image' line; the node stays up" {
+  run as_user srun -n1 --container-image="$REG#gantry-test/no-such-image" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  slurmd_alive
+  run in_trixie sinfo -h -N -o %t
+  [ "$output" = idle ] || [ "$output" = mix ]
+}
+
+@test "24.11: the host's 22.05-built spank_gantry.so is refused by name, without a crash; doctor names both releases" {
+  old=$GANTRY_BUILD_DIR/plugin/spank_gantry.so
+  [ -f "$old" ] || { echo "no host (22.05) build of spank_gantry.so in $GANTRY_BUILD_DIR: build the spank_gantry target" >&2; false; }
+  old_release=$(grep -aoE 'gantry-built-for-slurm=[0-9]+\.[0-9]+' "$old" | head -1 | cut -d= -f2)
+  [ -n "$old_release" ]
+  [ "$old_release" != 24.11 ]
+  # A second slurm.conf for the same cluster whose plugstack names the host's plugin: srun (24.11)
+  # loads it in its local context, as it would on a node where someone copied the wrong build.
+  ALT=$(mktemp -d "$GANTRY_T2411_FSX/alt.XXXXXX")
+  sed "s|^PlugStackConfig=.*|PlugStackConfig=$ALT/plugstack.conf|" "$GANTRY_T2411_CONF_DIR/slurm.conf" >"$ALT/slurm.conf"
+  echo "required $old config=$GANTRY_T2411_GANTRY_CONF" >"$ALT/plugstack.conf"
+  chmod -R a+rX "$ALT"
+  run as_user env SLURM_CONF="$ALT/slurm.conf" srun -n1 true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  # Slurm 24.11 itself checks a SPANK plugin's plugin_version (the SLURM_VERSION_NUMBER it was built
+  # with) before calling it: the error names the file and its release, and no signal killed srun.
+  echo "$output" | grep -q "$old"
+  echo "$output" | grep -qiE "incompatible|built for Slurm $old_release"
+  echo "$output" | grep -qE "${old_release%.*}\.0?${old_release#*.}"
+  [ "$status" -lt 128 ]
+  slurmd_alive
+  # gantry doctor (24.11's build) reads the marker without loading the plugin: both releases, the fix.
+  run in_trixie env SLURM_CONF="$ALT/slurm.conf" GANTRY_CONFIG="$GANTRY_T2411_GANTRY_CONF" "$GANTRY_T2411_GANTRY" doctor
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep "Slurm version" | grep -q "built for Slurm $old_release, running slurm[-a-z]* 24.11"
+  echo "$output" | grep -q "rebuild Gantry against this Slurm"
+  # And with the matching plugin doctor is content with the release.
+  run in_trixie env GANTRY_CONFIG="$GANTRY_T2411_GANTRY_CONF" "$GANTRY_T2411_GANTRY" doctor
+  echo "$output"
+  echo "$output" | grep "Slurm version" | grep -q "built for Slurm 24.11, running slurm[-a-z]* 24.11"
+  ! echo "$output" | grep "Slurm version" | grep -q "✗" || false
+}
+
+@test "24.11: slurmd and slurmctld are still up after the suite's steps" {
+  slurmd_alive
+  ctld=$(cat "$GANTRY_T2411_SLURMCTLD_PID")
+  [ "$(cat "/proc/$ctld/comm")" = slurmctld ]
+  ! grep -qiE 'segfault|signal 11|core dumped' "$GANTRY_T2411_SLURMD_LOG" || false
+}
