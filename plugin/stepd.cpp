@@ -71,6 +71,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             }
             st.joined = existing->state();
             existing->release();
+            if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
             return {};
         }
         if (existing && mode == "create") {
@@ -206,6 +207,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     spec.devices = std::move(*edits);
     // --- end devices ---
     spec.detach = !name.empty();
+    spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
 
     if (o.entrypoint.value_or(settings.execute_entrypoint) && !spec.image_config.entrypoint.empty()) {
         st.entrypoint = spec.image_config.entrypoint;
@@ -216,6 +218,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     auto created = Container::create(spec);
     if (!created) return created.error();
     st.joined = created->state();
+    if (name.empty()) st.cgroup_level = CgroupLevel::step;
+    else if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
     if (name.empty()) {
         st.container = std::move(*created);  // stopped when the step's last task exits
     } else {
