@@ -132,6 +132,13 @@ GANTRY_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
     });
 }
 
+GANTRY_EXPORT int slurm_spank_task_post_fork(spank_t sp, int, char**) {
+    return guarded("slurm_spank_task_post_fork", [&] {
+        if (spank_context() == S_CTX_REMOTE) gantry::plugin::task_forked(sp);
+        return 0;
+    });
+}
+
 GANTRY_EXPORT int slurm_spank_task_init(spank_t sp, int, char**) {
     return guarded("slurm_spank_task_init", [&] {
         if (!gantry::plugin::option_error().empty()) {

@@ -266,6 +266,18 @@ void resolve_save_path() {
     st.save_path = path;
 }
 
+void task_forked(spank_t sp) {
+    StepState& st = state();
+    if (st.holder_placed || !st.cgroup_level || !st.error.empty() || st.run_on_host || st.joined.holder_pid <= 0) return;
+    pid_t task = 0;
+    if (!item(sp, S_TASK_PID, &task) || task <= 0) return;
+    st.holder_placed = true;
+    // Slurm has put this task in the step's cgroups (proctrack_g_add) and holds it until every
+    // post-fork hook returned: the holder joins it there (or in the job's, for a named container).
+    if (auto placed = place_in_cgroups_of(task, st.joined, *st.cgroup_level); !placed)
+        log::warning("placing the container holder in the step's cgroups: " + placed.error().message);
+}
+
 void task_exited(spank_t sp, const Settings& settings) {
     uint32_t local_tasks = 0;
     if (!item(sp, S_JOB_LOCAL_TASK_COUNT, &local_tasks)) return;

@@ -18,11 +18,6 @@ namespace gantry::plugin {
 void prepare_task(spank_t) {
     StepState& st = state();
     if (!st.error.empty() || st.run_on_host || st.joined.holder_pid <= 0) return;
-    // Slurm has put this task in the step's cgroups by now: the holder goes there too (or into the
-    // job's, for a named container that outlives the step).
-    if (st.cgroup_level)
-        if (auto placed = place_in_own_cgroups(st.joined, *st.cgroup_level); !placed)
-            log::warning("placing the container holder in the step's cgroups: " + placed.error().message);
     // Still root: the holder root started is not the user's to open (not dumpable).
     auto handles = open_join_handles(st.joined);
     if (!handles) st.error = "gantry: " + handles.error().message;

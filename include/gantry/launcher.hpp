@@ -167,11 +167,11 @@ Status join(const ContainerState& state);
 Status join(const ContainerState& state, const JoinHandles& handles);
 
 // proctrack/cgroup, task/cgroup: moves the holder and its children (the fuse daemon) into the cgroups
-// of the calling process (a Slurm task), cut at its step ("/step_N") or job ("/job_N") level, one
+// of process `model` (a Slurm task), cut at its step ("/step_N") or job ("/job_N") level, one
 // hierarchy at a time; hierarchies without such a component (not Slurm's) are left alone. Root only.
 // Returns the first failure but tries every hierarchy.
 enum class CgroupLevel { step, job };
-Status place_in_own_cgroups(const ContainerState& state, CgroupLevel level);
+Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel level);
 
 // How much of the caller's environment enters the container.
 enum class EnvironmentRule {

@@ -1,7 +1,7 @@
 // Placing a container's holder in the cgroups of a Slurm step or job (proctrack/cgroup, task/cgroup):
 // the plugin creates the holder before slurmstepd makes the step's cgroups, so the holder (and its
 // fuse daemon) would otherwise stay in slurmd's cgroup, outside the job's accounting and limits and
-// outside the end-of-step kill. A task, once Slurm has placed it, knows the right cgroups: its own.
+// outside the end-of-step kill. A task, once Slurm has placed it, shows the right cgroups.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -62,10 +62,11 @@ Status write_pid(const std::string& procs, pid_t pid) {
 
 }  // namespace
 
-Status place_in_own_cgroups(const ContainerState& state, CgroupLevel level) {
-    // Privileged (root, the plugin's task_init_privileged): moves the holder and its children (the
-    // fuse daemon) into cgroups of this process, which Slurm chose. Safe: the cgroups are the
-    // kernel's account of our own task (/proc/self/cgroup), their files are under the cgroup mounts
+Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel level) {
+    // Privileged (root, slurmstepd's task_post_fork hook): moves the holder and its children (the fuse
+    // daemon) into the cgroups of a task Slurm has just placed. Safe: the cgroups are the kernel's
+    // account of that task (/proc/MODEL/cgroup, read before the task may run any code of the user's:
+    // Slurm holds it until every post-fork hook returned), their files are under the cgroup mounts
     // the kernel lists, nothing comes from the user; the pid is our holder's, its start time checked
     // right before (a reused pid is left alone). Moving a process into the job's own cgroup only
     // subjects it to the job's limits and end.
@@ -74,7 +75,8 @@ Status place_in_own_cgroups(const ContainerState& state, CgroupLevel level) {
     std::vector<pid_t> pids = {state.holder_pid};
     std::ifstream kids("/proc/" + std::to_string(state.holder_pid) + "/task/" + std::to_string(state.holder_pid) + "/children");
     for (pid_t p; kids >> p;) pids.push_back(p);
-    std::ifstream in("/proc/self/cgroup");
+    std::ifstream in("/proc/" + std::to_string(model) + "/cgroup");
+    if (!in) return system_error("reading the cgroups of process " + std::to_string(model));
     std::string line;
     Status result;
     while (std::getline(in, line)) {
