@@ -73,7 +73,8 @@ Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel
     std::string prefix = level == CgroupLevel::step ? "step_" : "job_";
     auto mounts = cgroup_mounts();
     std::vector<pid_t> pids = {state.holder_pid};
-    std::ifstream kids("/proc/" + std::to_string(state.holder_pid) + "/task/" + std::to_string(state.holder_pid) + "/children");
+    std::ifstream kids("/proc/" + std::to_string(state.holder_pid) + "/task/" + std::to_string(state.holder_pid) +
+                       "/children");
     for (pid_t p; kids >> p;) pids.push_back(p);
     std::ifstream in("/proc/" + std::to_string(model) + "/cgroup");
     if (!in) return system_error("reading the cgroups of process " + std::to_string(model));

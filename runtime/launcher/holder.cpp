@@ -110,7 +110,8 @@ void send_line(int fd, const std::string& line) {
         if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
         ::_exit(1);
     }
-    send_line(channel, "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid())));
+    send_line(channel,
+              "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid())));
     ::close(channel);
     while (true) {
         siginfo_t info{};

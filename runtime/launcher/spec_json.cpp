@@ -12,7 +12,8 @@ NLOHMANN_JSON_SERIALIZE_ENUM(MountBackend, {{MountBackend::auto_, "auto"},
                                             {MountBackend::kernel, "kernel"},
                                             {MountBackend::fuse, "fuse"},
                                             {MountBackend::extract, "extract"}})
-NLOHMANN_JSON_SERIALIZE_ENUM(MountKind, {{MountKind::bind, "bind"}, {MountKind::tmpfs, "tmpfs"}, {MountKind::umount, "umount"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(MountKind,
+                             {{MountKind::bind, "bind"}, {MountKind::tmpfs, "tmpfs"}, {MountKind::umount, "umount"}})
 NLOHMANN_JSON_SERIALIZE_ENUM(Propagation, {{Propagation::private_, "private"},
                                            {Propagation::slave, "slave"},
                                            {Propagation::shared, "shared"},
@@ -38,7 +39,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerSpec, image_path, image_trusted, ima
                                    remap_root, mount_home, unshare, workdir, env_names, env_values, uid, gid, name,
                                    detach, config, devices, holder_program)
 
-std::string container_spec_to_json(const ContainerSpec& spec) { return nlohmann::json(spec).dump(); }
+std::string container_spec_to_json(const ContainerSpec& spec) {
+    return nlohmann::json(spec).dump();
+}
 
 Result<ContainerSpec> container_spec_from_json(std::string_view text) {
     if (text.size() > kMaxContainerSpecBytes)
@@ -57,7 +60,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Identity, uid, gid, name, home, inner_uid, in
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderRequest, spec, id, backend, staging, image_dir, workdir, home, parent,
                                    creator_writes_maps)
 
-std::string holder_request_to_json(const HolderRequest& request) { return nlohmann::json(request).dump(); }
+std::string holder_request_to_json(const HolderRequest& request) {
+    return nlohmann::json(request).dump();
+}
 
 Result<HolderRequest> holder_request_from_json(std::string_view text) {
     if (text.size() > kMaxContainerSpecBytes)
