@@ -64,15 +64,21 @@ for i in \$(seq 1 50); do pgrep -u $U -f "^sleep 3017" >/dev/null || break; slee
 pgrep -u $U -f "^sleep 3017" >/dev/null && echo "sleep survived" || echo "sleep gone"
 srun -n1 --container-name=keep sh -c 'cat /data'
 srun -n1 --container-name=keep sh -c 'echo again >> /data; cat /data'
+# The named container's holder lives in the job's freezer cgroup (not a step's), after two more steps.
+grep freezer /proc/\$(pgrep -u $U -x -n gantry-holder)/cgroup > $WORK/holder.cgroup
 JOB
   chown "$U" "$WORK/job.sh"
   run as_user salloc -N1 -w gnode1 sh "$WORK/job.sh"
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -v '^salloc:')" = "$(printf 'started\nsleep gone\nkept\nkept\nagain')" ]
+  cat "$WORK/holder.cgroup"
+  grep -Eq ':freezer:/slurm_gnode1/uid_[0-9]+/job_[0-9]+$' "$WORK/holder.cgroup"
   # The job is over: the epilog removed the named container (container_scope=job).
   for i in $(seq 1 50); do [ "$(containers_on gnode1)" -eq 0 ] && break; sleep 0.2; done
   [ "$(containers_on gnode1)" -eq 0 ]
+  for i in $(seq 1 50); do pgrep -u "$U" -x gantry-holder >/dev/null || break; sleep 0.2; done
+  ! pgrep -u "$U" -x gantry-holder || false
 }
 
 @test "proctrack/cgroup: the holder and its fuse daemon are in the step's freezer cgroup and gone after the step" {
