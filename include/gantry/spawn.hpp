@@ -58,6 +58,9 @@ struct ProcessRequest {
     // no child of ours (it outlives us; the kernel reparents it).
     bool own_session = false;
     bool daemonize = false;
+    // Non-zero: the program gets this signal when the thread that started it ends (PR_SET_PDEATHSIG,
+    // set after the identity switch, which would clear it), e.g. a daemon that serves only us.
+    int death_signal = 0;
 };
 
 struct ProcessOutcome {
@@ -67,7 +70,8 @@ struct ProcessOutcome {
     std::string out, err;  // its stdout and stderr (capped)
 };
 
-// Runs the request to completion. The program runs in a process group of its own (so that stopping it
+// Runs the request to completion. The program starts with no signal blocked, whatever the caller
+// blocks. It runs in a process group of its own (so that stopping it
 // stops what it started), with stdin from /dev/null and only the descriptors named above. A program
 // that writes more than a cap to any stream is killed and this returns an error naming the stream,
 // so the caller's memory stays bounded whatever the program (or an LD_PRELOAD in its environment)

@@ -63,6 +63,9 @@ ChildPlan plan_child(const ProcessRequest& rq, std::vector<std::pair<int, int>> 
 [[noreturn]] void become_program(const ChildPlan& p) {
     const ProcessRequest& rq = *p.rq;
     // Only system calls from here to exec: the parent may be multi-threaded.
+    sigset_t none;
+    sigemptyset(&none);
+    (void)::sigprocmask(SIG_SETMASK, &none, nullptr);  // the caller's blocked signals are not the program's
     if (rq.own_session) (void)::setsid();
     else (void)::setpgid(0, 0);
     // First move every passed descriptor above all target numbers, then onto its target: a
@@ -91,6 +94,7 @@ ChildPlan plan_child(const ProcessRequest& rq, std::vector<std::pair<int, int>> 
             ::_exit(kIdentityFailed);
         if (::getuid() != id.uid || ::geteuid() != id.uid || ::getegid() != id.gid) ::_exit(kIdentityFailed);
     }
+    if (rq.death_signal != 0 && ::prctl(PR_SET_PDEATHSIG, rq.death_signal, 0, 0, 0) != 0) ::_exit(kSetupFailed);
     if (rq.userns_fd >= 0 && ::setns(rq.userns_fd, CLONE_NEWUSER) != 0) ::_exit(kSetupFailed);
     if (!rq.root_of.empty()) {
         int root = ::open(rq.root_of.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
