@@ -125,6 +125,20 @@ GANTRY_EXPORT int slurm_spank_user_init(spank_t, int, char**) {
     });
 }
 
+GANTRY_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
+    return guarded("slurm_spank_task_init_privileged", [&] {
+        if (spank_context() == S_CTX_REMOTE) gantry::plugin::prepare_task(sp);
+        return 0;
+    });
+}
+
+GANTRY_EXPORT int slurm_spank_task_post_fork(spank_t sp, int, char**) {
+    return guarded("slurm_spank_task_post_fork", [&] {
+        if (spank_context() == S_CTX_REMOTE) gantry::plugin::task_forked(sp);
+        return 0;
+    });
+}
+
 GANTRY_EXPORT int slurm_spank_task_init(spank_t sp, int, char**) {
     return guarded("slurm_spank_task_init", [&] {
         if (!gantry::plugin::option_error().empty()) {

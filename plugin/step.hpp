@@ -37,6 +37,14 @@ Status prepare_step(spank_t sp, const Settings& settings);
 // refuses a target that is a directory. Failures are reported by every task.
 void resolve_save_path();
 
+// Each task (remote, slurm_spank_task_init_privileged: root, in the task, before Slurm drops to the
+// user): opens what join_step needs of the holder. Failures are kept and reported by join_step.
+void prepare_task(spank_t sp);
+
+// slurmstepd (remote, root, slurm_spank_task_post_fork: the task is in the step's cgroups and waits):
+// moves the holder and its fuse daemon into the step's cgroups (the job's for a named container).
+void task_forked(spank_t sp);
+
 // Each task (remote, job user, before exec): enters the container and sets its environment.
 Status join_step(spank_t sp);
 

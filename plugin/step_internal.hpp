@@ -30,6 +30,9 @@ extern "C" {
 #ifndef GANTRY_CLI_INSTALL_PATH
 #define GANTRY_CLI_INSTALL_PATH "/usr/bin/gantry"
 #endif
+#ifndef GANTRY_HOLDER_INSTALL_PATH
+#define GANTRY_HOLDER_INSTALL_PATH "/usr/libexec/gantry/gantry-holder"
+#endif
 #ifndef GANTRY_ENTRY_INSTALL_PATH
 #define GANTRY_ENTRY_INSTALL_PATH "/usr/libexec/gantry/gantry-entry"
 #endif
@@ -75,6 +78,9 @@ struct StepState {
     std::string error;                   // reported by every task when set
     std::optional<Container> container;  // the step's container, created by prepare_step
     ContainerState joined;               // what tasks join
+    std::optional<JoinHandles> handles;  // the holder's namespaces and root, opened as root (task_init_privileged)
+    std::optional<CgroupLevel> cgroup_level;  // where the holder goes: the step's or job's cgroups (none: global names)
+    bool holder_placed = false;               // task_forked moved it
     bool run_on_host = false;            // no container for this step (no_exec, or no image)
     std::string digest;                  // the image every rank of the step runs, told to the tasks
     UniqueFd image_in_use;               // shared lock: the image stays while the step runs

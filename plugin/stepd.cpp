@@ -83,6 +83,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                           " already exists and keeps the mounts it was created with");
             st.joined = existing->state();
             existing->release();
+            if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
             return {};
         }
         if (existing && mode == "create") {
@@ -227,6 +228,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     spec.devices = std::move(*edits);
     // --- end devices ---
     spec.detach = !name.empty();
+    spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
 
     if (o.entrypoint.value_or(settings.execute_entrypoint) && !spec.image_config.entrypoint.empty()) {
         st.entrypoint = spec.image_config.entrypoint;
@@ -237,6 +239,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     auto created = Container::create(spec);
     if (!created) return created.error();
     st.joined = created->state();
+    if (name.empty()) st.cgroup_level = CgroupLevel::step;
+    else if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
     if (name.empty()) {
         st.container = std::move(*created);  // stopped when the step's last task exits
     } else {
@@ -281,6 +285,18 @@ void resolve_save_path() {
         return;
     }
     st.save_path = path;
+}
+
+void task_forked(spank_t sp) {
+    StepState& st = state();
+    if (st.holder_placed || !st.cgroup_level || !st.error.empty() || st.run_on_host || st.joined.holder_pid <= 0) return;
+    pid_t task = 0;
+    if (!item(sp, S_TASK_PID, &task) || task <= 0) return;
+    st.holder_placed = true;
+    // Slurm has put this task in the step's cgroups (proctrack_g_add) and holds it until every
+    // post-fork hook returned: the holder joins it there (or in the job's, for a named container).
+    if (auto placed = place_in_cgroups_of(task, st.joined, *st.cgroup_level); !placed)
+        log::warning("placing the container holder in the step's cgroups: " + placed.error().message);
 }
 
 void task_exited(spank_t sp, const Settings& settings) {

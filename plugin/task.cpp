@@ -15,6 +15,15 @@
 
 namespace gantry::plugin {
 
+void prepare_task(spank_t) {
+    StepState& st = state();
+    if (!st.error.empty() || st.run_on_host || st.joined.holder_pid <= 0) return;
+    // Still root: the holder root started is not the user's to open (not dumpable).
+    auto handles = open_join_handles(st.joined);
+    if (!handles) st.error = "gantry: " + handles.error().message;
+    else st.handles = std::move(*handles);
+}
+
 Status join_step(spank_t sp) {
     StepState& st = state();
     if (!st.error.empty()) return make_error(st.error.substr(8));
@@ -34,7 +43,7 @@ Status join_step(spank_t sp) {
         entry.reset(::open(st.entry_helper.c_str(), O_RDONLY));  // inherited by the exec on purpose
         if (!entry) return system_error("opening the entrypoint helper " + st.entry_helper);
     }
-    GANTRY_TRY(join(st.joined));
+    GANTRY_TRY(st.handles ? join(st.joined, *st.handles) : join(st.joined));
     // Pyxis's rule (docs/user.md): the job's variables come in unless the image defines them.
     std::vector<std::string> after = container_environment(st.joined.defaults, before, EnvironmentRule::pyxis);
     // --- devices and wiring (issue 7): PMIx MCA mapping and PyTorch ranks of this task ---

@@ -19,6 +19,7 @@
 #include "gantry/spawn.hpp"
 #include "gantry/config.hpp"
 #include "gantry/devices.hpp"
+#include "gantry/fd.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/mounts.hpp"
 #include "gantry/result.hpp"
@@ -77,7 +78,23 @@ struct ContainerSpec {
     // Devices and wiring (include/gantry/devices.hpp, usually from select_devices): device nodes in
     // /dev, read-only driver files, sysfs views, environment, and directories for the ld.so cache.
     ContainerEdits devices;
+    // The gantry-holder program that holds the container (an absolute path); "" -> default_holder_program().
+    std::string holder_program;
 };
+
+// ContainerSpec as a JSON document and back: how the creator hands it to the gantry-holder program.
+// The parser refuses documents over kMaxContainerSpecBytes and any missing or mistyped field.
+inline constexpr size_t kMaxContainerSpecBytes = 4u << 20;
+std::string container_spec_to_json(const ContainerSpec& spec);
+Result<ContainerSpec> container_spec_from_json(std::string_view text);
+
+// Where gantry-holder is: beside the running program (the CLI in the build tree or as installed in
+// bindir finds it in libexec) or the installed path. The plugin names its own (ContainerSpec::holder_program).
+std::string default_holder_program();
+
+// The body of the gantry-holder program: reads the set-up from descriptor `channel` (a socket to its
+// creator), builds the container, reports, then holds the namespaces until told to stop. Never returns.
+[[noreturn]] void run_container_holder(int channel);
 
 // The holder of a running container, as recorded in its state file.
 struct ContainerState {
@@ -130,11 +147,31 @@ private:
     Config config_;
 };
 
+// What join() needs of a holder, opened from the host: its namespaces and its root directory. A
+// holder that root started for a user is not dumpable, so the user cannot open these; whoever joins
+// as that user has them opened while still root (the plugin: slurm_spank_task_init_privileged) and
+// joins later, as the user: entering a user namespace one owns needs no more than these descriptors.
+struct JoinHandles {
+    UniqueFd userns, mntns, netns, ipcns, utsns;  // the extra ones only when the container has them
+    UniqueFd root;                                // O_PATH: /proc/HOLDER/root
+};
+// Opens them, checking the holder's start time before and after (pid reuse).
+Result<JoinHandles> open_join_handles(const ContainerState& state);
+
 // Enters the container in the CALLING process: setns into the holder's namespaces, chdir to the
 // workdir, PR_SET_NO_NEW_PRIVS, capabilities dropped (kept with remap_root), then the system call
 // filter that answers the chown and set*id families with success (runtime/launcher/seccomp.cpp). For
 // the SPANK plugin's task_init: Slurm then execs the task's command. Must be called single-threaded.
 Status join(const ContainerState& state);
+// The same through descriptors opened before (open_join_handles), e.g. with more rights than now.
+Status join(const ContainerState& state, const JoinHandles& handles);
+
+// proctrack/cgroup, task/cgroup: moves the holder and its children (the fuse daemon) into the cgroups
+// of process `model` (a Slurm task), cut at its step ("/step_N") or job ("/job_N") level, one
+// hierarchy at a time; hierarchies without such a component (not Slurm's) are left alone. Root only.
+// Returns the first failure but tries every hierarchy.
+enum class CgroupLevel { step, job };
+Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel level);
 
 // How much of the caller's environment enters the container.
 enum class EnvironmentRule {

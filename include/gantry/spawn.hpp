@@ -53,6 +53,14 @@ struct ProcessRequest {
     bool no_new_privs = false;
     // Polled about every 200 ms while the program runs: true stops it (SIGKILL to its process group).
     std::function<bool()> should_stop;
+    // start_process only: a session of its own (setsid) instead of a process group of its own, and
+    // `daemonize`: started through an intermediate child that exits at once, so that the program is
+    // no child of ours (it outlives us; the kernel reparents it).
+    bool own_session = false;
+    bool daemonize = false;
+    // Non-zero: the program gets this signal when the thread that started it ends (PR_SET_PDEATHSIG,
+    // set after the identity switch, which would clear it), e.g. a daemon that serves only us.
+    int death_signal = 0;
 };
 
 struct ProcessOutcome {
@@ -62,11 +70,19 @@ struct ProcessOutcome {
     std::string out, err;  // its stdout and stderr (capped)
 };
 
-// Runs the request to completion. The program runs in a process group of its own (so that stopping it
+// Runs the request to completion. The program starts with no signal blocked, whatever the caller
+// blocks. It runs in a process group of its own (so that stopping it
 // stops what it started), with stdin from /dev/null and only the descriptors named above. A program
 // that writes more than a cap to any stream is killed and this returns an error naming the stream,
 // so the caller's memory stays bounded whatever the program (or an LD_PRELOAD in its environment)
 // does. Errors also for: a failed identity switch, namespace entry or exec.
 Result<ProcessOutcome> spawn(const ProcessRequest& request);
+
+// Starts the request's program and returns without waiting for it: the same identity, namespace,
+// descriptor and environment rules as spawn(), but nothing is captured (`outputs`, the caps and
+// should_stop are ignored): stdin is /dev/null, and so are stdout and stderr unless `inputs` names
+// descriptors 1 or 2. Returns the program's pid, to reap with waitpid; 0 with `daemonize` (the
+// program must say who it is itself). A failure before exec shows as its exit status 125-127.
+Result<pid_t> start_process(const ProcessRequest& request);
 
 }  // namespace gantry

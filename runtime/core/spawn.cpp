@@ -31,18 +31,119 @@ struct Stream {
     std::string name;
 };
 
+// Everything the child needs, prepared before fork: between fork and exec it only makes system calls.
+struct ChildPlan {
+    const ProcessRequest* rq = nullptr;
+    std::vector<char*> argv, envp;
+    std::vector<gid_t> groups;
+    std::vector<std::pair<int, int>> passed;  // (our descriptor, its number in the program)
+    std::vector<int> keep;                    // the program's descriptor numbers, sorted
+    int highest = 2;
+    bool null_output = false;  // stdout/stderr to /dev/null unless passed
+};
+
+ChildPlan plan_child(const ProcessRequest& rq, std::vector<std::pair<int, int>> passed) {
+    ChildPlan p;
+    p.rq = &rq;
+    for (const auto& a : rq.argv) p.argv.push_back(const_cast<char*>(a.c_str()));
+    p.argv.push_back(nullptr);
+    for (const auto& e : rq.env) p.envp.push_back(const_cast<char*>(e.c_str()));
+    p.envp.push_back(nullptr);
+    if (rq.identity) p.groups = rq.identity->groups.empty() ? std::vector<gid_t>{rq.identity->gid} : rq.identity->groups;
+    for (const auto& in : rq.inputs) passed.emplace_back(in.fd, in.as);
+    p.highest = rq.root_of.empty() ? 2 : rq.root_as;
+    for (const auto& [fd, as] : passed) p.highest = std::max({p.highest, fd, as});
+    for (const auto& [fd, as] : passed) p.keep.push_back(as);
+    if (!rq.root_of.empty()) p.keep.push_back(rq.root_as);
+    std::sort(p.keep.begin(), p.keep.end());
+    p.passed = std::move(passed);
+    return p;
+}
+
+[[noreturn]] void become_program(const ChildPlan& p) {
+    const ProcessRequest& rq = *p.rq;
+    // Only system calls from here to exec: the parent may be multi-threaded.
+    sigset_t none;
+    sigemptyset(&none);
+    (void)::sigprocmask(SIG_SETMASK, &none, nullptr);  // the caller's blocked signals are not the program's
+    if (rq.own_session) (void)::setsid();
+    else (void)::setpgid(0, 0);
+    // First move every passed descriptor above all target numbers, then onto its target: a
+    // target number may be another passed descriptor's current one.
+    int spare = p.highest + 1;
+    std::pair<int, int> moved[256];
+    size_t count = 0;
+    for (const auto& [fd, as] : p.passed) {
+        int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, spare);
+        if (copy < 0 || count == 256) ::_exit(kSetupFailed);
+        moved[count++] = {copy, as};
+    }
+    for (size_t i = 0; i < count; ++i)
+        if (::dup2(moved[i].first, moved[i].second) < 0) ::_exit(kSetupFailed);  // dup2 clears close-on-exec
+    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || ::dup2(null, STDIN_FILENO) < 0) ::_exit(kSetupFailed);
+    auto kept = [&](int n) { return std::find(p.keep.begin(), p.keep.end(), n) != p.keep.end(); };
+    if (p.null_output)
+        for (int n : {STDOUT_FILENO, STDERR_FILENO})
+            if (!kept(n) && ::dup2(null, n) < 0) ::_exit(kSetupFailed);
+    if (rq.identity) {
+        const auto& id = *rq.identity;
+        // For good: groups, then gid, then uid (after the uid we could not change the others).
+        if (::setgroups(p.groups.size(), p.groups.data()) != 0 || ::setresgid(id.gid, id.gid, id.gid) != 0 ||
+            ::setresuid(id.uid, id.uid, id.uid) != 0)
+            ::_exit(kIdentityFailed);
+        if (::getuid() != id.uid || ::geteuid() != id.uid || ::getegid() != id.gid) ::_exit(kIdentityFailed);
+    }
+    if (rq.death_signal != 0 && ::prctl(PR_SET_PDEATHSIG, rq.death_signal, 0, 0, 0) != 0) ::_exit(kSetupFailed);
+    if (rq.userns_fd >= 0 && ::setns(rq.userns_fd, CLONE_NEWUSER) != 0) ::_exit(kSetupFailed);
+    if (!rq.root_of.empty()) {
+        int root = ::open(rq.root_of.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0 || ::dup2(root, rq.root_as) < 0) ::_exit(kSetupFailed);
+    }
+    // Everything else we hold (e.g. slurmstepd's descriptors without close-on-exec) stays behind:
+    // close 3.. except the targets, walking the gaps between kept numbers.
+    unsigned from = 3;
+    for (int k : p.keep) {
+        if (k < 3) continue;
+        if (static_cast<unsigned>(k) > from) ::close_range(from, static_cast<unsigned>(k) - 1, 0);
+        from = static_cast<unsigned>(k) + 1;
+    }
+    ::close_range(from, ~0U, 0);
+    if (rq.no_new_privs && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(kSetupFailed);
+    ::execve(p.argv[0], p.argv.data(), p.envp.data());
+    ::_exit(kExecFailed);
+}
+
 }  // namespace
+
+Result<pid_t> start_process(const ProcessRequest& rq) {
+    if (rq.argv.empty() || rq.argv[0].empty() || rq.argv[0][0] != '/')
+        return make_error("running a helper: an absolute program path is needed");
+    ChildPlan plan = plan_child(rq, {});
+    plan.null_output = true;
+    pid_t pid = ::fork();
+    if (pid < 0) return system_error("starting " + rq.argv[0]);
+    if (pid == 0) {
+        if (rq.daemonize) {
+            // The intermediate: a session of its own first, so that the program is in no terminal's
+            // process group, then the program's own fork; it exits at once and we reap it below.
+            (void)::setsid();
+            pid_t again = ::fork();
+            if (again != 0) ::_exit(again < 0 ? kSetupFailed : 0);
+        }
+        become_program(plan);
+    }
+    if (!rq.daemonize) return pid;
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error("starting " + rq.argv[0] + ": could not fork");
+    return 0;
+}
 
 Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
     if (rq.argv.empty() || rq.argv[0].empty() || rq.argv[0][0] != '/')
         return make_error("running a helper: an absolute program path is needed");
-    std::vector<char*> argv, envp;
-    for (const auto& a : rq.argv) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    for (const auto& e : rq.env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    std::vector<gid_t> groups;
-    if (rq.identity) groups = rq.identity->groups.empty() ? std::vector<gid_t>{rq.identity->gid} : rq.identity->groups;
 
     ProcessOutcome outcome;
     // Pipes: stdout, stderr, then one per requested output. The write ends go to the child only.
@@ -61,60 +162,11 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
     GANTRY_TRY(add_pipe(&outcome.out, rq.stdout_cap, "stdout", STDOUT_FILENO));
     GANTRY_TRY(add_pipe(&outcome.err, rq.stderr_cap, "stderr", STDERR_FILENO));
     for (const auto& o : rq.outputs) GANTRY_TRY(add_pipe(o.text, o.cap, o.name, o.as));
-    // The descriptors the child gets, as (ours, its number), for the dance below.
-    std::vector<std::pair<int, int>> passed = child_ends;
-    for (const auto& in : rq.inputs) passed.emplace_back(in.fd, in.as);
-    int highest = rq.root_of.empty() ? 2 : rq.root_as;
-    for (const auto& [fd, as] : passed) highest = std::max({highest, fd, as});
+    ChildPlan plan = plan_child(rq, child_ends);
 
     pid_t pid = ::fork();
     if (pid < 0) return system_error("starting " + rq.argv[0]);
-    if (pid == 0) {
-        // Only system calls from here to exec: the parent may be multi-threaded.
-        (void)::setpgid(0, 0);
-        // First move every passed descriptor above all target numbers, then onto its target: a
-        // target number may be another passed descriptor's current one.
-        int spare = highest + 1;
-        std::vector<std::pair<int, int>> moved;
-        for (const auto& [fd, as] : passed) {
-            int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, spare);
-            if (copy < 0) ::_exit(kSetupFailed);
-            moved.emplace_back(copy, as);
-        }
-        for (const auto& [copy, as] : moved)
-            if (::dup2(copy, as) < 0) ::_exit(kSetupFailed);  // dup2 clears close-on-exec on `as`
-        int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (null < 0 || ::dup2(null, STDIN_FILENO) < 0) ::_exit(kSetupFailed);
-        if (rq.identity) {
-            const auto& id = *rq.identity;
-            // For good: groups, then gid, then uid (after the uid we could not change the others).
-            if (::setgroups(groups.size(), groups.data()) != 0 || ::setresgid(id.gid, id.gid, id.gid) != 0 ||
-                ::setresuid(id.uid, id.uid, id.uid) != 0)
-                ::_exit(kIdentityFailed);
-            if (::getuid() != id.uid || ::geteuid() != id.uid || ::getegid() != id.gid) ::_exit(kIdentityFailed);
-        }
-        if (rq.userns_fd >= 0 && ::setns(rq.userns_fd, CLONE_NEWUSER) != 0) ::_exit(kSetupFailed);
-        if (!rq.root_of.empty()) {
-            int root = ::open(rq.root_of.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-            if (root < 0 || ::dup2(root, rq.root_as) < 0) ::_exit(kSetupFailed);
-        }
-        // Everything else we hold (e.g. slurmstepd's descriptors without close-on-exec) stays behind:
-        // close 3.. except the targets, walking the gaps between kept numbers.
-        std::vector<int> keep;
-        for (const auto& [fd, as] : passed) keep.push_back(as);
-        if (!rq.root_of.empty()) keep.push_back(rq.root_as);
-        std::sort(keep.begin(), keep.end());
-        unsigned from = 3;
-        for (int k : keep) {
-            if (k < 3) continue;
-            if (static_cast<unsigned>(k) > from) ::close_range(from, static_cast<unsigned>(k) - 1, 0);
-            from = static_cast<unsigned>(k) + 1;
-        }
-        ::close_range(from, ~0U, 0);
-        if (rq.no_new_privs && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(kSetupFailed);
-        ::execve(argv[0], argv.data(), envp.data());
-        ::_exit(kExecFailed);
-    }
+    if (pid == 0) become_program(plan);
     for (auto& [fd, as] : child_ends) ::close(fd);
     child_ends.clear();
 

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <sstream>
 
 #include "gantry/log.hpp"
+#include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
 #include "internal.hpp"
 
@@ -210,101 +212,73 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     return {};
 }
 
-// The launch sequence, run by the holder. Each step is one verb; see rootfs.cpp for the mounts.
-Status set_up_container(Setup& s) {
-    using namespace launcher;
-    const ContainerSpec& spec = *s.spec;
-    if (s.backend == MountBackend::kernel) GANTRY_TRY(mount_image_kernel(s));  // privileged: see privileged.cpp
-    GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
-    if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
-    GANTRY_TRY(enter_user_namespace(s.id, spec.unshare));
-    GANTRY_TRY(make_mounts_private());
-    GANTRY_TRY(mount_staging_area(s));
-    if (s.backend == MountBackend::fuse) GANTRY_TRY(mount_image_fuse(s));
-    if (s.backend == MountBackend::extract) GANTRY_TRY(bind_extracted_image(s));
-    GANTRY_TRY(prepare_writable_layer(s));
-    GANTRY_TRY(write_identity_files(s));
-    GANTRY_TRY(mount_container_root(s));
-    GANTRY_TRY(mount_proc_and_sys(s));
-    GANTRY_TRY(mount_sysfs_views(s));
-    GANTRY_TRY(set_up_dev(s));
-    GANTRY_TRY(add_device_nodes(s));
-    GANTRY_TRY(mount_tmp_and_run(s));
-    GANTRY_TRY(bind_host_network_files(s));
-    GANTRY_TRY(mount_home(s));
-    GANTRY_TRY(mount_driver_files(s));
-    GANTRY_TRY(perform_user_mounts(s));
-    GANTRY_TRY(check_workdir(s));
-    GANTRY_TRY(pivot_into_root(s));
-    GANTRY_TRY(update_ld_cache(s));
-    GANTRY_TRY(finish_root_flags(s));
-    return {};
-}
-
-void send_line(int fd, const std::string& line) {
-    std::string l = line + "\n";
-    (void)!::write(fd, l.data(), l.size());
-}
-
-// The holder: sets the container up, reports on `ready`, then keeps the namespaces alive until
-// SIGTERM (or its parent's death when attached), reaping the fuse daemon.
-[[noreturn]] void holder_main(Setup& s, int ready, pid_t parent) {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGQUIT}) sigaddset(&set, sig);
-    ::sigprocmask(SIG_BLOCK, &set, nullptr);
-    auto watch_parent = [&] {
-        if (s.spec->detach) return;
-        ::prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);  // reset by every credential change: set again
-        if (::getppid() != parent) ::kill(::getpid(), SIGTERM);
-    };
-    watch_parent();
-    ::prctl(PR_SET_NAME, "gantry-holder", 0, 0, 0);  // tell it apart from `gantry run` in ps/pkill
-    // The holder is a fork of its creator and becomes the job user's process: in the plugin that
-    // creator is root's slurmstepd, whose descriptors (slurmd's log open for writing, the step's RPC
-    // socket, ...) the user could reach through the holder (/proc/PID/fd, ptrace). Keep only `ready`.
-    if (ready > 3) ::close_range(3, static_cast<unsigned>(ready) - 1, 0);
-    ::close_range(static_cast<unsigned>(ready) + 1, ~0U, 0);
-    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    ::dup2(null, 0);
-    // A detached holder (and the fuse daemon it starts) must not keep the caller's output open:
-    // whoever reads it would wait for EOF until the container stops; a holder started by root for a
-    // user must not keep root's output (slurmstepd's may be slurmd's log). Errors go through `ready`.
-    if (s.spec->detach || (::geteuid() == 0 && s.id.uid != 0)) {
-        ::dup2(null, 1);
-        ::dup2(null, 2);
+// Execs the gantry-holder program with the set-up on a socket (its descriptor 3), answers its request
+// for id maps when root starts it for a user, and returns its last report ("ok PID START" or
+// "error ..."). The holder gets no descriptor of ours but that socket, and stdout/stderr only when an
+// ordinary user starts an attached one (a detached holder must not keep the caller's output open;
+// root's output may be slurmd's log): its errors come back through the socket.
+Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
+    bool root_for_user = ::geteuid() == 0 && s.id.uid != 0;
+    launcher::HolderRequest rq{spec, s.id, s.backend, s.staging, s.image_dir, s.workdir, s.home, ::getpid(), root_for_user};
+    if (rq.spec.holder_program.empty()) rq.spec.holder_program = default_holder_program();
+    std::string doc = launcher::holder_request_to_json(rq);
+    if (doc.size() > kMaxContainerSpecBytes) return make_error("the container's description is too large (" + std::to_string(doc.size()) + " bytes)");
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return system_error("creating the holder's socket");
+    UniqueFd ours(sv[0]), theirs(sv[1]);
+    ProcessRequest run;
+    run.argv = {rq.spec.holder_program};
+    // Root's holder finds its helpers (squashfuse_ll, unsquashfs) in the system directories only.
+    const char* path = std::getenv("PATH");
+    run.env = {std::string("PATH=") + (root_for_user || path == nullptr ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path)};
+    run.inputs = {{theirs.get(), 3}};
+    if (!spec.detach && !root_for_user) run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
+    run.own_session = true;  // out of the terminal's process group: Ctrl-C is for the command, not the holder
+    run.daemonize = spec.detach;
+    auto started = start_process(run);
+    if (!started) return started.error().wrap("starting the container holder " + run.argv[0]);
+    pid_t child = *started;  // 0 when detached: the holder is no child of ours
+    theirs.reset();
+    Defer reap([&] {
+        if (child > 0) ::waitpid(child, nullptr, 0);
+    });
+    std::string out = std::to_string(doc.size()) + "\n" + doc;
+    for (size_t sent = 0; sent < out.size();) {
+        ssize_t n = ::send(ours.get(), out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // the holder is gone: its exit shows below as a missing report
+        sent += static_cast<size_t>(n);
     }
-    if (null > 2) ::close(null);
-
-    auto st = set_up_container(s);
-    watch_parent();
-    if (!st) {
-        send_line(ready, "error " + st.error().message);
-        if (s.fuse_daemon > 0) ::kill(s.fuse_daemon, SIGKILL);
-        if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
-        ::_exit(1);
-    }
-    send_line(ready, "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid())));
-    ::close(ready);
-    while (true) {
-        siginfo_t info{};
-        if (::sigwaitinfo(&set, &info) < 0) continue;
-        if (info.si_signo != SIGCHLD) break;
-        bool daemon_gone = false;
-        pid_t p;
-        while ((p = ::waitpid(-1, nullptr, WNOHANG)) > 0)
-            if (p == s.fuse_daemon) daemon_gone = true;
-        if (daemon_gone) {
-            s.fuse_daemon = -1;
-            break;  // the image is gone: the container is of no use any more
+    std::string reply;
+    char chunk[512];
+    ssize_t n;
+    while ((n = ::recv(ours.get(), chunk, sizeof chunk, 0)) > 0 || (n < 0 && errno == EINTR)) {
+        if (n <= 0) continue;
+        reply.append(chunk, static_cast<size_t>(n));
+        if (reply.size() > 65536) break;
+        // The holder made its user namespace: as root, write its maps (write_id_maps says why that is
+        // safe) and let it go on; it is still waiting on the socket.
+        auto nl = reply.find('\n');
+        if (root_for_user && starts_with(reply, "userns ") && nl != std::string::npos) {
+            pid_t holder = static_cast<pid_t>(std::strtol(reply.c_str() + 7, nullptr, 10));
+            reply.erase(0, nl + 1);
+            // Only our own holder: our child, or (detached) a process of the job user.
+            bool ours_for_sure = child > 0 ? holder == child : holder > 1;
+            auto maps = ours_for_sure ? launcher::write_id_maps(holder, s.id)
+                                      : Status(make_error("the container holder named a process that is not it"));
+            if (!maps) return maps.error().wrap("setting up the container's user namespace");
+            if (::send(ours.get(), "go\n", 3, MSG_NOSIGNAL) != 3) break;
         }
     }
-    if (s.fuse_daemon > 0) {
-        ::kill(s.fuse_daemon, SIGTERM);
-        ::waitpid(s.fuse_daemon, nullptr, 0);
+    reply = trim(reply);
+    if (starts_with(reply, "ok ")) {
+        child = -1;  // attached: our child for as long as it runs (Container::stop reaps it)
+        return reply;
     }
-    if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
-    ::_exit(0);
+    ours.reset();
+    if (child > 0) ::kill(child, SIGKILL);
+    if (starts_with(reply, "error ")) return make_error(reply.substr(6));
+    return make_error("container set-up failed (the holder exited without a report)");
 }
 
 }  // namespace
@@ -352,34 +326,9 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     if (::getuid() == 0 && s.id.uid != 0) (void)!::chown(s.staging.c_str(), s.id.uid, s.id.gid);
     s.image_dir = s.staging + "/image";
 
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return system_error("creating a pipe");
-    UniqueFd rd(fds[0]), wr(fds[1]);
-    pid_t parent = ::getpid();
-    pid_t pid = ::fork();
-    if (pid < 0) return system_error("starting the container holder");
-    if (pid == 0) {
-        rd.reset();
-        ::setsid();  // out of the terminal's process group: Ctrl-C is for the command, not the holder
-        if (spec.detach) {
-            pid_t again = ::fork();
-            if (again != 0) ::_exit(again < 0 ? 1 : 0);
-        }
-        holder_main(s, wr.get(), parent);
-    }
-    wr.reset();
-    std::string reply;
-    char chunk[512];
-    ssize_t n;
-    while ((n = ::read(rd.get(), chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR))
-        if (n > 0) reply.append(chunk, static_cast<size_t>(n));
-    if (spec.detach) ::waitpid(pid, nullptr, 0);
-    reply = trim(reply);
-    if (!starts_with(reply, "ok ")) {
-        if (!spec.detach) ::waitpid(pid, nullptr, 0);
-        if (starts_with(reply, "error ")) return make_error(reply.substr(6));
-        return make_error("container set-up failed (the holder exited without a report)");
-    }
+    auto started = start_holder(spec, s);
+    if (!started) return started.error();
+    std::string reply = std::move(*started);
     Container c;
     std::istringstream in(reply.substr(3));
     in >> c.state_.holder_pid >> c.state_.holder_start_time;

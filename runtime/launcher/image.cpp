@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
 #include "internal.hpp"
 
@@ -32,31 +33,6 @@ std::string find_program(const std::string& name) {
         if (::access(p.c_str(), X_OK) == 0) return p;
     }
     return {};
-}
-
-// fork + exec with every descriptor but stdio closed; stdout/stdin to /dev/null.
-Result<pid_t> spawn(const std::vector<std::string>& argv, int keep_fd, bool die_with_parent) {
-    pid_t pid = ::fork();
-    if (pid < 0) return system_error("starting " + argv[0]);
-    if (pid == 0) {
-        if (die_with_parent) ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-        int null = ::open("/dev/null", O_RDWR);
-        if (null >= 0) {
-            ::dup2(null, 0);
-            ::dup2(null, 1);
-        }
-        sigset_t all;
-        sigemptyset(&all);
-        ::sigprocmask(SIG_SETMASK, &all, nullptr);
-        ::close_range(3, keep_fd > 3 ? keep_fd - 1 : 2, 0);
-        if (keep_fd >= 3) ::close_range(keep_fd + 1, ~0U, 0);
-        std::vector<char*> args;
-        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-        args.push_back(nullptr);
-        ::execv(args[0], args.data());
-        ::_exit(127);
-    }
-    return pid;
 }
 
 }  // namespace
@@ -115,7 +91,14 @@ Status mount_image_fuse(Setup& s) {
     if (::mount(s.spec->image_path.c_str(), s.image_dir.c_str(), "fuse.squashfuse_ll",
                 MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
         return system_error("mounting " + s.spec->image_path + " with fuse");
-    auto pid = spawn({daemon, "-f", s.spec->image_path, "/dev/fd/" + std::to_string(fuse.get())}, fuse.get(), true);
+    // The daemon gets the /dev/fuse descriptor under its own number, our stderr (its errors are the
+    // user's to see, or /dev/null), and dies with the holder.
+    ProcessRequest serve;
+    serve.argv = {daemon, "-f", s.spec->image_path, "/dev/fd/" + std::to_string(fuse.get())};
+    serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+    serve.inputs = {{fuse.get(), fuse.get()}, {STDERR_FILENO, STDERR_FILENO}};
+    serve.death_signal = SIGKILL;
+    auto pid = start_process(serve);
     if (!pid) return pid.error();
     s.fuse_daemon = *pid;
     // Our copy must go: if the daemon dies, the connection then aborts and the probe below fails
@@ -147,9 +130,12 @@ Status extract_image(Setup& s) {
     std::string tool = find_program("unsquashfs");
     if (tool.empty()) return make_error("unsquashfs not found (Debian package squashfs-tools)");
     // Device nodes and ownership cannot be recreated by a user: -ignore-errors keeps the rest.
-    auto pid = spawn({tool, "-no-xattrs", "-ignore-errors", "-no-progress", "-quiet", "-d", dir + "/root",
-                      s.spec->image_path},
-                     -1, true);
+    ProcessRequest unpack;
+    unpack.argv = {tool, "-no-xattrs", "-ignore-errors", "-no-progress", "-quiet", "-d", dir + "/root", s.spec->image_path};
+    unpack.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+    unpack.inputs = {{STDERR_FILENO, STDERR_FILENO}};
+    unpack.death_signal = SIGKILL;
+    auto pid = start_process(unpack);
     if (!pid) return pid.error();
     int status = 0;
     ::waitpid(*pid, &status, 0);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gantry/fd.hpp"
@@ -24,6 +25,18 @@ struct Identity {
     gid_t inner_gid = 0;
     std::string group_name;
 };
+
+// What the creator (Container::create) sends to the gantry-holder program it starts (spec_json.cpp).
+struct HolderRequest {
+    ContainerSpec spec;
+    Identity id;
+    MountBackend backend = MountBackend::fuse;
+    std::string staging, image_dir, workdir, home;
+    pid_t parent = -1;                 // the creator: an attached holder ends when it does
+    bool creator_writes_maps = false;  // root created it for a user: the creator writes the id maps
+};
+std::string holder_request_to_json(const HolderRequest& request);
+Result<HolderRequest> holder_request_from_json(std::string_view text);
 
 // Everything the holder builds up while it sets the container up.
 struct Setup {
@@ -44,6 +57,8 @@ struct Setup {
     UniqueFd scratch_dir;        // extract backend: directory holding the unpacked tree
     std::string scratch_name;    // its entry in scratch_dir, removed when the holder exits
     std::vector<UniqueFd> merged_dirs;  // read-only skeleton root: its overlays (e.g. /etc), made read-only last
+    int channel = -1;                  // the socket to the creator (holder.cpp)
+    bool creator_writes_maps = false;  // see HolderRequest
 };
 
 // rootfs.cpp: how one top-level entry of a read-only container's "/" is provided (mount_container_root).
@@ -65,7 +80,10 @@ Result<std::vector<RootEntry>> plan_root_entries(int image, int upper, const std
 
 // namespaces.cpp
 Status switch_to_user(uid_t uid, gid_t gid);
-Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra);
+// Unshares the namespaces and maps the user's single id. With `creator` (a socket to a root creator,
+// else -1) the holder stays non-dumpable: it says "userns" and the creator writes the maps
+// (write_id_maps), then answers "go".
+Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, int creator);
 Status make_mounts_private();
 int namespace_flags(const ExtraNamespaces& extra);
 Status drop_capabilities();
@@ -85,6 +103,10 @@ bool running_as_real_root();
 // every ancestor: the gate for kernel loop mounts (privileged.cpp says why).
 bool is_trusted_path(const std::string& path, const std::string& store_owner);
 Status mount_image_kernel(Setup& s);
+// Root, for a holder it started for `id`: writes /proc/PID/setgroups, uid_map and gid_map.
+Status write_id_maps(pid_t pid, const Identity& id);
+// holder.cpp: the launch sequence (run by the holder)
+Status set_up_container(Setup& s);
 
 // shared_mounts.cpp: the node-wide kernel mount of one image, as handed to one container.
 struct SharedImageMount {

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
@@ -43,21 +44,53 @@ Status switch_to_user(uid_t uid, gid_t gid) {
     return {};
 }
 
-Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra) {
-    // slurmstepd's tasks are non-dumpable after the uid switch, which makes /proc/self/* root-owned
-    // and uid_map unwritable (EACCES) — BRIEF §6. Being dumpable costs nothing here: same uid only.
-    if (::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) return system_error("setting the process dumpable");
+static std::string uid_map_line(const Identity& id) { return std::to_string(id.inner_uid) + " " + std::to_string(id.uid) + " 1\n"; }
+static std::string gid_map_line(const Identity& id) { return std::to_string(id.inner_gid) + " " + std::to_string(id.gid) + " 1\n"; }
+
+Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, int creator) {
+    // A holder started by an ordinary user writes its own maps; it must be dumpable for that, since
+    // slurmstepd-like callers leave a process non-dumpable after a uid switch, which makes
+    // /proc/self/* root-owned and uid_map unwritable (EACCES) — BRIEF §6. Same uid only: nothing to
+    // protect. A holder root started for a user stays non-dumpable (the job user can neither ptrace
+    // it nor open its /proc entries) and its creator writes the maps instead.
+    if (creator < 0 && ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) return system_error("setting the process dumpable");
     if (::unshare(namespace_flags(extra)) != 0) {
         if (errno == EPERM || errno == ENOSPC || errno == EINVAL)
             return system_error("creating a user namespace (are unprivileged user namespaces enabled? "
                                 "see /proc/sys/user/max_user_namespaces)");
         return system_error("creating the container namespaces");
     }
+    if (creator >= 0) {
+        std::string ask = "userns " + std::to_string(::getpid()) + "\n";
+        if (::send(creator, ask.data(), ask.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(ask.size()))
+            return system_error("asking the creator for the id maps");
+        char reply[3] = {};
+        size_t got = 0;
+        while (got < sizeof reply) {
+            ssize_t n = ::recv(creator, reply + got, sizeof reply - got, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += static_cast<size_t>(n);
+        }
+        if (got != sizeof reply || std::string(reply, 3) != "go\n")
+            return make_error("the creator did not write the container's id maps");
+        return {};
+    }
     GANTRY_TRY(write_proc_file("/proc/self/setgroups", "deny"));
-    GANTRY_TRY(write_proc_file("/proc/self/uid_map",
-                               std::to_string(id.inner_uid) + " " + std::to_string(id.uid) + " 1\n"));
-    GANTRY_TRY(write_proc_file("/proc/self/gid_map",
-                               std::to_string(id.inner_gid) + " " + std::to_string(id.gid) + " 1\n"));
+    GANTRY_TRY(write_proc_file("/proc/self/uid_map", uid_map_line(id)));
+    GANTRY_TRY(write_proc_file("/proc/self/gid_map", gid_map_line(id)));
+    return {};
+}
+
+Status write_id_maps(pid_t pid, const Identity& id) {
+    // Privileged (root, the creator): writes the single-id maps of the user namespace that holder PID
+    // (our own holder, which asked for them on its private socket) has just made. Safe: the maps name
+    // only the job user's own uid and gid, exactly what the user could map unprivileged, and
+    // setgroups is denied; a map can be written once, so no later write changes it.
+    std::string dir = "/proc/" + std::to_string(pid);
+    GANTRY_TRY(write_proc_file(dir + "/setgroups", "deny"));
+    GANTRY_TRY(write_proc_file(dir + "/uid_map", uid_map_line(id)));
+    GANTRY_TRY(write_proc_file(dir + "/gid_map", gid_map_line(id)));
     return {};
 }
 

@@ -44,20 +44,45 @@ unsigned long long process_start_time(pid_t pid) {
 
 }  // namespace launcher
 
-Status join(const ContainerState& state) {
+Result<JoinHandles> open_join_handles(const ContainerState& state) {
     std::string what = "joining container " + (state.name.empty() ? std::to_string(state.holder_pid) : state.name);
     if (launcher::process_start_time(state.holder_pid) != state.holder_start_time)
         return make_error(what + ": the container is not running");
-    UniqueFd pidfd(launcher::open_pidfd(state.holder_pid));
-    if (!pidfd) return system_error(what);
+    std::string proc = "/proc/" + std::to_string(state.holder_pid);
+    JoinHandles h;
+    auto open_ns = [&](const char* ns, UniqueFd& out) -> Status {
+        out.reset(::open((proc + "/ns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
+        if (!out) return system_error(what + ": opening its " + ns + " namespace");
+        return {};
+    };
+    GANTRY_TRY(open_ns("user", h.userns));
+    GANTRY_TRY(open_ns("mnt", h.mntns));
+    if (state.unshare.net) GANTRY_TRY(open_ns("net", h.netns));
+    if (state.unshare.ipc) GANTRY_TRY(open_ns("ipc", h.ipcns));
+    if (state.unshare.uts) GANTRY_TRY(open_ns("uts", h.utsns));
     // The holder's root, opened from the host side before we switch namespaces.
-    UniqueFd root(::open(("/proc/" + std::to_string(state.holder_pid) + "/root").c_str(),
-                         O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!root) return system_error(what + ": opening its root");
+    h.root.reset(::open((proc + "/root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!h.root) return system_error(what + ": opening its root");
     if (launcher::process_start_time(state.holder_pid) != state.holder_start_time)
         return make_error(what + ": the container is not running");
-    if (::setns(pidfd.get(), launcher::namespace_flags(state.unshare)) != 0) return system_error(what);
-    if (::fchdir(root.get()) != 0 || ::chroot(".") != 0) return system_error(what + ": entering its root");
+    return h;
+}
+
+Status join(const ContainerState& state) {
+    auto handles = open_join_handles(state);
+    if (!handles) return handles.error();
+    return join(state, *handles);
+}
+
+Status join(const ContainerState& state, const JoinHandles& h) {
+    std::string what = "joining container " + (state.name.empty() ? std::to_string(state.holder_pid) : state.name);
+    // The user namespace first: it gives the capabilities the other setns calls need.
+    if (::setns(h.userns.get(), CLONE_NEWUSER) != 0) return system_error(what + ": entering its user namespace");
+    if (::setns(h.mntns.get(), CLONE_NEWNS) != 0) return system_error(what + ": entering its mount namespace");
+    const std::pair<int, int> extra[] = {{h.netns.get(), CLONE_NEWNET}, {h.ipcns.get(), CLONE_NEWIPC}, {h.utsns.get(), CLONE_NEWUTS}};
+    for (const auto& [fd, type] : extra)
+        if (fd >= 0 && ::setns(fd, type) != 0) return system_error(what + ": entering its namespaces");
+    if (::fchdir(h.root.get()) != 0 || ::chroot(".") != 0) return system_error(what + ": entering its root");
     std::string workdir = state.defaults.workdir.empty() ? "/" : state.defaults.workdir;
     if (::chdir(workdir.c_str()) != 0) return system_error("changing to working directory " + workdir);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return system_error("setting no_new_privs");

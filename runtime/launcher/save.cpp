@@ -17,7 +17,7 @@
 namespace gantry {
 namespace {
 
-// The descriptor of the holder's root in mksquashfs (opened inside the user namespace, see spawn()).
+// The descriptor of the holder's root in mksquashfs.
 constexpr int kRootFd = 200;
 
 }  // namespace
@@ -66,8 +66,13 @@ Status save_container(const ContainerState& container, const ProcessIdentity& us
     std::string pid = std::to_string(container.holder_pid);
     std::string root = "/proc/self/fd/" + std::to_string(kRootFd) + "/";
     std::string tmp = path + ".partial";
+    // Opened here, with the caller's rights (root in the plugin): the holder root started for the user
+    // is not dumpable, so the user could open neither. The user's mksquashfs gets them as descriptors:
+    // the namespace the user owns and the container's root, both the user's to read already.
     UniqueFd userns(::open(("/proc/" + pid + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
     if (!userns) return system_error("--container-save: opening the container's user namespace");
+    UniqueFd root_dir(::open(("/proc/" + pid + "/root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root_dir) return system_error("--container-save: opening the container's root");
     std::vector<std::string> argv = {"/usr/bin/mksquashfs", root, tmp, "-noappend", "-all-root", "-comp", "lz4",
                                      "-quiet", "-no-progress", "-e"};
     // Everything mounted over the root file system (/proc, /sys, /dev, /tmp, binds) stays out. Not
@@ -81,8 +86,7 @@ Status save_container(const ContainerState& container, const ProcessIdentity& us
     inside.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     inside.identity = user;
     inside.userns_fd = userns.get();
-    inside.root_of = "/proc/" + pid + "/root";
-    inside.root_as = kRootFd;
+    inside.inputs = {{root_dir.get(), kRootFd}};
     auto r = spawn(inside);
     if (!r) return r.error().wrap("--container-save " + path);
     if (r->status != 0) {

@@ -64,13 +64,47 @@ for i in \$(seq 1 50); do pgrep -u $U -f "^sleep 3017" >/dev/null || break; slee
 pgrep -u $U -f "^sleep 3017" >/dev/null && echo "sleep survived" || echo "sleep gone"
 srun -n1 --container-name=keep sh -c 'cat /data'
 srun -n1 --container-name=keep sh -c 'echo again >> /data; cat /data'
+# The named container's holder lives in the job's freezer cgroup (not a step's), after two more steps.
+grep freezer /proc/\$(pgrep -u $U -x -n gantry-holder)/cgroup > $WORK/holder.cgroup
 JOB
   chown "$U" "$WORK/job.sh"
   run as_user salloc -N1 -w gnode1 sh "$WORK/job.sh"
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -v '^salloc:')" = "$(printf 'started\nsleep gone\nkept\nkept\nagain')" ]
+  cat "$WORK/holder.cgroup"
+  grep -Eq ':freezer:/slurm_gnode1/uid_[0-9]+/job_[0-9]+$' "$WORK/holder.cgroup"
   # The job is over: the epilog removed the named container (container_scope=job).
   for i in $(seq 1 50); do [ "$(containers_on gnode1)" -eq 0 ] && break; sleep 0.2; done
   [ "$(containers_on gnode1)" -eq 0 ]
+  for i in $(seq 1 50); do pgrep -u "$U" -x gantry-holder >/dev/null || break; sleep 0.2; done
+  ! pgrep -u "$U" -x gantry-holder || false
+}
+
+@test "proctrack/cgroup: the holder and its fuse daemon are in the step's freezer cgroup and gone after the step" {
+  as_user srun -N1 -n1 -w gnode1 --container-image="$TINY" sh -c 'echo "started $(readlink /proc/self/ns/mnt) $(grep freezer /proc/self/cgroup)"; sleep 3019' >"$WORK/step.out" 2>&1 &
+  step=$!
+  for i in $(seq 300); do grep -q started "$WORK/step.out" && break; sleep 0.2; done
+  cat "$WORK/step.out"
+  grep -q started "$WORK/step.out"
+  read -r _ ns rank_cg <"$WORK/step.out"
+  holder=
+  for p in $(pgrep -u "$U" -x gantry-holder); do
+    [ "$(readlink "/proc/$p/ns/mnt")" = "$ns" ] && holder=$p
+  done
+  [ -n "$holder" ]
+  holder_cg=$(grep freezer "/proc/$holder/cgroup")
+  kids=$(cat "/proc/$holder/task/$holder/children")
+  kid_cgs=$(for k in $kids; do grep freezer "/proc/$k/cgroup"; done)
+  dir=/sys/fs/cgroup/freezer${holder_cg#*:freezer:}
+  listed=$(grep -cx "$holder" "$dir/cgroup.procs" || true)
+  pkill -u "$U" -f '^sleep 3019' || true
+  wait "$step" || true
+  echo "rank: $rank_cg; holder $holder: $holder_cg; children $kids: $kid_cgs; listed in $dir: $listed"
+  [[ "$rank_cg" =~ :freezer:/slurm_gnode1/uid_[0-9]+/job_[0-9]+/step_0$ ]]
+  [ "$holder_cg" = "$rank_cg" ]
+  while read -r line; do [ -z "$line" ] || [ "$line" = "$rank_cg" ]; done <<<"$kid_cgs"
+  [ "$listed" -eq 1 ]
+  for i in $(seq 50); do [ -d "/proc/$holder" ] || break; sleep 0.2; done
+  [ ! -d "/proc/$holder" ]
 }

@@ -205,3 +205,51 @@ __attribute__((constructor)) static void flood(void) {
   ! echo "$fds" | grep -qF "$GANTRY_SLURM_STATE" || false
   ! echo "$fds" | grep -q '\.log$' || false
 }
+
+# ptrace_attach PID: PTRACE_ATTACH from python3 (ctypes); prints "attached" or the errno's name.
+ptrace_attach() {
+  python3 -c '
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pid = int(sys.argv[1])
+if libc.ptrace(16, pid, None, None) == 0:
+    os.waitpid(pid, 0); libc.ptrace(17, pid, None, None); print("attached")
+else:
+    print(errno.errorcode[ctypes.get_errno()])' "$1"
+}
+
+@test "the container holder is a fresh exec of gantry-holder that the job user can neither ptrace nor read through /proc" {
+  gantry_plugin_conf
+  as "$U" srun -N1 -n1 --container-image="$TINY" sh -c 'echo "started $(readlink /proc/self/ns/mnt)"; sleep 300' >"$WORK/step.out" 2>&1 &
+  step=$!
+  for i in $(seq 300); do grep -q started "$WORK/step.out" && break; sleep 0.2; done
+  grep -q started "$WORK/step.out"
+  ns=$(awk '/^started/ { print $2 }' "$WORK/step.out")
+  holder=
+  for p in $(pgrep -u "$U" -x gantry-holder); do
+    [ "$(readlink "/proc/$p/ns/mnt")" = "$ns" ] && holder=$p
+  done
+  echo "holder $holder in $ns"
+  [ -n "$holder" ]
+  exe=$(readlink "/proc/$holder/exe")
+  status_uid=$(awk '/^Uid:/ { print $2 }' "/proc/$holder/status")
+  # As the job user, from the host: /proc/PID/fd, environ and ptrace are refused.
+  fd_out=$(as "$U" ls "/proc/$holder/fd" 2>&1 || true)
+  env_out=$(as "$U" cat "/proc/$holder/environ" 2>&1 || true)
+  attach_holder=$(as "$U" bash -c "$(declare -f ptrace_attach); ptrace_attach $holder")
+  # The control: the same user may ptrace a process of its own (so a refusal above is the holder's).
+  as "$U" sleep 300 &
+  own=$!
+  sleep 0.2
+  attach_own=$(as "$U" bash -c "$(declare -f ptrace_attach); ptrace_attach \$(pgrep -u $U -x -n sleep)")
+  kill "$own" 2>/dev/null || true
+  pkill -u "$U" -f 'sleep 300' || true
+  wait "$step" || true
+  echo "exe: $exe; uid $status_uid; fd: $fd_out; environ: $env_out; ptrace holder: $attach_holder; own: $attach_own"
+  [ "$(readlink -f "$exe")" = "$(readlink -f "$GANTRY_BUILD_DIR/runtime/gantry-holder")" ]
+  [ "$status_uid" = "$(id -u "$U")" ]
+  echo "$fd_out" | grep -q "Permission denied"
+  echo "$env_out" | grep -q "Permission denied"
+  [ "$attach_holder" = EPERM ]
+  [ "$attach_own" = attached ]
+}

@@ -1,5 +1,6 @@
 // Unit tests for the core module: configuration parsing, digests, image config, strings, thread watch.
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -10,9 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 
+#include "gantry/fd.hpp"
 #include "gantry/spawn.hpp"
 #include "gantry/config.hpp"
 #include "gantry/digest.hpp"
@@ -232,6 +235,51 @@ TEST_CASE("spawn: descriptors in and out, and nothing else of ours", "[spawn]") 
     auto over = gantry::spawn(big);
     REQUIRE_FALSE(over);
     CHECK(over.error().message.find("wrote too much to its report") != std::string::npos);
+}
+
+TEST_CASE("start_process: returns at once; only the passed descriptors; a daemonized program is no child", "[spawn]") {
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    gantry::UniqueFd rd(p[0]), wr(p[1]);
+    int null = ::open("/dev/null", O_RDONLY);
+    int stray = ::fcntl(null, F_DUPFD, 40);  // not close-on-exec: must not reach the program all the same
+    ::close(null);
+    REQUIRE(stray >= 40);
+    for (bool daemonize : {false, true}) {
+        auto rq = shell("echo \"$$ $PPID $(ls /proc/self/fd | tr '\\n' ' ')\" >&5; readlink /proc/self/fd/2 >&5; sleep 0.3");
+        rq.inputs = {{wr.get(), 5}};
+        rq.daemonize = daemonize;
+        rq.own_session = true;
+        auto t0 = std::chrono::steady_clock::now();
+        auto pid = gantry::start_process(rq);
+        REQUIRE(pid);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(250));  // did not wait for it
+        std::string text;
+        char buf[256];
+        while (text.find("\n", text.find('\n') + 1) == std::string::npos) {
+            ssize_t n = ::read(rd.get(), buf, sizeof buf);
+            REQUIRE(n > 0);
+            text.append(buf, static_cast<size_t>(n));
+        }
+        std::istringstream in(text);
+        pid_t self = 0, parent = 0;
+        in >> self >> parent;
+        INFO(text);
+        // fds: 0 1 2 5 and the one ls opened for the listing.
+        CHECK(text.find(" " + std::to_string(stray) + " ") == std::string::npos);
+        CHECK(text.find("/dev/null") != std::string::npos);  // stderr: /dev/null, nothing of ours
+        if (daemonize) {
+            CHECK(*pid == 0);
+            CHECK(parent != ::getpid());
+        } else {
+            CHECK(*pid == self);
+            CHECK(parent == ::getpid());
+            int status = 0;
+            REQUIRE(::waitpid(*pid, &status, 0) == *pid);
+            CHECK(WIFEXITED(status));
+        }
+    }
+    ::close(stray);
 }
 
 TEST_CASE("spawn: no_new_privs reaches the program", "[spawn]") {

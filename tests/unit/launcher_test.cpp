@@ -735,3 +735,68 @@ TEST_CASE("image environment: root reads a user's image as that user", "[root]")
     REQUIRE_FALSE(denied.ok());
     CHECK(denied.error().message == "opening image " + image + ": Permission denied");
 }
+
+TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized documents are refused") {
+    ContainerSpec spec;
+    spec.image_path = "/store/images/abc.sqsh";
+    spec.image_trusted = true;
+    spec.image_config.env = {"PATH=/opt/bin:/usr/bin", "A=b c"};
+    spec.image_config.entrypoint = {"/entry", "--x"};
+    spec.image_config.labels = {{"org.example", "v\n1"}};
+    spec.backend = MountBackend::extract;
+    REQUIRE(parse_mounts("/fsx:/data:ro+nosuid,tmpfs:/scratch:size=1G", spec.mounts).ok());
+    spec.writable = true;
+    spec.remap_root = true;
+    spec.mount_home = false;
+    spec.unshare.net = true;
+    spec.workdir = "/work dir";
+    spec.env_names = {"HOME"};
+    spec.env_values = {"X=1"};
+    spec.uid = 4242;
+    spec.gid = 4243;
+    spec.name = "pyxis_7_c";
+    spec.detach = true;
+    spec.config.runtime_path = "/run/g";
+    spec.config.insecure_registries = {"127.0.0.1:5000"};
+    spec.config.limits.max_layer_entries = 17;
+    spec.devices.devices = {{"/host/dev/nvidia0", "/dev/nvidia0"}};
+    spec.devices.sysfs_views = {{"/sys/class/x", {{"a", "../../a"}}, {{"dev", "1:2\n"}}}};
+    spec.holder_program = "/usr/libexec/gantry/gantry-holder";
+
+    std::string text = container_spec_to_json(spec);
+    auto back = container_spec_from_json(text);
+    REQUIRE(back.ok());
+    CHECK(container_spec_to_json(*back) == text);
+    CHECK(back->mounts == spec.mounts);
+    CHECK(back->backend == MountBackend::extract);
+    CHECK(back->uid == 4242);
+    CHECK(back->image_config.labels.at("org.example") == "v\n1");
+    CHECK(back->config.limits.max_layer_entries == 17);
+    CHECK(back->devices.devices == spec.devices.devices);
+    CHECK(back->devices.sysfs_views == spec.devices.sysfs_views);
+    CHECK(back->unshare.net);
+    CHECK_FALSE(back->unshare.ipc);
+
+    // A field missing, a wrong type, not JSON, too large: errors, never a default.
+    auto missing = container_spec_from_json(R"({"image_path": "/x"})");
+    REQUIRE_FALSE(missing.ok());
+    CHECK(missing.error().message.find("reading a container description") != std::string::npos);
+    std::string wrong = text;
+    wrong.replace(wrong.find("\"uid\":4242"), 10, "\"uid\":\"42\"");
+    CHECK_FALSE(container_spec_from_json(wrong).ok());
+    CHECK_FALSE(container_spec_from_json("{").ok());
+    auto huge = container_spec_from_json(std::string(kMaxContainerSpecBytes + 1, ' '));
+    REQUIRE_FALSE(huge.ok());
+    CHECK(huge.error().message.find("at most") != std::string::npos);
+
+    // The holder's request wraps the spec with the resolved identity and set-up paths.
+    launcher::HolderRequest rq{spec, {}, MountBackend::fuse, "/run/g/staging.1", "/run/g/staging.1/image", "/w", "/home/u", 77, true};
+    rq.id.uid = 4242;
+    rq.id.name = "gantry-test";
+    auto rq_back = launcher::holder_request_from_json(launcher::holder_request_to_json(rq));
+    REQUIRE(rq_back.ok());
+    CHECK(launcher::holder_request_to_json(*rq_back) == launcher::holder_request_to_json(rq));
+    CHECK(rq_back->id.name == "gantry-test");
+    CHECK(rq_back->parent == 77);
+    CHECK(rq_back->creator_writes_maps);
+}

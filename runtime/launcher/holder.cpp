@@ -1,0 +1,186 @@
+// The holder: the gantry-holder program that Container::create execs. It reads its set-up from the
+// creator's socket (descriptor 3), builds the container (the launch sequence, set_up_container),
+// reports "ok PID START_TIME" or "error MESSAGE", then keeps the namespaces alive until SIGTERM (or
+// its creator's death when attached), reaping the fuse daemon.
+//
+// A fresh exec, not a fork of the creator: in the plugin the creator is root's multi-threaded
+// slurmstepd, whose memory, descriptors and environment a fork would carry into a process that ends
+// up as the job user's. Exec'd as root, the holder stays non-dumpable after it switches to the user,
+// and its memory belongs to the initial user namespace: the user can neither ptrace it nor open its
+// /proc/PID/fd, environ or mem, even once inside the user namespace it owns (docs/admin.md).
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+#include "internal.hpp"
+
+#ifndef GANTRY_HOLDER_INSTALL_PATH
+#define GANTRY_HOLDER_INSTALL_PATH "/usr/libexec/gantry/gantry-holder"
+#endif
+
+namespace gantry {
+
+using launcher::Setup;
+
+std::string default_holder_program() {
+    char self[PATH_MAX];
+    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        std::string exe(self, static_cast<size_t>(n));
+        std::string dir = exe.substr(0, exe.rfind('/'));
+        // Beside the CLI in the build tree (runtime/), from a test binary (tests/ -> runtime/), and
+        // from an installed bindir to libexec/gantry.
+        for (const char* rel : {"/gantry-holder", "/../runtime/gantry-holder", "/../libexec/gantry/gantry-holder"}) {
+            std::string candidate = dir + rel;
+            if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+        }
+    }
+    return GANTRY_HOLDER_INSTALL_PATH;
+}
+
+namespace launcher {
+
+// The launch sequence, run by the holder. Each step is one verb; see rootfs.cpp for the mounts.
+Status set_up_container(Setup& s) {
+    const ContainerSpec& spec = *s.spec;
+    if (s.backend == MountBackend::kernel) GANTRY_TRY(mount_image_kernel(s));  // privileged: see privileged.cpp
+    GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
+    if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
+    GANTRY_TRY(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
+    GANTRY_TRY(make_mounts_private());
+    GANTRY_TRY(mount_staging_area(s));
+    if (s.backend == MountBackend::fuse) GANTRY_TRY(mount_image_fuse(s));
+    if (s.backend == MountBackend::extract) GANTRY_TRY(bind_extracted_image(s));
+    GANTRY_TRY(prepare_writable_layer(s));
+    GANTRY_TRY(write_identity_files(s));
+    GANTRY_TRY(mount_container_root(s));
+    GANTRY_TRY(mount_proc_and_sys(s));
+    GANTRY_TRY(mount_sysfs_views(s));
+    GANTRY_TRY(set_up_dev(s));
+    GANTRY_TRY(add_device_nodes(s));
+    GANTRY_TRY(mount_tmp_and_run(s));
+    GANTRY_TRY(bind_host_network_files(s));
+    GANTRY_TRY(mount_home(s));
+    GANTRY_TRY(mount_driver_files(s));
+    GANTRY_TRY(perform_user_mounts(s));
+    GANTRY_TRY(check_workdir(s));
+    GANTRY_TRY(pivot_into_root(s));
+    GANTRY_TRY(update_ld_cache(s));
+    GANTRY_TRY(finish_root_flags(s));
+    return {};
+}
+
+}  // namespace launcher
+
+namespace {
+
+void send_line(int fd, const std::string& line) {
+    std::string l = line + "\n";
+    (void)!::send(fd, l.data(), l.size(), MSG_NOSIGNAL);
+}
+
+[[noreturn]] void holder_main(Setup& s, int channel, pid_t parent) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGQUIT}) {
+        sigaddset(&set, sig);
+        ::signal(sig, SIG_DFL);  // an ignored disposition survives exec; we wait for these
+    }
+    ::sigprocmask(SIG_SETMASK, &set, nullptr);
+    auto watch_parent = [&] {
+        if (s.spec->detach) return;
+        ::prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);  // reset by every credential change: set again
+        if (::getppid() != parent) ::kill(::getpid(), SIGTERM);
+    };
+    watch_parent();
+    // Descriptors: the exec (start_process) left only stdio and the channel; stdout/stderr are the
+    // caller's only for an attached holder of an ordinary user (see Container::create).
+    auto st = launcher::set_up_container(s);
+    watch_parent();
+    if (!st) {
+        send_line(channel, "error " + st.error().message);
+        if (s.fuse_daemon > 0) ::kill(s.fuse_daemon, SIGKILL);
+        if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
+        ::_exit(1);
+    }
+    send_line(channel,
+              "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid())));
+    ::close(channel);
+    while (true) {
+        siginfo_t info{};
+        if (::sigwaitinfo(&set, &info) < 0) continue;
+        if (info.si_signo != SIGCHLD) break;
+        bool daemon_gone = false;
+        pid_t p;
+        while ((p = ::waitpid(-1, nullptr, WNOHANG)) > 0)
+            if (p == s.fuse_daemon) daemon_gone = true;
+        if (daemon_gone) {
+            s.fuse_daemon = -1;
+            break;  // the image is gone: the container is of no use any more
+        }
+    }
+    if (s.fuse_daemon > 0) {
+        ::kill(s.fuse_daemon, SIGTERM);
+        ::waitpid(s.fuse_daemon, nullptr, 0);
+    }
+    if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
+    ::_exit(0);
+}
+
+// Reads "<size>\n<document>" from the creator.
+Result<std::string> read_request(int channel) {
+    std::string header;
+    char c = 0;
+    while (header.size() < 16) {
+        ssize_t n = ::recv(channel, &c, 1, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return make_error("the creator closed the channel before sending the set-up");
+        if (c == '\n') break;
+        header.push_back(c);
+    }
+    char* end = nullptr;
+    unsigned long long size = std::strtoull(header.c_str(), &end, 10);
+    if (header.empty() || *end != '\0' || c != '\n' || size > kMaxContainerSpecBytes)
+        return make_error("bad set-up header from the creator");
+    std::string doc(size, '\0');
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = ::recv(channel, doc.data() + got, size - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return make_error("the creator closed the channel in the middle of the set-up");
+        got += static_cast<size_t>(n);
+    }
+    return doc;
+}
+
+}  // namespace
+
+[[noreturn]] void run_container_holder(int channel) {
+    ::fcntl(channel, F_SETFD, FD_CLOEXEC);  // the fuse daemon and ldconfig must not inherit it
+    auto doc = read_request(channel);
+    auto rq = doc ? launcher::holder_request_from_json(*doc) : Result<launcher::HolderRequest>(doc.error());
+    if (!rq) {
+        send_line(channel, "error gantry-holder: " + rq.error().message);
+        ::_exit(1);
+    }
+    Setup s;
+    s.spec = &rq->spec;
+    s.id = rq->id;
+    s.backend = rq->backend;
+    s.staging = rq->staging;
+    s.image_dir = rq->image_dir;
+    s.workdir = rq->workdir;
+    s.home = rq->home;
+    s.channel = channel;
+    s.creator_writes_maps = rq->creator_writes_maps;
+    holder_main(s, channel, rq->parent);
+}
+
+}  // namespace gantry
