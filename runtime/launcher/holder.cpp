@@ -127,7 +127,12 @@ void send_line(int fd, const std::string& line) {
         }
     }
     if (s.fuse_daemon > 0) {
-        ::kill(s.fuse_daemon, SIGTERM);
+        // SIGKILL, not SIGTERM: a squashfuse_ll that exits cleanly unmounts its image itself, and with
+        // libfuse 3.17 (Debian 13's squashfuse 0.5) that unmount looks the mount point up through the
+        // file system it no longer serves and blocks for good, and so does the holder waiting for it
+        // (integration.slurm2411). A read-only image has nothing to flush; killed, the daemon's
+        // /dev/fuse connection closes and the mounts go with this mount namespace.
+        ::kill(s.fuse_daemon, SIGKILL);
         ::waitpid(s.fuse_daemon, nullptr, 0);
     }
     if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
