@@ -313,7 +313,7 @@ const Registration run_registration(
      "  -e, --env NAME[,NAME]    pass the caller's value of NAME (repeatable)\n"
      "  -m, --mount SPEC         bind-mount SRC[:DST[:FLAGS]] (comma-separated list; repeatable)\n"
      "  -w, --workdir DIR        working directory inside (default: the image's, else /)\n"
-     "  --writable, --readonly   writes to / land in a tmpfs that vanishes with the container\n"
+     "  --writable, --readonly   writes to / land in scratch_path (gantry.conf) and vanish with the container\n"
      "  --remap-root, --no-remap-root   run as uid/gid 0 inside\n"
      "  --entrypoint, --no-entrypoint   prefix the image's Entrypoint to the command\n"
      "  --mount-home, --no-mount-home   bind-mount your home directory (default: on)\n"

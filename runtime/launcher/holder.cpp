@@ -108,6 +108,7 @@ void send_line(int fd, const std::string& line) {
         send_line(channel, "error " + st.error().message);
         if (s.fuse_daemon > 0) ::kill(s.fuse_daemon, SIGKILL);
         if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
+        if (s.rw_scratch_dir) launcher::remove_tree(s.rw_scratch_dir.get(), s.rw_scratch_name);
         ::_exit(1);
     }
     send_line(channel,
@@ -136,6 +137,7 @@ void send_line(int fd, const std::string& line) {
         ::waitpid(s.fuse_daemon, nullptr, 0);
     }
     if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
+    if (s.rw_scratch_dir) launcher::remove_tree(s.rw_scratch_dir.get(), s.rw_scratch_name);
     ::_exit(0);
 }
 

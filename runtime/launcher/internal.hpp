@@ -56,6 +56,8 @@ struct Setup {
     UniqueFd image_lease;        // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp)
     UniqueFd scratch_dir;        // extract backend: directory holding the unpacked tree
     std::string scratch_name;    // its entry in scratch_dir, removed when the holder exits
+    UniqueFd rw_scratch_dir;     // --writable: scratch_path, holding the overlay's upper layer
+    std::string rw_scratch_name; // its entry there (gantry-rw-*), removed when the holder exits
     std::vector<UniqueFd> merged_dirs;  // read-only skeleton root: its overlays (e.g. /etc), made read-only last
     int channel = -1;                  // the socket to the creator (holder.cpp)
     bool creator_writes_maps = false;  // see HolderRequest

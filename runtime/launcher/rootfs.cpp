@@ -188,10 +188,34 @@ Status mount_staging_area(Setup& s) {
     return {};
 }
 
+// Where the writable layer lives: with --writable, a directory of the user's in scratch_path (local
+// NVMe: a job that writes 50 GB into its container must not fill the node's memory), removed when the
+// holder exits; otherwise (only mount points and generated files) a small tmpfs. Runs as the user, in
+// the container's namespaces: the directory belongs to the user on the host.
+Status mount_writable_area(Setup& s, const std::string& rw) {
+    const std::string& scratch = s.spec->config.scratch_path;
+    if (!s.spec->writable || scratch.empty()) {
+        if (::mount("tmpfs", rw.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") != 0)
+            return system_error("mounting the writable layer on " + rw);
+        return {};
+    }
+    std::string tmpl = scratch + "/gantry-rw-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (::mkdtemp(buf.data()) == nullptr)
+        return system_error("creating the writable layer in scratch_path " + scratch +
+                            " (gantry.conf; it must be a directory every user can create in, e.g. 1777)");
+    std::string dir = buf.data();
+    s.rw_scratch_dir = UniqueFd(::open(scratch.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    s.rw_scratch_name = dir.substr(dir.rfind('/') + 1);
+    if (::mount(dir.c_str(), rw.c_str(), nullptr, MS_BIND, nullptr) != 0)
+        return system_error("binding the writable layer " + dir + " on " + rw);
+    return {};
+}
+
 Status prepare_writable_layer(Setup& s) {
     std::string rw = s.staging + "/rw";
-    if (::mount("tmpfs", rw.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") != 0)
-        return system_error("mounting the writable layer on " + rw);
+    GANTRY_TRY(mount_writable_area(s, rw));
     for (const char* d : {"/upper", "/work", "/root"})
         if (::mkdir((rw + d).c_str(), 0755) != 0) return system_error("creating " + rw + d);
 

@@ -175,6 +175,40 @@ grun() { as_user "$GANTRY" run "$@"; }
   [ "$status" -ne 0 ]
 }
 
+@test "--writable: the upper layer lives in scratch_path (not in memory) and is removed with the container" {
+  as_user "$GANTRY" stop bats-rw >/dev/null 2>&1 || true
+  mkdir -p "$SHARE/scratch" && chown "$TUSER" "$SHARE/scratch"
+  printf 'scratch_path = %s\n' "$SHARE/scratch" >"$SHARE/scratch.conf"
+  chmod 644 "$SHARE/scratch.conf"
+  cfg=(env GANTRY_CONFIG="$SHARE/scratch.conf")
+  run as_user "${cfg[@]}" "$GANTRY" run --name bats-rw --detach --writable "$IMGDIR/img.sqsh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  run as_user "${cfg[@]}" "$GANTRY" exec bats-rw sh -c 'head -c 3000000 /dev/zero > /big && mkdir -p /opt/new && echo x > /opt/new/file && ls -l /big'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  # On the host: the user's own directory in scratch_path holds the writes (3 MB, a new directory).
+  layer=$(ls -d "$SHARE/scratch"/gantry-rw-*)
+  [ "$(echo "$layer" | wc -l)" -eq 1 ]
+  [ "$(stat -c %U "$layer")" = "$TUSER" ]
+  [ "$(stat -c %s "$layer/upper/big")" -eq 3000000 ]
+  [ "$(cat "$layer/upper/opt/new/file")" = x ]
+  # The container's memory holds none of it: no tmpfs under its root.
+  run as_user "${cfg[@]}" "$GANTRY" exec bats-rw sh -c 'grep " / " /proc/self/mountinfo'
+  echo "$output"
+  [[ "$output" == *overlay* ]]
+  run as_user "${cfg[@]}" "$GANTRY" stop bats-rw
+  [ "$status" -eq 0 ]
+  sleep 0.5
+  [ -z "$(ls -A "$SHARE/scratch")" ]
+  # A scratch_path the user cannot create in is a clear error.
+  printf 'scratch_path = /proc\n' >"$SHARE/scratch.conf"
+  run as_user "${cfg[@]}" "$GANTRY" run --writable "$IMGDIR/img.sqsh" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"creating the writable layer in scratch_path /proc"* ]]
+}
+
 @test "--remap-root: uid 0 inside, files on a bind mount belong to the user outside" {
   run grun --remap-root --mount "$SHARE:/share" "$IMGDIR/img.sqsh" sh -c 'id -u; echo x > /share/by-root'
   [ "${lines[0]}" = "0" ]
