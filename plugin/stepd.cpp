@@ -15,6 +15,7 @@
 #include "gantry/image_config.hpp"
 #include "gantry/mounts.hpp"
 #include "gantry/reference.hpp"
+#include "gantry/run_request.hpp"
 #include "gantry/store.hpp"
 #include "gantry/strings.hpp"
 #include "options.hpp"
@@ -107,13 +108,17 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (o.save->empty()) return make_error("--container-save: argument required");
         st.save_path = *o.save;  // a relative path is resolved in user_init (resolve_save_path)
     }
-    ContainerSpec spec;
+    // What the step asks for; container_spec_for (include/gantry/run_request.hpp) makes the spec, as
+    // for `gantry run`.
+    RunRequest spec;
     spec.config = st.config;
     spec.uid = id->uid;
     spec.gid = id->gid;
+    spec.env = env;
     if (is_local_image_path(*o.image)) {
-        // A squashfs file the user named: user-controlled bytes, never kernel-mounted (trusted=false).
+        // A squashfs file the user named: user-controlled bytes, never kernel-mounted for a job user.
         spec.image_path = *o.image;
+        spec.image_source = ImageSource::local_file;
     } else {
         auto ref = parse_reference(*o.image);
         // Pyxis scripts grep for this phrase whatever went wrong with the image, a bad name included.
@@ -145,7 +150,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         st.digest = pulled->digest;
         spec.image_path = pulled->squashfs_path;
         spec.image_config = std::move(*cfg);
-        spec.image_trusted = two_halves;
+        spec.image_source = two_halves ? ImageSource::trusted_store : ImageSource::store;
         if (two_halves) {
             // The trusted store's own file (the launcher checks its ownership again before mounting):
             // a shared lock keeps `gantry gc` from removing it while the step runs.
@@ -179,10 +184,9 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                 if (auto m = parse_mount(path + ":" + path + ":ro")) spec.mounts.push_back(*m);
     }
     // The srun flags decide; without them, the site's defaults (gantry.conf, or its enroot_conf).
-    ContainerDefaults site = container_defaults(st.config);
-    spec.writable = o.writable.value_or(site.writable);
-    spec.remap_root = o.remap_root.value_or(site.remap_root);
-    spec.mount_home = o.mount_home.value_or(site.mount_home);
+    spec.writable = o.writable;
+    spec.remap_root = o.remap_root;
+    spec.mount_home = o.mount_home;
     if (o.unshare) {
         auto u = parse_unshare(*o.unshare);
         if (!u) return u.error();
@@ -191,18 +195,18 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     if (o.workdir) spec.workdir = *o.workdir;
     if (o.env) spec.env_names = split_list(*o.env, ',');
     spec.name = name;
-    // An Enroot image's /etc/environment (read as the job user), environ.d and mounts.d.
-    if (auto applied = apply_site_defaults(spec, env); !applied) return applied.error();
-    // --- devices and wiring (issue 7, docs/devices.md): GPUs, CDI, EFA for this step's container ---
-    auto edits = select_devices(st.config, env, spec.image_config);
-    if (!edits) return edits.error();
+    spec.detach = !name.empty();
+    spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
+    auto prepared = container_spec_for(std::move(spec));
+    if (!prepared) return prepared.error();
+    ContainerEdits* edits = &prepared->spec.devices;
     // Warnings (memlock for EFA, stale driver libraries) go to the slurmd log here, and to the user's
     // terminal from the first task of node 0 (join_step): this hook's output never reaches srun.
     uint32_t nodeid = 0;
-    for (const auto& w : edits->warnings) log::warning(w);
+    for (const auto& w : prepared->warnings) log::warning(w);
     if (item(sp, S_JOB_NODEID, &nodeid) && nodeid == 0)
-        for (const auto& w : edits->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
-    if (!edits->summary.empty()) log::info("devices: " + edits->summary);
+        for (const auto& w : prepared->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
+    if (!prepared->devices_summary.empty()) log::info("devices: " + prepared->devices_summary);
     // Open MPI creates its session directory below the PMIx client directory, a host path the server
     // fills only after this hook. Below an image directory the rank could not create it, so the
     // directory is bound at the same path; a TmpFS of /tmp needs nothing (the container's own /tmp
@@ -225,18 +229,15 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             S_ISDIR(sb.st_mode))
             edits->mounts.push_back({*spool, *spool, false});
     }
-    spec.devices = std::move(*edits);
-    // --- end devices ---
-    spec.detach = !name.empty();
-    spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
+    const ContainerSpec& made = prepared->spec;
 
-    if (o.entrypoint.value_or(settings.execute_entrypoint) && !spec.image_config.entrypoint.empty()) {
-        st.entrypoint = spec.image_config.entrypoint;
+    if (o.entrypoint.value_or(settings.execute_entrypoint) && !made.image_config.entrypoint.empty()) {
+        st.entrypoint = made.image_config.entrypoint;
         st.entrypoint_log = o.entrypoint_log.value_or(false);
         st.entry_helper = helper_path(settings, "gantry-entry", GANTRY_ENTRY_INSTALL_PATH);
     }
 
-    auto created = Container::create(spec);
+    auto created = Container::create(made);
     if (!created) return created.error();
     st.joined = created->state();
     if (name.empty()) st.cgroup_level = CgroupLevel::step;

@@ -16,6 +16,7 @@
 #include "gantry/dropins.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/log.hpp"
+#include "gantry/run_request.hpp"
 #include "gantry/strings.hpp"
 
 extern char** environ;
@@ -90,13 +91,10 @@ Result<std::string> read_text(const std::string& path) {
 int run_verb(const std::vector<std::string>& args) {
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
-    ContainerSpec spec;
-    spec.config = *config;
-    // The site's defaults (gantry.conf, or its enroot_conf); the options below override them.
-    ContainerDefaults site = container_defaults(spec.config);
-    spec.writable = site.writable;
-    spec.remap_root = site.remap_root;
-    spec.mount_home = site.mount_home;
+    // What we ask for; container_spec_for (include/gantry/run_request.hpp) makes the spec, as the plugin's.
+    RunRequest req;
+    req.config = *config;
+    req.single_task = true;
     ProcessSpec process;
     std::string image_file, config_file, store_option;
     std::optional<std::string> pull_option;
@@ -111,36 +109,36 @@ int run_verb(const std::vector<std::string>& args) {
             return apply(*v);
         };
         if (o == "--mount" || o == "-m")
-            st = take([&](const std::string& v) { return parse_mounts(v, spec.mounts); });
+            st = take([&](const std::string& v) { return parse_mounts(v, req.mounts); });
         else if (o == "--workdir" || o == "-w")
-            st = take([&](const std::string& v) -> Status { spec.workdir = v; return {}; });
+            st = take([&](const std::string& v) -> Status { req.workdir = v; return {}; });
         else if (o == "--env" || o == "-e")
-            st = take([&](const std::string& v) { return add_env("run", v, spec.env_names, spec.env_values); });
-        else if (o == "--writable") spec.writable = true;
-        else if (o == "--readonly") spec.writable = false;
-        else if (o == "--remap-root") spec.remap_root = true;
-        else if (o == "--no-remap-root") spec.remap_root = false;
+            st = take([&](const std::string& v) { return add_env("run", v, req.env_names, req.env_values); });
+        else if (o == "--writable") req.writable = true;
+        else if (o == "--readonly") req.writable = false;
+        else if (o == "--remap-root") req.remap_root = true;
+        else if (o == "--no-remap-root") req.remap_root = false;
         else if (o == "--entrypoint") process.use_entrypoint = true;
         else if (o == "--no-entrypoint") process.use_entrypoint = false;
-        else if (o == "--mount-home") spec.mount_home = true;
-        else if (o == "--no-mount-home") spec.mount_home = false;
+        else if (o == "--mount-home") req.mount_home = true;
+        else if (o == "--no-mount-home") req.mount_home = false;
         else if (o == "--unshare")
             st = take([&](const std::string& v) -> Status {
                 auto ns = parse_unshare(v);
                 if (!ns) return ns.error();
-                spec.unshare = *ns;
+                req.unshare = *ns;
                 return {};
             });
         else if (o == "--backend")
             st = take([&](const std::string& v) -> Status {
                 auto b = parse_mount_backend(v);
                 if (!b) return b.error();
-                spec.backend = *b;
+                req.backend = *b;
                 return {};
             });
         else if (o == "--name")
-            st = take([&](const std::string& v) -> Status { spec.name = v; return {}; });
-        else if (o == "--detach" || o == "-d") spec.detach = true;
+            st = take([&](const std::string& v) -> Status { req.name = v; return {}; });
+        else if (o == "--detach" || o == "-d") req.detach = true;
         else if (o == "--store")
             st = take([&](const std::string& v) -> Status { store_option = v; return {}; });
         else if (o == "--pull")
@@ -163,40 +161,35 @@ int run_verb(const std::vector<std::string>& args) {
     } else if (image[0] != '/' && image[0] != '.') {
         image = "./" + image;
     }
-    auto policy = pull_policy(spec.config, pull_option);
+    auto policy = pull_policy(req.config, pull_option);
     if (!policy) return setup_failed(policy.error());
-    auto resolved = resolve_runnable_image(spec.config, store_option, image, false, *policy);
+    auto resolved = resolve_runnable_image(req.config, store_option, image, false, *policy);
     if (!resolved) return setup_failed(resolved.error());
-    spec.image_path = resolved->squashfs_path;
-    // A store image is trusted when the store is; a local file only when it is root-owned all the way
-    // up, which Container::create checks again before any kernel mount.
-    spec.image_trusted = resolved->in_trusted_store || resolved->digest.empty();
-    spec.image_config = resolved->config;
+    req.image_path = resolved->squashfs_path;
+    req.image_source = resolved->digest.empty()    ? ImageSource::local_file
+                       : resolved->in_trusted_store ? ImageSource::trusted_store
+                                                    : ImageSource::store;
+    req.image_config = resolved->config;
     if (!config_file.empty()) {
         auto text = read_text(config_file);
         if (!text) return setup_failed(text.error());
         auto ic = parse_image_config(*text);
         if (!ic) return setup_failed(ic.error().wrap("image config " + config_file));
-        spec.image_config = *ic;
+        req.image_config = *ic;
     }
-    // Devices and wiring (docs/devices.md). Our environment plays the job's, and the one command we
-    // run is the only task, so its per-task variables are fixed here too.
-    std::vector<std::string> host_env;
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) host_env.emplace_back(*e);
-    // An Enroot image's /etc/environment, environ.d and mounts.d (include/gantry/dropins.hpp).
-    if (auto applied = apply_site_defaults(spec, host_env); !applied) return setup_failed(applied.error());
-    auto edits = select_devices(spec.config, host_env, spec.image_config);
-    if (!edits) return setup_failed(edits.error());
-    for (const auto& w : edits->warnings) log::warning(w);
-    for (auto& e : task_environment(spec.config, spec.image_config.env, host_env)) edits->env.push_back(std::move(e));
-    if (!edits->summary.empty()) log::debug("devices: " + edits->summary);
-    spec.devices = std::move(*edits);
+    // Our environment plays the job's.
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) req.env.emplace_back(*e);
+    if (req.detach && req.name.empty()) return setup_failed(make_error("run: --detach needs --name"));
+    if (req.detach && !rest.empty()) return setup_failed(make_error("run: --detach takes no command (use gantry exec)"));
+    auto prepared = container_spec_for(std::move(req));
+    if (!prepared) return setup_failed(prepared.error());
+    for (const auto& w : prepared->warnings) log::warning(w);
+    if (!prepared->devices_summary.empty()) log::debug("devices: " + prepared->devices_summary);
+    const ContainerSpec& spec = prepared->spec;
 
     process.argv = rest;
     process.entrypoint = spec.image_config.entrypoint;
     process.cmd = spec.image_config.cmd;
-    if (spec.detach && spec.name.empty()) return setup_failed(make_error("run: --detach needs --name"));
-    if (spec.detach && !rest.empty()) return setup_failed(make_error("run: --detach takes no command (use gantry exec)"));
 
     auto container = Container::create(spec);
     if (!container) return setup_failed(container.error());
