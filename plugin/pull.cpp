@@ -75,8 +75,11 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
 // where the package installs it.
 std::string helper_path(const Settings& settings, const std::string& name, const char* installed) {
     if (!settings.gantry.empty() && name != "gantry") {
+        // Beside the CLI plugstack's `gantry=` names (a build tree), or in the libexec directory of its
+        // prefix (an installed or relocated tree: PREFIX/bin/gantry, PREFIX/libexec/gantry/NAME).
         std::string dir = settings.gantry.substr(0, settings.gantry.rfind('/'));
-        if (::access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
+        for (const std::string& candidate : {dir + "/" + name, dir + "/../libexec/gantry/" + name})
+            if (::access(candidate.c_str(), X_OK) == 0) return candidate;
     }
     Dl_info info{};
     if (::dladdr(reinterpret_cast<void*>(&helper_path), &info) != 0 && info.dli_fname != nullptr) {

@@ -68,11 +68,17 @@ struct SiteDefaults {
 Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<std::string>& env);
 
 // The environment of an Enroot-made image: its /etc/environment (parse_environment_file, lenient), read
-// from the squashfs file without mounting it. The image is the user's bytes: when the caller is root
-// and `uid` is not, a child process switched to uid/gid (and the user's groups) opens and parses it, and
-// only the NAME=VALUE entries come back, checked and capped. An image without the file: no entries.
+// from the squashfs file without mounting it, by `helper --image-environment IMAGE` (gantry-holder;
+// "": default_holder_program()) run with `env` as its environment. The image is the user's bytes: when
+// the caller is root and `uid` is not, the helper runs as uid/gid (and the user's groups), and only the
+// NAME=VALUE entries come back, checked and capped. An image without the file: no entries.
 Result<std::vector<std::string>> read_image_environment(const std::string& image, uid_t uid, gid_t gid,
-                                                        const std::vector<std::string>& env);
+                                                        const std::vector<std::string>& env,
+                                                        const std::string& helper = {});
+// The helper's side (gantry-holder --image-environment IMAGE): reads IMAGE's /etc/environment with the
+// caller's rights, expands ${NAME} from the process environment, and writes NUL-terminated NAME=VALUE
+// entries to stdout; an error goes to stderr. Returns the exit status.
+int print_image_environment(const std::string& image);
 
 // What both front ends (the plugin's step and `gantry run`) add to a ContainerSpec before
 // Container::create, `env` being the job's (or caller's) environment:

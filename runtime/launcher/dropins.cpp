@@ -3,6 +3,8 @@
 #include "gantry/dropins.hpp"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +15,9 @@
 
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
+#include "gantry/launcher.hpp"
 #include "gantry/log.hpp"
+#include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
 
 namespace gantry {
@@ -269,10 +273,54 @@ Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<
     return site;
 }
 
+Result<std::vector<std::string>> read_image_environment(const std::string& image, uid_t uid, gid_t gid,
+                                                        const std::vector<std::string>& env,
+                                                        const std::string& helper) {
+    ProcessRequest r;
+    r.argv = {helper.empty() ? default_holder_program() : helper, "--image-environment", image};
+    r.env = env;  // the job's (or caller's) own variables: ${NAME} in the file expands from them
+    r.stdout_cap = 256 << 10;
+    r.stderr_cap = 16 << 10;
+    const std::string what = "reading the environment of image " + image;
+    // Root for a job user: the helper takes the user's groups, gid and uid (checked) before exec, so
+    // the image (the user's bytes and path) is opened and parsed with the user's rights only.
+    if (::geteuid() == 0 && uid != static_cast<uid_t>(-1) && uid != 0) {
+        ProcessIdentity id{uid, gid, {gid}};
+        if (struct passwd* pw = ::getpwuid(uid)) {
+            int n = 256;
+            id.groups.resize(static_cast<size_t>(n));
+            if (::getgrouplist(pw->pw_name, gid, id.groups.data(), &n) < 0) n = 0;
+            id.groups.resize(static_cast<size_t>(n));
+            if (id.groups.empty()) id.groups.push_back(gid);
+        }
+        r.identity = id;
+    }
+    auto ran = spawn(r);
+    if (!ran) return ran.error().wrap(what);
+    if (ran->status != 0) {
+        std::string why = trim(ran->err);
+        if (why.empty()) why = "the helper " + r.argv[0] + " exited with status " + std::to_string(ran->status);
+        return make_error(why.substr(0, why.find('\n')));
+    }
+    // The helper's entries are checked again here: only NAME=VALUE with a valid NAME passes.
+    std::vector<std::string> out;
+    size_t start = 0;
+    const std::string& reply = ran->out;
+    while (start < reply.size()) {
+        size_t end = reply.find('\0', start);
+        if (end == std::string::npos) break;  // a truncated last entry is dropped
+        std::string entry = reply.substr(start, end - start);
+        start = end + 1;
+        auto eq = entry.find('=');
+        if (eq != std::string::npos && valid_name(entry.substr(0, eq))) out.push_back(std::move(entry));
+    }
+    return out;
+}
+
 Status apply_site_defaults(ContainerSpec& spec, const std::vector<std::string>& env) {
     const ImageConfig& ic = spec.image_config;
     if (ic.env.empty() && ic.entrypoint.empty() && ic.cmd.empty()) {
-        auto image_env = read_image_environment(spec.image_path, spec.uid, spec.gid, env);
+        auto image_env = read_image_environment(spec.image_path, spec.uid, spec.gid, env, spec.holder_program);
         if (!image_env) return image_env.error();
         spec.image_config.env = std::move(*image_env);
     }

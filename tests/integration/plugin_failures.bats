@@ -261,7 +261,7 @@ blob_gets() {
   partial=$(wait_for_partial "$hex")
   # The store's producer lock file names its holder as HOST:PID (gantry pull on that node; the nodes
   # share the host's PID namespace, so the pid is valid here).
-  holder=$(cat "$STORE/locks/$hex.lock")
+  holder=$(head -n1 "$STORE/locks/$hex.lock")  # the first line; a progress line may follow
   producer_node=${holder%%:*}
   producer_pid=${holder##*:}
   echo "producer $holder, $partial at $(stat -c %s "$partial") bytes"
@@ -343,7 +343,7 @@ resumed_step() {
     > "$WORK/cancel.out" 2>&1 3>&- &
   srun_pid=$!
   partial=$(wait_for_partial "$HEX" "$LAYER")  # in the big layer: the stopped download has something to resume
-  holder=$(cat "$STORE/locks/$HEX.lock")
+  holder=$(head -n1 "$STORE/locks/$HEX.lock")  # the first line; a progress line may follow
   echo "producer $holder, $partial at $(stat -c %s "$partial") bytes: scancel"
   t0=$(date +%s%N)
   scancel -n "cancel-$HEX"
@@ -378,7 +378,7 @@ EOF_JOB
   shape_link 2mbit
   jobid=$(as_user sbatch --parsable -N3 -o "$WORK/job.out" "$WORK/job.sh")
   partial=$(wait_for_partial "$HEX" "$LAYER")
-  holder=$(cat "$STORE/locks/$HEX.lock")
+  holder=$(head -n1 "$STORE/locks/$HEX.lock")  # the first line; a progress line may follow
   echo "job $jobid, producer $holder, $partial at $(stat -c %s "$partial") bytes: scancel $jobid.0"
   t0=$(date +%s%N)
   # Only the step, as srun's Ctrl-C does: the controller's job stays RUNNING, so only slurmstepd knows.
@@ -439,7 +439,7 @@ producer_node_crash() {
   # The crash lands in the big layer, with 2 MB of it on disk (the downloader writes whole MiBs), so
   # the taker has something to resume and 10 MB still to fetch.
   partial=$(wait_for_partial "$hex" "$layer" 2000000)
-  holder=$(cat "$STORE/locks/$hex.lock")
+  holder=$(head -n1 "$STORE/locks/$hex.lock")  # the first line; a progress line may follow
   CRASHED_NODE=${holder%%:*}
   echo "producer $holder, $partial at $(stat -c %s "$partial") bytes: crashing $CRASHED_NODE"
   # slurmd, slurmstepd, the pull and the tasks of that node, all with SIGKILL at once.
