@@ -107,6 +107,11 @@ DockerConfigAnswer parse_docker_config(std::string_view text, const ImageReferen
         out.problem = "ignoring " + source + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
                       "); fix or remove the file";
         return out;
+    } catch (const nlohmann::json::exception&) {
+        // A number too large for a double ("1e99999") is out_of_range, not parse_error; uncaught, it
+        // ended the process (found by tests/fuzz/fuzz_docker_config).
+        out.problem = "ignoring " + source + ": not usable JSON (a number out of range); fix or remove the file";
+        return out;
     }
     if (!j.is_object()) {
         out.problem = "ignoring " + source + ": not a JSON object";
