@@ -45,6 +45,9 @@ bool valid_tag(std::string_view t) {
 
 bool valid_registry(std::string_view r) {
     if (r.empty()) return false;
+    // A host name starts with a letter or digit (an IPv6 literal with '['): ".1:5000" was accepted and
+    // printed as ".1:5000/a", which reads back as a file path (found by tests/fuzz/fuzz_reference).
+    if (r[0] == '.' || r[0] == '-' || r[0] == ':') return false;
     for (char c : r)
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
               c == ':' || c == '[' || c == ']'))

@@ -95,4 +95,7 @@ TEST_CASE("str() and pinned() read back to the same registry, also for a single-
     CHECK(back.registry == "myreg");
     CHECK(back.repository == "team/app");
     CHECK(ok("localhost/a:b").str() == "localhost/a:b");
+    // ".1:5000" printed as ".1:5000/a", a file path when read back.
+    CHECK_FALSE(gantry::parse_reference("u@.1:5000/a/b").ok());
+    CHECK_FALSE(gantry::parse_reference("-reg#a/b").ok());
 }
