@@ -83,6 +83,19 @@ Result<CommandOutput> run_command(const std::vector<std::string>& argv, const st
 // `docker-credential-<helper> get` for `server`; nullopt when the helper says it has nothing.
 Result<std::optional<Credentials>> credential_helper_get(const std::string& helper, const std::string& server);
 
+// What one Docker-format file (config.json, auth.json) says for `ref`, parsed without running
+// anything: the credential helpers to ask, in Docker's order (credHelpers[registry], credsStore), each
+// with how messages name it, then the file's own "auths" entry. `namespaces`: auth.json semantics (keys
+// may carry a repository path). `problem`: why the file or its entry is ignored, a warning that never
+// holds a secret. docker_config_credentials() runs the helpers; tests and the fuzzer only parse.
+struct DockerConfigAnswer {
+    std::vector<std::pair<std::string, std::string>> helpers;  // helper name, description
+    std::optional<Credentials> credentials;
+    std::string problem;
+};
+DockerConfigAnswer parse_docker_config(std::string_view text, const ImageReference& ref, bool namespaces,
+                                       const std::string& source);
+
 // netrc as Enroot writes it: "machine H login U password P" tokens, in any layout.
 struct NetrcEntry {
     std::string machine;

@@ -95,30 +95,27 @@ std::optional<Credentials> from_helper(const std::string& helper, const ImageRef
     return *got;
 }
 
-// One file in Docker's format. `namespaces`: auth.json semantics (keys may carry a repository path).
-std::optional<Credentials> lookup_file(const std::string& path, const std::string& source, const ImageReference& ref,
-                                       bool namespaces) {
-    std::ifstream in(path);
-    if (!in) {
-        // No file: nothing from this source. A file the user cannot read (the lookup runs with the job
-        // user's identity, also under slurmstepd) is said so: its owner may expect it to be used.
-        if (::access(path.c_str(), R_OK) != 0 && errno == EACCES)
-            log::warning("ignoring " + source + ": not readable by you (permission denied)");
-        return std::nullopt;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
+}  // namespace
+
+DockerConfigAnswer parse_docker_config(std::string_view text, const ImageReference& ref, bool namespaces,
+                                       const std::string& source) {
+    DockerConfigAnswer out;
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(text.str());
+        j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
-        log::warning("ignoring " + source + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
-                     "); fix or remove the file");
-        return std::nullopt;
+        out.problem = "ignoring " + source + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
+                      "); fix or remove the file";
+        return out;
+    } catch (const nlohmann::json::exception&) {
+        // A number too large for a double ("1e99999") is out_of_range, not parse_error; uncaught, it
+        // ended the process (found by tests/fuzz/fuzz_docker_config).
+        out.problem = "ignoring " + source + ": not usable JSON (a number out of range); fix or remove the file";
+        return out;
     }
     if (!j.is_object()) {
-        log::warning("ignoring " + source + ": not a JSON object");
-        return std::nullopt;
+        out.problem = "ignoring " + source + ": not a JSON object";
+        return out;
     }
     // credHelpers for this registry first, then the default store, then the file itself: Docker's order.
     auto helpers = j.find("credHelpers");
@@ -132,19 +129,16 @@ std::optional<Credentials> lookup_file(const std::string& path, const std::strin
                 helper = it->get<std::string>();
             }
         }
-        if (!helper.empty()) {
-            auto c = from_helper(helper, ref, "docker-credential-" + helper + " (credHelpers in " + source + ")");
-            if (c) return c;
-        }
+        if (!helper.empty())
+            out.helpers.emplace_back(helper, "docker-credential-" + helper + " (credHelpers in " + source + ")");
     }
     auto store = j.find("credsStore");
     if (store != j.end() && store->is_string() && !store->get<std::string>().empty()) {
         const std::string helper = store->get<std::string>();
-        auto c = from_helper(helper, ref, "docker-credential-" + helper + " (credsStore in " + source + ")");
-        if (c) return c;
+        out.helpers.emplace_back(helper, "docker-credential-" + helper + " (credsStore in " + source + ")");
     }
     auto auths = j.find("auths");
-    if (auths == j.end() || !auths->is_object()) return std::nullopt;
+    if (auths == j.end() || !auths->is_object()) return out;
     const nlohmann::json* entry = nullptr;
     int best = -1;
     for (auto it = auths->begin(); it != auths->end(); ++it) {
@@ -154,7 +148,7 @@ std::optional<Credentials> lookup_file(const std::string& path, const std::strin
             entry = &*it;
         }
     }
-    if (entry == nullptr) return std::nullopt;
+    if (entry == nullptr) return out;
     Credentials c;
     c.source = source;
     auto str = [&](const char* name) {
@@ -164,26 +158,53 @@ std::optional<Credentials> lookup_file(const std::string& path, const std::strin
     if (!str("identitytoken").empty()) {
         c.identity_token = str("identitytoken");
         c.username = "<token>";
-        return c;
+        out.credentials = std::move(c);
+        return out;
     }
     if (!str("auth").empty()) {
         auto decoded = base64_decode(str("auth"));
         auto colon = decoded ? decoded->find(':') : std::string::npos;
         if (!decoded || colon == std::string::npos) {
-            log::warning("ignoring the entry for " + ref.registry + " in " + source +
-                         ": its \"auth\" is not base64 of user:password");
-            return std::nullopt;
+            out.problem = "ignoring the entry for " + ref.registry + " in " + source +
+                          ": its \"auth\" is not base64 of user:password";
+            return out;
         }
         c.username = decoded->substr(0, colon);
         c.password = decoded->substr(colon + 1);
-        return c;
+        out.credentials = std::move(c);
+        return out;
     }
     if (!str("username").empty() && !str("password").empty()) {
         c.username = str("username");
         c.password = str("password");
-        return c;
+        out.credentials = std::move(c);
     }
-    return std::nullopt;  // an empty entry (credsStore placeholder)
+    return out;  // else an empty entry (credsStore placeholder)
+}
+
+namespace {
+
+// One file in Docker's format. `namespaces`: auth.json semantics (keys may carry a repository path).
+std::optional<Credentials> lookup_file(const std::string& path, const std::string& source, const ImageReference& ref,
+                                       bool namespaces) {
+    std::ifstream in(path);
+    if (!in) {
+        // No file: nothing from this source. A file the user cannot read (the lookup runs with the job
+        // user's identity, also under slurmstepd) is said so: its owner may expect it to be used.
+        if (::access(path.c_str(), R_OK) != 0 && errno == EACCES)
+            log::warning("ignoring " + source + ": not readable by you (permission denied)");
+        return std::nullopt;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    // Parsing runs nothing; the helpers the file names run here, in Docker's order, before its auths.
+    auto answer = parse_docker_config(text.str(), ref, namespaces, source);
+    for (const auto& [helper, how] : answer.helpers) {
+        auto c = from_helper(helper, ref, how);
+        if (c) return c;
+    }
+    if (!answer.problem.empty()) log::warning(answer.problem);
+    return answer.credentials;
 }
 
 std::vector<std::string> containers_auth_paths() {

@@ -99,43 +99,6 @@ Result<json> parse_yaml(const std::string& text) {
     return out;
 }
 
-// The spec's text as a JSON value, or why not.
-Result<json> parse_spec(const std::string& file, const std::string& text, bool yaml) {
-    if (!yaml) {
-        json doc = json::parse(text, nullptr, false);
-        if (doc.is_discarded()) return make_error("CDI spec " + file + ": not valid JSON");
-        return doc;
-    }
-    auto doc = parse_yaml(text);
-    if (!doc) return make_error("CDI spec " + file + ": not valid YAML (" + doc.error().message + ")");
-    return doc;
-}
-
-// The fields every use below relies on, checked once so that a broken spec is reported by file and
-// field instead of being half applied.
-Result<void> check_spec(const std::string& file, const json& doc) {
-    auto bad = [&](const std::string& what) { return make_error("CDI spec " + file + ": " + what); };
-    if (!doc.is_object()) return bad("not a mapping of cdiVersion, kind, devices");
-    if (!doc.contains("cdiVersion") || !doc["cdiVersion"].is_string() || doc["cdiVersion"].get<std::string>().empty())
-        return bad("no cdiVersion");
-    std::string kind = doc.value("kind", json()).is_string() ? doc["kind"].get<std::string>() : "";
-    auto slash = kind.find('/');
-    if (slash == std::string::npos || slash == 0 || slash + 1 == kind.size() || kind.find('=') != std::string::npos)
-        return bad("kind '" + kind + "' is not vendor/class");
-    if (!doc.contains("devices") || !doc["devices"].is_array()) return bad("no devices list");
-    size_t i = 0;
-    for (const auto& d : doc["devices"]) {
-        if (!d.is_object() || !d.contains("name") || !d["name"].is_string() || d["name"].get<std::string>().empty())
-            return bad("device " + std::to_string(i) + " has no name");
-        if (d.contains("containerEdits") && !d["containerEdits"].is_object())
-            return bad("device " + d["name"].get<std::string>() + ": containerEdits is not a mapping");
-        ++i;
-    }
-    if (doc.contains("containerEdits") && !doc["containerEdits"].is_object() && !doc["containerEdits"].is_null())
-        return bad("containerEdits is not a mapping");
-    return {};
-}
-
 std::string str(const json& o, const char* key) {
     auto it = o.find(key);
     return it != o.end() && it->is_string() ? it->get<std::string>() : "";
@@ -216,6 +179,40 @@ void apply_edits(const json& e, const std::string& root, const SonameIndex& sona
 
 }  // namespace
 
+Result<json> parse_cdi_spec(const std::string& file, const std::string& text, bool yaml) {
+    if (!yaml) {
+        json doc = json::parse(text, nullptr, false);
+        if (doc.is_discarded()) return make_error("CDI spec " + file + ": not valid JSON");
+        return doc;
+    }
+    auto doc = parse_yaml(text);
+    if (!doc) return make_error("CDI spec " + file + ": not valid YAML (" + doc.error().message + ")");
+    return doc;
+}
+
+Result<void> check_cdi_spec(const std::string& file, const json& doc) {
+    auto bad = [&](const std::string& what) { return make_error("CDI spec " + file + ": " + what); };
+    if (!doc.is_object()) return bad("not a mapping of cdiVersion, kind, devices");
+    if (!doc.contains("cdiVersion") || !doc["cdiVersion"].is_string() || doc["cdiVersion"].get<std::string>().empty())
+        return bad("no cdiVersion");
+    std::string kind = doc.value("kind", json()).is_string() ? doc["kind"].get<std::string>() : "";
+    auto slash = kind.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == kind.size() || kind.find('=') != std::string::npos)
+        return bad("kind '" + kind + "' is not vendor/class");
+    if (!doc.contains("devices") || !doc["devices"].is_array()) return bad("no devices list");
+    size_t i = 0;
+    for (const auto& d : doc["devices"]) {
+        if (!d.is_object() || !d.contains("name") || !d["name"].is_string() || d["name"].get<std::string>().empty())
+            return bad("device " + std::to_string(i) + " has no name");
+        if (d.contains("containerEdits") && !d["containerEdits"].is_object())
+            return bad("device " + d["name"].get<std::string>() + ": containerEdits is not a mapping");
+        ++i;
+    }
+    if (doc.contains("containerEdits") && !doc["containerEdits"].is_object() && !doc["containerEdits"].is_null())
+        return bad("containerEdits is not a mapping");
+    return {};
+}
+
 Result<ContainerEdits> cdi_edits(const Config& config, const std::vector<std::string>& requested) {
     ContainerEdits edits;
     if (requested.empty()) return edits;
@@ -233,10 +230,10 @@ Result<ContainerEdits> cdi_edits(const Config& config, const std::vector<std::st
                 broken.push_back("CDI spec " + file + ": cannot read");
                 continue;
             }
-            auto doc = parse_spec(file, *text, yaml);
+            auto doc = parse_cdi_spec(file, *text, yaml);
             // A broken spec must not take the other vendors' devices down with it: it is skipped, and
             // named when the device asked for is not found (it may be the one that defines it).
-            Status ok = doc ? check_spec(file, *doc) : Status(doc.error());
+            Status ok = doc ? check_cdi_spec(file, *doc) : Status(doc.error());
             if (!ok) {
                 broken.push_back(ok.error().message);
                 continue;

@@ -2,6 +2,7 @@
 // selection files (gpu.cpp, rdma.cpp, cdi.cpp, select.cpp) share.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -51,5 +52,10 @@ ContainerEdits rdma_edits(const Config& config, const std::vector<std::string>& 
 // The CDI part (cdi.cpp): devices named in GANTRY_CDI_DEVICES or as vendor/class=name in
 // NVIDIA_VISIBLE_DEVICES.
 Result<ContainerEdits> cdi_edits(const Config& config, const std::vector<std::string>& requested);
+// Its two steps over one spec file's text (`yaml`: .yaml/.yml, else JSON), shared with the fuzzer:
+// the text as a JSON value, then the fields every later use relies on, checked once so that a broken
+// spec is reported by file and field instead of being half applied.
+Result<nlohmann::json> parse_cdi_spec(const std::string& file, const std::string& text, bool yaml);
+Result<void> check_cdi_spec(const std::string& file, const nlohmann::json& doc);
 
 }  // namespace gantry::devices

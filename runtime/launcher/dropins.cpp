@@ -141,6 +141,8 @@ Result<DropinMount> parse_fstab_line(const std::vector<std::string>& raw, const 
         d.mount.source = f[0];
         if (f[0].empty() || f[0][0] != '/')
             return make_error("source '" + f[0] + "' is not an absolute host path (or tmpfs)");
+        // The kernel would read the source only up to a NUL (as for targets, normalize_container_path).
+        if (f[0].find('\0') != std::string::npos) return make_error("source contains a NUL byte");
     } else {
         return make_error("file system type '" + type + "' is not supported (use none for a bind mount, or tmpfs)");
     }

@@ -12,6 +12,9 @@ namespace gantry {
 Result<std::string> normalize_container_path(std::string_view path, const std::string& what) {
     std::string p(path);
     if (p.empty()) return make_error(what + " is empty");
+    // Security boundary: the checks below see the whole string, the kernel only up to a NUL. "/\0x"
+    // passed "not the container root" and then mounted over it (found by tests/fuzz/fuzz_container_mounts).
+    if (p.find('\0') != std::string::npos) return make_error(what + ": contains a NUL byte");
     if (p[0] != '/' && p[0] != '.')
         return make_error(what + " " + p + ": must be absolute or start with '.'");
     std::string out;
@@ -57,6 +60,8 @@ Result<MountSpec> parse_mount(std::string_view entry) {
     MountSpec m;
     m.text = trim(entry);
     if (m.text.empty()) return make_error("empty mount entry");
+    // A NUL would cut the source short where the kernel reads it (see normalize_container_path).
+    if (m.text.find('\0') != std::string::npos) return make_error("mount entry contains a NUL byte");
     std::vector<std::string> parts;
     size_t start = 0;
     while (true) {

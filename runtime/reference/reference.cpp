@@ -45,6 +45,9 @@ bool valid_tag(std::string_view t) {
 
 bool valid_registry(std::string_view r) {
     if (r.empty()) return false;
+    // A host name starts with a letter or digit (an IPv6 literal with '['): ".1:5000" was accepted and
+    // printed as ".1:5000/a", which reads back as a file path (found by tests/fuzz/fuzz_reference).
+    if (r[0] == '.' || r[0] == '-' || r[0] == ':') return false;
     for (char c : r)
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
               c == ':' || c == '[' || c == ']'))
@@ -68,15 +71,25 @@ std::string normalize_registry(std::string r) {
 
 }  // namespace
 
+namespace {
+// "registry/" as Docker's rule reads it back (a first component with '.' or ':', or "localhost"),
+// else Enroot's "registry#": a single-label host printed as "myreg/team/app" would be read back as
+// Docker Hub's team, and `gantry pull` of what a message printed would ask another registry.
+std::string registry_prefix(const std::string& registry) {
+    bool docker_reads_it = registry.find_first_of(".:") != std::string::npos || registry == "localhost";
+    return registry + (docker_reads_it ? "/" : "#");
+}
+}  // namespace
+
 std::string ImageReference::str() const {
-    std::string s = registry + "/" + repository;
+    std::string s = registry_prefix(registry) + repository;
     if (!tag.empty()) s += ":" + tag;
     if (!digest.empty()) s += "@" + digest;
     return s;
 }
 
 std::string ImageReference::pinned(const std::string& manifest_digest) const {
-    return registry + "/" + repository + "@" + manifest_digest;
+    return registry_prefix(registry) + repository + "@" + manifest_digest;
 }
 
 bool ImageReference::registry_is_loopback() const {

@@ -544,3 +544,21 @@ TEST_CASE("auth driver", "[.driver]") {
     for (const auto& [n, v] : req.headers) std::cout << "header " << n << ": " << v << "\n";
     std::cout << "body " << req.body << std::endl;
 }
+
+// Found by tests/fuzz/fuzz_docker_config: nlohmann's out_of_range for a huge number escaped the
+// parse_error handler and ended the process.
+TEST_CASE("config.json: a number out of range is a warning, not a crash; parsing runs no helper", "[auth]") {
+    ImageReference ref{"", "127.0.0.1:5000", "team/app", "v1", ""};
+    auto huge = auth::parse_docker_config(R"({"auths":{},"x":1e99999})", ref, false, "config.json");
+    CHECK_FALSE(huge.credentials);
+    CHECK(huge.problem.find("ignoring config.json") == 0);
+    auto helpers = auth::parse_docker_config(
+        R"({"credHelpers":{"127.0.0.1:5000":"one"},"credsStore":"two","auths":{"127.0.0.1:5000":{"auth":"dTpw"}}})",
+        ref, false, "config.json");
+    REQUIRE(helpers.helpers.size() == 2);
+    CHECK(helpers.helpers[0].first == "one");
+    CHECK(helpers.helpers[1].first == "two");
+    REQUIRE(helpers.credentials);
+    CHECK(helpers.credentials->username == "u");
+    CHECK(helpers.credentials->password == "p");
+}

@@ -98,6 +98,11 @@ TEST_CASE("mounts: malformed entries are errors that name the entry") {
     auto esc = parse_mount("/a:/x/../../etc");
     REQUIRE_FALSE(esc.ok());
     CHECK(esc.error().message == "mount destination /x/../../etc: '..' is not allowed");
+    // Found by tests/fuzz/fuzz_container_mounts: the kernel stops at a NUL, so "/\0x" was the root.
+    using namespace std::string_view_literals;
+    CHECK_FALSE(parse_mount("/a:/\0x"sv).ok());
+    CHECK_FALSE(parse_mount("/a\0/etc:/b"sv).ok());
+    CHECK_FALSE(gantry::normalize_container_path("/etc\0/x"sv, "path").ok());
 }
 
 TEST_CASE("mounts: lists, duplicates dropped") {

@@ -83,3 +83,19 @@ TEST_CASE("bad references give one clear line") {
         }
     }
 }
+
+// Found by tests/fuzz/fuzz_reference: "nvnci#o.rvidia/pytorch" printed as "nvnci/o.rvidia/pytorch", which
+// reads back as a Docker Hub repository; messages that say "gantry pull <str()>" would name another image.
+TEST_CASE("str() and pinned() read back to the same registry, also for a single-label host") {
+    auto r = ok("myreg#team/app:v1");
+    CHECK(r.registry == "myreg");
+    CHECK(r.str() == "myreg#team/app:v1");
+    CHECK(r.pinned(kDigest) == "myreg#team/app@" + kDigest);
+    auto back = ok(r.str().c_str());
+    CHECK(back.registry == "myreg");
+    CHECK(back.repository == "team/app");
+    CHECK(ok("localhost/a:b").str() == "localhost/a:b");
+    // ".1:5000" printed as ".1:5000/a", a file path when read back.
+    CHECK_FALSE(gantry::parse_reference("u@.1:5000/a/b").ok());
+    CHECK_FALSE(gantry::parse_reference("-reg#a/b").ok());
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan+UBSan, a build tree of their own), replays every target's
+# seed corpus (tests/fuzz/corpus/<target>/, regression inputs included), then fuzzes each for SECONDS
+# (default 20) from a scratch copy of it, so CI never writes into the source tree (bench/fuzz.sh keeps
+# what a longer campaign finds). Fails on any crash, leak, timeout or out-of-memory, leaving the
+# reproducer in $GANTRY_FUZZ_ARTIFACTS (default <build>/artifacts). Prints execs/s and coverage per target.
+# Usage: tests/fuzz/run.sh [SECONDS] [TARGET...]   (TARGET: reference, layer, ...; default all)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+seconds=${1:-20}
+shift || true
+build=${GANTRY_FUZZ_BUILD_DIR:-$here/build-fuzz}
+jobs=${GANTRY_JOBS:-$(nproc)}
+artifacts=${GANTRY_FUZZ_ARTIFACTS:-$build/artifacts}
+
+t0=$SECONDS
+CC=${CC_FUZZ:-clang} CXX=${CXX_FUZZ:-clang++} cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DGANTRY_FUZZ=ON -DGANTRY_BUILD_TESTS=OFF -DGANTRY_WERROR=ON >/dev/null
+cmake --build "$build" -j"$jobs" --target fuzz
+echo "fuzz: built in $((SECONDS - t0)) s"
+
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for f in "$here"/tests/fuzz/fuzz_*.cpp; do t=${f##*/fuzz_}; targets+=("${t%.cpp}"); done
+fi
+mkdir -p "$artifacts"
+# Leaks count as bugs; UBSan findings stop the run like ASan's (the library is built with
+# -fno-sanitize-recover=undefined).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+failed=()
+printf '%-18s %8s %10s %8s %8s %s\n' target seconds execs/s cov ft result
+for t in "${targets[@]}"; do
+  bin=$build/tests/fuzz/fuzz_$t
+  seeds=$here/tests/fuzz/corpus/$t
+  work=$(mktemp -d "${TMPDIR:-/tmp}/gantry-fuzz-$t-XXXXXX")
+  [ -d "$seeds" ] && cp -r "$seeds/." "$work/"
+  log=$artifacts/$t.log
+  ts=$SECONDS
+  # -max_len: parsers see small inputs in practice; layers get room for a few tar blocks.
+  maxlen=16384; [ "$t" = layer ] && maxlen=131072
+  rc=0
+  "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 \
+    -artifact_prefix="$artifacts/$t-" "$work" >"$log" 2>&1 || rc=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  result=ok
+  if [ $rc -ne 0 ]; then
+    result="FAILED (rc $rc, log $log)"
+    failed+=("$t")
+    grep -m5 -E 'ERROR: |runtime error|invariant broken|Test unit written' "$log" || true
+  fi
+  printf '%-18s %8s %10s %8s %8s %s\n' "$t" "$((SECONDS - ts))" "${speed:-?}" "${cov:-?}" "${ft:-?}" "$result"
+  : "${execs:=}"
+  rm -rf "$work"
+done
+echo "fuzz: ${#targets[@]} targets, $((SECONDS - t0)) s in all"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz: FAILED: ${failed[*]} (reproducers in $artifacts)" >&2
+  exit 1
+fi
