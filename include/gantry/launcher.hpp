@@ -92,6 +92,11 @@ Result<ContainerSpec> container_spec_from_json(std::string_view text);
 // bindir finds it in libexec) or the installed path. The plugin names its own (ContainerSpec::holder_program).
 std::string default_holder_program();
 
+// gantry-holder --check-paths: reads a ContainerSpec document from `fd` and checks its user-named paths
+// (the image file: a regular squashfs file, opened without blocking; bind sources) with the caller's
+// rights; an error goes to stderr. Returns the exit status. Root's Container::create runs it as the user.
+int check_container_paths(int fd);
+
 // The body of the gantry-holder program: reads the set-up from descriptor `channel` (a socket to its
 // creator), builds the container, reports, then holds the namespaces until told to stop. Never returns.
 [[noreturn]] void run_container_holder(int channel);

@@ -22,6 +22,10 @@ struct ProcessIdentity {
     std::vector<gid_t> groups;  // supplementary groups; empty: just gid
 };
 
+// uid with gid and the supplementary groups the account database gives it (just gid when it has no
+// entry): the identity a helper acting for that user runs with.
+ProcessIdentity user_identity(uid_t uid, gid_t gid);
+
 struct ProcessRequest {
     std::vector<std::string> argv;  // argv[0] is an absolute path (no PATH search)
     std::vector<std::string> env;   // the whole environment

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -139,6 +140,21 @@ Result<pid_t> start_process(const ProcessRequest& rq) {
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error("starting " + rq.argv[0] + ": could not fork");
     return 0;
+}
+
+ProcessIdentity user_identity(uid_t uid, gid_t gid) {
+    ProcessIdentity id{uid, gid, {gid}};
+    std::vector<char> buf(16384);
+    struct passwd pw {};
+    struct passwd* found = nullptr;
+    if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+        int n = 256;
+        id.groups.resize(static_cast<size_t>(n));
+        if (::getgrouplist(found->pw_name, gid, id.groups.data(), &n) < 0) n = 0;
+        id.groups.resize(static_cast<size_t>(n));
+        if (id.groups.empty()) id.groups.push_back(gid);
+    }
+    return id;
 }
 
 Result<ProcessOutcome> spawn(const ProcessRequest& rq) {

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
     // The other job it has: reading an Enroot image's /etc/environment for its creator, with the
     // rights it was started with (runtime/launcher/image_environment.cpp).
     if (argc == 3 && std::strcmp(argv[1], "--image-environment") == 0) return gantry::print_image_environment(argv[2]);
+    // And checking a spec's user-named paths with the user's rights (Container::create, as root).
+    if (argc == 2 && std::strcmp(argv[1], "--check-paths") == 0) return gantry::check_container_paths(0);
     if (::fcntl(3, F_GETFD) < 0) {
         std::fputs("gantry: gantry-holder is started by gantry and the Slurm plugin, not by hand\n", stderr);
         return 2;

@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <pwd.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -163,53 +164,61 @@ Status resolve_identity(const ContainerSpec& spec, launcher::Identity& id) {
     return {};
 }
 
+}  // namespace
+
+namespace launcher {
+Status check_paths_here(const ContainerSpec& spec) {
+    GANTRY_TRY(check_squashfs(spec.image_path));
+    return check_mount_sources(spec.mounts);
+}
+}  // namespace launcher
+
+int check_container_paths(int fd) {
+    std::string text;
+    char chunk[65536];
+    ssize_t n;
+    while ((n = ::read(fd, chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR)) {
+        if (n > 0) text.append(chunk, static_cast<size_t>(n));
+        if (text.size() > kMaxContainerSpecBytes) break;  // container_spec_from_json refuses it
+    }
+    auto spec = container_spec_from_json(text);
+    Status st = spec ? launcher::check_paths_here(*spec) : Status(spec.error());
+    if (st) return 0;
+    std::fprintf(stderr, "%s\n", st.error().message.c_str());
+    return 1;
+}
+
+namespace {
+
 // The image file and the bind sources the user named, checked with the user's own rights. Root (the
 // plugin in slurmstepd) must not open or stat them itself: that would read files the user may not
 // read, and its different answers ("not a squashfs file" / "No such file or directory") would tell the
-// user about files they cannot see. So a child drops to the user (groups, gid, uid: verified) and
-// checks; only its verdict comes back, on a pipe.
+// user about files they cannot see.
 Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id) {
-    auto check = [&]() -> Status {
-        GANTRY_TRY(launcher::check_squashfs(spec.image_path));
-        return check_mount_sources(spec.mounts);
-    };
-    if (::geteuid() != 0 || id.uid == 0) return check();
-    std::vector<gid_t> groups = {id.gid};
-    if (struct passwd* pw = ::getpwuid(id.uid)) {
-        int n = 256;
-        groups.resize(static_cast<size_t>(n));
-        if (::getgrouplist(pw->pw_name, id.gid, groups.data(), &n) < 0) n = 0;
-        groups.resize(static_cast<size_t>(n));
-        if (groups.empty()) groups.push_back(id.gid);
-    }
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return system_error("creating a pipe");
-    UniqueFd rd(fds[0]), wr(fds[1]);
-    pid_t pid = ::fork();
-    if (pid < 0) return system_error("checking the image as uid " + std::to_string(id.uid));
-    if (pid == 0) {
-        rd.reset();
-        std::string verdict = "!could not switch to uid " + std::to_string(id.uid);
-        if (::setgroups(groups.size(), groups.data()) == 0 && ::setresgid(id.gid, id.gid, id.gid) == 0 &&
-            ::setresuid(id.uid, id.uid, id.uid) == 0 && ::geteuid() == id.uid) {
-            auto st = check();
-            verdict = st ? std::string() : "!" + st.error().message;
-        }
-        (void)!::write(wr.get(), verdict.data(), std::min<size_t>(verdict.size(), 4096));
-        ::_exit(0);
-    }
-    wr.reset();
-    std::string verdict;
-    char chunk[512];
-    ssize_t n;
-    while ((n = ::read(rd.get(), chunk, sizeof chunk)) > 0 || (n < 0 && errno == EINTR))
-        if (n > 0 && verdict.size() < 4096) verdict.append(chunk, static_cast<size_t>(n));
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error("checking the image " + spec.image_path + " as uid " + std::to_string(id.uid) + " failed");
-    if (!verdict.empty()) return make_error(verdict.substr(1));
-    return {};
+    if (::geteuid() != 0 || id.uid == 0) return launcher::check_paths_here(spec);
+    // Root for a job user: `gantry-holder --check-paths` runs as the user (groups, gid, uid: verified
+    // before exec) on the spec, handed over in a memfd as its stdin; only its exit status and
+    // first stderr line come back. A fresh exec: nothing of slurmstepd's runs in the child.
+    UniqueFd doc(::memfd_create("gantry-spec", MFD_CLOEXEC));
+    if (!doc) return system_error("checking the image " + spec.image_path);
+    std::string text = container_spec_to_json(spec);
+    if (::write(doc.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::lseek(doc.get(), 0, SEEK_SET) != 0)
+        return system_error("checking the image " + spec.image_path);
+    ProcessRequest r;
+    r.argv = {spec.holder_program.empty() ? default_holder_program() : spec.holder_program, "--check-paths"};
+    r.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+    r.identity = user_identity(id.uid, id.gid);
+    r.inputs = {{doc.get(), 0}};
+    r.stdout_cap = 4096;
+    r.stderr_cap = 16 << 10;
+    auto ran = spawn(r);
+    if (!ran) return ran.error().wrap("checking the image " + spec.image_path + " as uid " + std::to_string(id.uid));
+    if (ran->status == 0) return {};
+    std::string why = trim(ran->err);
+    if (why.empty())
+        return make_error("checking the image " + spec.image_path + " as uid " + std::to_string(id.uid) + " failed (" +
+                          r.argv[0] + " exited with status " + std::to_string(ran->status) + ")");
+    return make_error(why.substr(0, why.find('\n')));
 }
 
 // Execs the gantry-holder program with the set-up on a socket (its descriptor 3), answers its request

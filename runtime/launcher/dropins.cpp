@@ -286,17 +286,7 @@ Result<std::vector<std::string>> read_image_environment(const std::string& image
     const std::string what = "reading the environment of image " + image;
     // Root for a job user: the helper takes the user's groups, gid and uid (checked) before exec, so
     // the image (the user's bytes and path) is opened and parsed with the user's rights only.
-    if (::geteuid() == 0 && uid != static_cast<uid_t>(-1) && uid != 0) {
-        ProcessIdentity id{uid, gid, {gid}};
-        if (struct passwd* pw = ::getpwuid(uid)) {
-            int n = 256;
-            id.groups.resize(static_cast<size_t>(n));
-            if (::getgrouplist(pw->pw_name, gid, id.groups.data(), &n) < 0) n = 0;
-            id.groups.resize(static_cast<size_t>(n));
-            if (id.groups.empty()) id.groups.push_back(gid);
-        }
-        r.identity = id;
-    }
+    if (::geteuid() == 0 && uid != static_cast<uid_t>(-1) && uid != 0) r.identity = user_identity(uid, gid);
     auto ran = spawn(r);
     if (!ran) return ran.error().wrap(what);
     if (ran->status != 0) {

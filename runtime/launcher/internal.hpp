@@ -92,6 +92,9 @@ Status drop_capabilities();
 
 // image.cpp
 Status check_squashfs(const std::string& path);
+// The checks of a spec's user-named paths (the image file, bind sources), with the caller's own rights:
+// what `gantry-holder --check-paths` runs as the job user for a root creator (container.cpp).
+Status check_paths_here(const ContainerSpec& spec);
 Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok);
 Status fuse_accessible();
 Status mount_image_fuse(Setup& s);
