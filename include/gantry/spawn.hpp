@@ -26,6 +26,10 @@ struct ProcessIdentity {
 // entry): the identity a helper acting for that user runs with.
 ProcessIdentity user_identity(uid_t uid, gid_t gid);
 
+// The program `name` as execvp would run it, as an absolute path for ProcessRequest::argv: a name with
+// a '/' as it is, else the first executable in PATH, then /usr/bin, /usr/local/bin, /bin; "" if none.
+std::string find_program(const std::string& name);
+
 struct ProcessRequest {
     std::vector<std::string> argv;  // argv[0] is an absolute path (no PATH search)
     std::vector<std::string> env;   // the whole environment
@@ -76,7 +80,8 @@ struct ProcessOutcome {
 
 // Runs the request to completion. The program starts with no signal blocked, whatever the caller
 // blocks. It runs in a process group of its own (so that stopping it
-// stops what it started), with stdin from /dev/null and only the descriptors named above. A program
+// stops what it started), with stdin from /dev/null (unless `inputs` names descriptor 0) and only
+// the descriptors named above. A program
 // that writes more than a cap to any stream is killed and this returns an error naming the stream,
 // so the caller's memory stays bounded whatever the program (or an LD_PRELOAD in its environment)
 // does. Errors also for: a failed identity switch, namespace entry or exec.
@@ -84,8 +89,7 @@ Result<ProcessOutcome> spawn(const ProcessRequest& request);
 
 // Starts the request's program and returns without waiting for it: the same identity, namespace,
 // descriptor and environment rules as spawn(), but nothing is captured (`outputs`, the caps and
-// should_stop are ignored): stdin is /dev/null, and so are stdout and stderr unless `inputs` names
-// descriptors 1 or 2. Returns the program's pid, to reap with waitpid; 0 with `daemonize` (the
+// should_stop are ignored): stdin, stdout and stderr are /dev/null unless `inputs` names them. Returns the program's pid, to reap with waitpid; 0 with `daemonize` (the
 // program must say who it is itself). A failure before exec shows as its exit status 125-127.
 Result<pid_t> start_process(const ProcessRequest& request);
 

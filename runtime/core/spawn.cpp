@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 
 #include "gantry/fd.hpp"
@@ -81,9 +82,9 @@ ChildPlan plan_child(const ProcessRequest& rq, std::vector<std::pair<int, int>> 
     }
     for (size_t i = 0; i < count; ++i)
         if (::dup2(moved[i].first, moved[i].second) < 0) ::_exit(kSetupFailed);  // dup2 clears close-on-exec
-    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null < 0 || ::dup2(null, STDIN_FILENO) < 0) ::_exit(kSetupFailed);
     auto kept = [&](int n) { return std::find(p.keep.begin(), p.keep.end(), n) != p.keep.end(); };
+    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || (!kept(STDIN_FILENO) && ::dup2(null, STDIN_FILENO) < 0)) ::_exit(kSetupFailed);  // unless passed
     if (p.null_output)
         for (int n : {STDOUT_FILENO, STDERR_FILENO})
             if (!kept(n) && ::dup2(null, n) < 0) ::_exit(kSetupFailed);
@@ -140,6 +141,25 @@ Result<pid_t> start_process(const ProcessRequest& rq) {
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error("starting " + rq.argv[0] + ": could not fork");
     return 0;
+}
+
+std::string find_program(const std::string& name) {
+    if (name.find('/') != std::string::npos) return name;
+    std::vector<std::string> dirs;
+    const char* path = std::getenv("PATH");
+    std::string list = path != nullptr ? path : "";
+    for (size_t start = 0; start <= list.size();) {
+        size_t end = list.find(':', start);
+        if (end == std::string::npos) end = list.size();
+        if (end > start) dirs.push_back(list.substr(start, end - start));
+        start = end + 1;
+    }
+    for (const char* d : {"/usr/bin", "/usr/local/bin", "/bin"}) dirs.emplace_back(d);
+    for (const auto& dir : dirs) {
+        std::string candidate = dir + "/" + name;
+        if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    return {};
 }
 
 ProcessIdentity user_identity(uid_t uid, gid_t gid) {

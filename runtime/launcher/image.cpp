@@ -20,22 +20,6 @@
 #include "internal.hpp"
 
 namespace gantry::launcher {
-namespace {
-
-std::string find_program(const std::string& name) {
-    const char* path = std::getenv("PATH");
-    for (const auto& dir : split_list(path != nullptr ? path : "", ':')) {
-        std::string p = dir + "/" + name;
-        if (::access(p.c_str(), X_OK) == 0) return p;
-    }
-    for (const char* dir : {"/usr/bin", "/usr/local/bin", "/bin"}) {
-        std::string p = std::string(dir) + "/" + name;
-        if (::access(p.c_str(), X_OK) == 0) return p;
-    }
-    return {};
-}
-
-}  // namespace
 
 Status check_squashfs(const std::string& path) {
     // Non-blocking: a FIFO or a device named as the image must fail at once, not hang the caller

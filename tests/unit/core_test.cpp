@@ -185,6 +185,25 @@ TEST_CASE("spawn: exit status, stdout and stderr", "[spawn]") {
     CHECK_FALSE(gantry::spawn(relative));
 }
 
+TEST_CASE("spawn: stdin is /dev/null unless a descriptor is passed as 0; find_program", "[spawn]") {
+    auto empty = gantry::spawn(shell("cat"));
+    REQUIRE(empty);
+    CHECK(empty->out.empty());
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    REQUIRE(::write(fds[1], "fed\n", 4) == 4);
+    ::close(fds[1]);
+    auto fed = shell("cat");
+    fed.inputs = {{fds[0], 0}};
+    auto r = gantry::spawn(fed);
+    ::close(fds[0]);
+    REQUIRE(r);
+    CHECK(r->out == "fed\n");
+    CHECK(gantry::find_program("sh").find("/sh") != std::string::npos);
+    CHECK(gantry::find_program("/bin/sh") == "/bin/sh");
+    CHECK(gantry::find_program("no-such-program-gantry").empty());
+}
+
 TEST_CASE("spawn: a program writing without end is stopped at the cap", "[spawn]") {
     auto rq = shell("while :; do echo AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA; done");
     rq.stdout_cap = 4096;
