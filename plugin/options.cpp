@@ -1,5 +1,6 @@
 // The Pyxis-compatible `--container-*` options (see options.hpp).
 #include "options.hpp"
+#include "options_internal.hpp"
 
 #include <sys/stat.h>
 
@@ -13,33 +14,13 @@
 namespace gantry::plugin {
 namespace {
 
-enum OptionId {
-    kImage = 1,
-    kMounts,
-    kWorkdir,
-    kName,
-    kSave,
-    kMountHome,
-    kNoMountHome,
-    kRemapRoot,
-    kNoRemapRoot,
-    kEntrypoint,
-    kNoEntrypoint,
-    kEntrypointLog,
-    kWritable,
-    kReadonly,
-    kEnv,
-    kUnshare,
-};
+
 
 struct Names {
     const char* option;
     const char* env;  // suffix after PYXIS_CONTAINER_ / GANTRY_CONTAINER_
 };
 
-void record_error(const std::string& message) {
-    if (option_error().empty()) option_error() = message;
-}
 
 // An option refused while Slurm parses the command line: srun (or sbatch) prints the line and stops
 // before any step starts. In slurmstepd the message is kept for task_init as well.
@@ -103,31 +84,6 @@ int set_string(std::optional<std::string>& slot, const char* option, const char*
     }
     slot = v;
     return 0;
-}
-
-// The checks Pyxis makes while it parses an option, so that a bad value stops srun before any step
-// starts. `label` names the option as the user gave it (--container-env, PYXIS_CONTAINER_ENV).
-// `as_user`: we run as the user (srun, sbatch, salloc), who may be told whether their path is a
-// directory; slurmstepd (root) leaves that to user_init (resolve_save_path). An empty result: the value is fine.
-std::string value_problem(int id, const std::string& label, std::string_view value, bool as_user) {
-    if (value.empty())
-        return "gantry: " + label + ": argument required (give " + expected_value(id) + ", or leave the option out)";
-    std::string v(value);
-    if ((id == kEnv || id == kMounts || id == kUnshare) && has_empty_element(value))
-        return "gantry: " + label + ": invalid format '" + v + "': an empty element; remove the extra comma";
-    if (id == kSave) {
-        bool directory = v.back() == '/';
-        struct stat sb {};
-        // Only an absolute path: a relative one is the step's to resolve (srun --chdir), in user_init.
-        if (!directory && as_user && v[0] == '/' && ::stat(v.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode))
-            directory = true;
-        if (directory) {
-            std::string dir = v.back() == '/' ? v : v + "/";
-            return "gantry: " + label + "=" + v + ": target is a directory (give a file path, e.g. " + dir +
-                   "image.sqsh)";
-        }
-    }
-    return {};
 }
 
 int set_bool(std::optional<bool>& slot, const char* option, bool value) {
@@ -233,56 +189,36 @@ struct spank_option g_table[] = {
     SPANK_OPTIONS_TABLE_END,
 };
 
-std::optional<std::string> job_env(spank_t sp, const std::string& name) {
-    char buf[4096];
-    if (spank_getenv(sp, name.c_str(), buf, sizeof buf) != ESPANK_SUCCESS) return std::nullopt;
-    return std::string(buf);
-}
-
-// The environment form of an option: which variable gave it, and its value.
-struct EnvForm {
-    std::string var;
-    std::string value;
-};
-
-template <typename Lookup>
-std::optional<EnvForm> env_form_from(Lookup&& lookup, const char* suffix) {
-    for (const char* prefix : {"GANTRY_CONTAINER_", "PYXIS_CONTAINER_"}) {
-        std::string var = std::string(prefix) + suffix;
-        if (auto v = lookup(var)) return EnvForm{var, *v};
-    }
-    return std::nullopt;
-}
-
-std::optional<std::string> env_form(spank_t sp, const char* suffix) {
-    auto form = env_form_from([&](const std::string& var) { return job_env(sp, var); }, suffix);
-    if (!form) return std::nullopt;
-    return form->value;
-}
-
-// The options that take a value, with the suffix of their environment form.
-struct ValueOption {
-    int id;
-    const char* suffix;
-    std::optional<std::string> JobOptions::*slot;
-};
-constexpr ValueOption kValueOptions[] = {
-    {kImage, "IMAGE", &JobOptions::image},       {kMounts, "MOUNTS", &JobOptions::mounts},
-    {kWorkdir, "WORKDIR", &JobOptions::workdir}, {kName, "NAME", &JobOptions::name},
-    {kSave, "SAVE", &JobOptions::save},          {kEnv, "ENV", &JobOptions::env},
-    {kUnshare, "UNSHARE", &JobOptions::unshare},
-};
-
-std::optional<bool> env_bool(spank_t sp, const char* suffix) {
-    auto v = env_form(sp, suffix);
-    if (!v) return std::nullopt;
-    if (*v == "1" || *v == "true" || *v == "yes" || *v == "on") return true;
-    if (*v == "0" || *v == "false" || *v == "no" || *v == "off" || v->empty()) return false;
-    record_error(std::string("gantry: invalid value '") + *v + "' for PYXIS_CONTAINER_" + suffix + " (use 1 or 0)");
-    return std::nullopt;
-}
-
 }  // namespace
+
+void record_error(const std::string& message) {
+    if (option_error().empty()) option_error() = message;
+}
+
+// The checks Pyxis makes while it parses an option, so that a bad value stops srun before any step
+// starts. `label` names the option as the user gave it (--container-env, PYXIS_CONTAINER_ENV).
+// `as_user`: we run as the user (srun, sbatch, salloc), who may be told whether their path is a
+// directory; slurmstepd (root) leaves that to user_init (resolve_save_path). An empty result: the value is fine.
+std::string value_problem(int id, const std::string& label, std::string_view value, bool as_user) {
+    if (value.empty())
+        return "gantry: " + label + ": argument required (give " + expected_value(id) + ", or leave the option out)";
+    std::string v(value);
+    if ((id == kEnv || id == kMounts || id == kUnshare) && has_empty_element(value))
+        return "gantry: " + label + ": invalid format '" + v + "': an empty element; remove the extra comma";
+    if (id == kSave) {
+        bool directory = v.back() == '/';
+        struct stat sb {};
+        // Only an absolute path: a relative one is the step's to resolve (srun --chdir), in user_init.
+        if (!directory && as_user && v[0] == '/' && ::stat(v.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode))
+            directory = true;
+        if (directory) {
+            std::string dir = v.back() == '/' ? v : v + "/";
+            return "gantry: " + label + "=" + v + ": target is a directory (give a file path, e.g. " + dir +
+                   "image.sqsh)";
+        }
+    }
+    return {};
+}
 
 bool JobOptions::any() const {
     return image || mounts || workdir || name || save || mount_home || remap_root || entrypoint || writable || env ||
@@ -300,53 +236,5 @@ std::string& option_error() {
 }
 
 struct spank_option* option_table() { return g_table; }
-
-void apply_environment(spank_t sp) {
-    JobOptions& o = options();
-    auto fill_bool = [&](std::optional<bool>& slot, const char* suffix) {
-        if (!slot) slot = env_bool(sp, suffix);
-    };
-    for (const auto& opt : kValueOptions) {
-        std::optional<std::string>& slot = o.*opt.slot;
-        if (slot) continue;
-        auto form = env_form_from([&](const std::string& var) { return job_env(sp, var); }, opt.suffix);
-        if (!form) continue;
-        // Pyxis reports a bad environment form and goes on without it; srun has told the user
-        // already (check_environment_forms), so here it only reaches slurmd's log.
-        auto problem = value_problem(opt.id, form->var, form->value, false);
-        if (!problem.empty()) {
-            log::warning(problem.substr(std::strlen("gantry: ")) + " (ignored)");
-            continue;
-        }
-        slot = form->value;
-    }
-    fill_bool(o.mount_home, "MOUNT_HOME");
-    fill_bool(o.remap_root, "REMAP_ROOT");
-    fill_bool(o.entrypoint, "ENTRYPOINT");
-    fill_bool(o.entrypoint_log, "ENTRYPOINT_LOG");
-    fill_bool(o.writable, "WRITABLE");
-    if (!o.writable) {
-        if (auto ro = env_bool(sp, "READONLY")) o.writable = !*ro;
-    }
-}
-
-void check_environment_forms() {
-    const JobOptions& o = options();
-    for (const auto& opt : kValueOptions) {
-        if (o.*opt.slot) continue;  // the command line wins; its value was checked when parsed
-        auto form = env_form_from(
-            [](const std::string& var) -> std::optional<std::string> {
-                const char* v = std::getenv(var.c_str());
-                if (v == nullptr) return std::nullopt;
-                return std::string(v);
-            },
-            opt.suffix);
-        if (!form) continue;
-        auto problem = value_problem(opt.id, form->var, form->value, true);
-        if (!problem.empty())
-            slurm_info("gantry: warning: %s; ignored, as Pyxis does: the job runs as if %s were unset",
-                       problem.substr(std::strlen("gantry: ")).c_str(), form->var.c_str());
-    }
-}
 
 }  // namespace gantry::plugin

@@ -18,6 +18,7 @@ extern "C" {
 #include <vector>
 
 #include "gantry/config.hpp"
+#include "gantry/devices.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/log.hpp"
@@ -122,6 +123,8 @@ Result<JobIdentity> identity(spank_t sp);
 std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& env);
 std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::string>& env);
 std::optional<std::string> slurm_mpi_default();
+// Binds for --mpi=pmix* steps: the PMIx client directory and the slurmd spool directory (same paths).
+void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, std::vector<DeviceMount>& mounts);
 std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env);
 
 // --- pull.cpp: our programs, and the pulls (as the job user, or as the store owner) ---

@@ -207,28 +207,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     if (item(sp, S_JOB_NODEID, &nodeid) && nodeid == 0)
         for (const auto& w : prepared->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
     if (!prepared->devices_summary.empty()) log::info("devices: " + prepared->devices_summary);
-    // Open MPI creates its session directory below the PMIx client directory, a host path the server
-    // fills only after this hook. Below an image directory the rank could not create it, so the
-    // directory is bound at the same path; a TmpFS of /tmp needs nothing (the container's own /tmp
-    // is the rank's to write).
-    if (st.config.pmix) {
-        auto dir = pmix_client_tmpdir(env);
-        struct stat sb {};
-        if (dir && (*dir)[0] == '/' && *dir != "/" && *dir != "/tmp" && ::stat(dir->c_str(), &sb) == 0 &&
-            S_ISDIR(sb.st_mode))
-            edits->mounts.push_back({*dir, *dir, false});
-        // The PMIx server's own directory (the shared-memory stores clients attach to, ds12/ds21) does
-        // not exist yet either; its parent, the node's slurmd spool directory, is bound (read-write, same
-        // path) for steps launched with --mpi=pmix*, so the directory appears inside once Slurm makes it.
-        // Safe: a bind changes no permission; inside, the user reaches only what the same uid reaches on
-        // the host (root-owned entries map to the overflow id, remap-root included).
-        auto mpi = find_env(env, "SLURM_MPI_TYPE");
-        if (!mpi) mpi = slurm_mpi_default();
-        auto spool = slurmd_spool_dir(sp, env);
-        if (mpi && starts_with(*mpi, "pmix") && spool && *spool != "/" && ::stat(spool->c_str(), &sb) == 0 &&
-            S_ISDIR(sb.st_mode))
-            edits->mounts.push_back({*spool, *spool, false});
-    }
+    if (st.config.pmix) add_pmix_mounts(sp, env, edits->mounts);
     const ContainerSpec& made = prepared->spec;
 
     if (o.entrypoint.value_or(settings.execute_entrypoint) && !made.image_config.entrypoint.empty()) {
