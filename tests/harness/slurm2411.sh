@@ -152,6 +152,9 @@ start_holder() {
       mount --rbind /dev "$R/dev"
       mount -t tmpfs -o mode=0755 tmpfs "$R/run"
       mount --bind "$TMP" "$R/tmp"
+      # A source tree or harness dir below /tmp (a clone in /tmp) needs its mount point in the private
+      # /tmp just bound, not in the root'"'"'s own (now hidden) one.
+      mkdir -p "$R$SRC" "$R$H"
       mount --bind "$SRC" "$R$SRC"
       mount -o remount,bind,ro "$R$SRC"
       mount --bind "$H" "$R$H"
