@@ -505,11 +505,12 @@ producer_node_crash() {
   fi
   [ "$(find "$STORE/staging" -name 'image.sqsh.*' | wc -l)" -eq 0 ]
   # Every blob of the image crossed the network at most once per interrupted download plus once: twice
-  # when the survivors finished (the crashed producer's part, the rest), three times when Slurm ended
-  # the step and the survivor that had taken over was stopped too (its part, then the rest). The
-  # interrupted layer was resumed (HTTP 206), not restarted.
+  # when the survivors finished (the crashed producer's part, the rest); when Slurm ended the step, up to
+  # four: the survivor that had taken over was stopped too, and the other survivor, waiting for the lock,
+  # may get it and start its own part in the moment before its own stop (seen once in ~6 CI runs), then
+  # the next step fetches the rest. The interrupted layer was resumed (HTTP 206), not restarted.
   max_gets=2
-  [ "$ran" -eq 2 ] || max_gets=3
+  [ "$ran" -eq 2 ] || max_gets=4
   for b in $blobs; do
     n=$(( $(blob_gets "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b") - ${gets_before[$b]} ))
     echo "# GETs of $b in this test: $n (at most $max_gets)" >&3
