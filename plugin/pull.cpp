@@ -207,11 +207,7 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
     if (::getpwnam_r(config.store_owner.c_str(), &pw, buf.data(), buf.size(), &owner) != 0 || owner == nullptr)
         return make_error("failed to import docker image " + image + ": store_owner '" + config.store_owner +
                           "' is not an account on this node");
-    int ngroups = 64;
-    std::vector<gid_t> groups(static_cast<size_t>(ngroups));
-    if (::getgrouplist(owner->pw_name, owner->pw_gid, groups.data(), &ngroups) < 0) ngroups = 0;
-    groups.resize(static_cast<size_t>(ngroups));
-    if (groups.empty()) groups.push_back(owner->pw_gid);
+    const std::vector<gid_t> groups = user_identity(owner->pw_uid, owner->pw_gid).groups;
 
     // The credentials go into a pipe whose read end is the pull's fd 3; they fit the pipe's buffer
     // (they are a few KiB: the user's half was capped), and the write end is non-blocking, so

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gantry/result.hpp"
@@ -102,6 +104,12 @@ struct Config {
     // Path the values were read from, empty for built-in defaults.
     std::string source;
 };
+
+// Calls `each(line, where)` with every trimmed line of `text` that is neither blank nor a comment
+// ('#' first), `where` being "ORIGIN:LINE" for messages; stops at the first error. The walk of the
+// line-based site files: enroot.conf, environ.d, mounts.d.
+Status for_each_config_line(std::string_view text, const std::string& origin,
+                            const std::function<Status(std::string& line, const std::string& where)>& each);
 
 // Parses gantry.conf text; `origin` names it in error messages.
 Result<Config> parse_config(const std::string& text, const std::string& origin);

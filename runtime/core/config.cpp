@@ -217,23 +217,31 @@ Result<Config> parse_config(const std::string& text, const std::string& origin) 
     return c;
 }
 
-Status apply_enroot_conf(Config& config, const std::string& text, const std::string& origin) {
-    static const std::map<std::string, std::optional<bool> Config::*> keys = {
-        {"ENROOT_ROOTFS_WRITABLE", &Config::container_writable},
-        {"ENROOT_REMAP_ROOT", &Config::container_remap_root},
-        {"ENROOT_MOUNT_HOME", &Config::container_mount_home},
-    };
-    std::istringstream in(text);
+Status for_each_config_line(std::string_view text, const std::string& origin,
+                            const std::function<Status(std::string& line, const std::string& where)>& each) {
+    std::istringstream in{std::string(text)};
     std::string line;
     int lineno = 0;
     while (std::getline(in, line)) {
         ++lineno;
         line = trim(line);
         if (line.empty() || line[0] == '#') continue;
+        GANTRY_TRY(each(line, origin + ":" + std::to_string(lineno)));
+    }
+    return {};
+}
+
+Status apply_enroot_conf(Config& config, const std::string& text, const std::string& origin) {
+    static const std::map<std::string, std::optional<bool> Config::*> keys = {
+        {"ENROOT_ROOTFS_WRITABLE", &Config::container_writable},
+        {"ENROOT_REMAP_ROOT", &Config::container_remap_root},
+        {"ENROOT_MOUNT_HOME", &Config::container_mount_home},
+    };
+    return for_each_config_line(text, origin, [&](std::string& line, const std::string& where) -> Status {
         auto sep = line.find_first_of(" \t=");
         std::string key = line.substr(0, sep);
         auto it = keys.find(key);
-        if (it == keys.end() || sep == std::string::npos) continue;
+        if (it == keys.end() || sep == std::string::npos) return {};
         std::string value = trim(line.substr(sep + 1));
         if (!value.empty() && value[0] == '=') value = trim(value.substr(1));
         if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
@@ -244,11 +252,10 @@ Status apply_enroot_conf(Config& config, const std::string& text, const std::str
         else if (value == "n" || value == "no" || value == "false" || value == "0")
             on = false;
         else
-            return make_error(origin + ":" + std::to_string(lineno) + ": " + key + ": expected yes or no, got '" +
-                              value + "'");
+            return make_error(where + ": " + key + ": expected yes or no, got '" + value + "'");
         if (!(config.*(it->second))) config.*(it->second) = on;  // gantry.conf's own key wins
-    }
-    return {};
+        return {};
+    });
 }
 
 ContainerDefaults container_defaults(const Config& config) {

@@ -178,30 +178,11 @@ Result<std::string> expand_variables(std::string_view text, const std::vector<st
     return out;
 }
 
-namespace {
-
-// Calls `each(line, where)` with every trimmed line of `text` that is neither blank nor a comment;
-// `where` is "ORIGIN:LINE" for messages. Stops at the first error.
-Status for_each_entry(std::string_view text, const std::string& origin,
-                      const std::function<Status(std::string&, const std::string&)>& each) {
-    std::istringstream in{std::string(text)};
-    std::string line;
-    int lineno = 0;
-    while (std::getline(in, line)) {
-        ++lineno;
-        line = trim(line);
-        if (line.empty() || line[0] == '#') continue;
-        GANTRY_TRY(each(line, origin + ":" + std::to_string(lineno)));
-    }
-    return {};
-}
-
-}  // namespace
 
 Result<std::vector<std::string>> parse_environment_file(std::string_view text, const std::vector<std::string>& env,
                                                         const std::string& origin, bool lenient) {
     std::vector<std::string> out;
-    GANTRY_TRY(for_each_entry(text, origin, [&](std::string& line, const std::string& where) -> Status {
+    GANTRY_TRY(for_each_config_line(text, origin, [&](std::string& line, const std::string& where) -> Status {
         if (starts_with(line, "export ")) line = trim(line.substr(7));
         auto eq = line.find('=');
         std::string name = trim(line.substr(0, eq));
@@ -229,7 +210,7 @@ Result<std::vector<std::string>> parse_environment_file(std::string_view text, c
 Result<std::vector<DropinMount>> parse_fstab_file(std::string_view text, const std::vector<std::string>& env,
                                                   const std::string& origin) {
     std::vector<DropinMount> out;
-    GANTRY_TRY(for_each_entry(text, origin, [&](std::string& line, const std::string& where) -> Status {
+    GANTRY_TRY(for_each_config_line(text, origin, [&](std::string& line, const std::string& where) -> Status {
         auto d = parse_fstab_line(split_fields(line), env);
         if (!d) return d.error().wrap(where);
         d->where = where;
