@@ -84,6 +84,15 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                           " already exists and keeps the mounts it was created with");
             st.joined = existing->state();
             existing->release();
+            // Each step starts where it asks to, else in the image's WorkingDir: not where the step
+            // that created the container asked for (Pyxis starts every step's container afresh).
+            if (o.workdir) {
+                auto w = normalize_container_path(*o.workdir, "--container-workdir");
+                if (!w) return w.error();
+                st.joined.defaults.workdir = *w;
+            } else {
+                st.joined.defaults.workdir = st.joined.defaults.image_workdir;
+            }
             if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
             return {};
         }

@@ -3,6 +3,7 @@
 //   environ.d/*.env   NAME=VALUE lines: variables every container gets (NCCL/EFA tuning, proxies)
 //   mounts.d/*.fstab  fstab lines: mounts every container gets (/fsx, a site tools directory)
 //   /etc/environment  inside an image made by `enroot import` (no OCI config): the image's Env
+//   /etc/rc           in the same images: its WorkingDir, Entrypoint and Cmd (parse_enroot_rc)
 //
 // Both formats may reference the job's (for `gantry run`: the caller's) environment as ${NAME}, which
 // is replaced by its value, or by nothing when unset. As in Enroot, a bare $NAME is left as written.
@@ -67,23 +68,42 @@ struct SiteDefaults {
 // the file and the fix. A missing directory adds nothing.
 Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<std::string>& env);
 
-// The environment of an Enroot-made image: its /etc/environment (parse_environment_file, lenient), read
-// from the squashfs file without mounting it, by `helper --image-environment IMAGE` (gantry-holder;
-// "": default_holder_program()) run with `env` as its environment. The image is the user's bytes: when
-// the caller is root and `uid` is not, the helper runs as uid/gid (and the user's groups), and only the
-// NAME=VALUE entries come back, checked and capped. An image without the file: no entries.
-Result<std::vector<std::string>> read_image_environment(const std::string& image, uid_t uid, gid_t gid,
-                                                        const std::vector<std::string>& env,
-                                                        const std::string& helper = {});
-// The helper's side (gantry-holder --image-environment IMAGE): reads IMAGE's /etc/environment with the
-// caller's rights, expands ${NAME} from the process environment, and writes NUL-terminated NAME=VALUE
-// entries to stdout; an error goes to stderr. Returns the exit status.
-int print_image_environment(const std::string& image);
+// What `enroot import` leaves in an image instead of an OCI config (Enroot's image format):
+// /etc/environment (the Env, as NAME=VALUE lines) and /etc/rc, the script Enroot runs first, which
+// `cd`s to the WorkingDir and `exec`s the Entrypoint with the command (or the Cmd without one).
+struct EnrootImageSettings {
+    std::vector<std::string> env;         // /etc/environment, ${NAME} expanded
+    std::string workdir;                  // /etc/rc's leading `cd "DIR"`; "" when it has none
+    std::vector<std::string> entrypoint;  // /etc/rc's `exec WORD... "$@"`
+    std::vector<std::string> cmd;         // the words its no-argument `exec` adds after the entrypoint
+};
+
+// The parts of an /etc/rc that Gantry takes over, read the way Enroot writes the file: comment,
+// blank and `mkdir` lines first, then `cd "DIR" && ...` (DIR absolute, without '"', '$', '`' or '\');
+// then, in the `if [ $# -gt 0 ]` block, `exec 'WORD'... "$@"` and in its else branch
+// `exec 'WORD'...` (single-quoted words as bash's ${x@Q} writes them, '\'' for a quote). Anything else
+// (a hand-written rc) leaves the field empty: the script itself is never run.
+EnrootImageSettings parse_enroot_rc(std::string_view rc);
+
+// An Enroot-made image's settings, read from the squashfs file without mounting it, by
+// `helper --enroot-settings IMAGE` (gantry-holder; "": default_holder_program()) run with `env` as its
+// environment. The image is the user's bytes: when the caller is root and `uid` is not, the helper
+// runs as uid/gid (and the user's groups), and only checked, capped entries come back. An image
+// without the files: empty settings.
+Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t uid, gid_t gid,
+                                                 const std::vector<std::string>& env, const std::string& helper = {});
+// The helper's side (gantry-holder --enroot-settings IMAGE): reads IMAGE's /etc/environment and
+// /etc/rc with the caller's rights, expands ${NAME} from the process environment, and writes
+// NUL-terminated entries to stdout: NAME=VALUE for the environment, then "@workdir=DIR",
+// "@entrypoint=WORD" and "@cmd=WORD" (one per word, in order); an error goes to stderr. Returns the
+// exit status.
+int print_enroot_settings(const std::string& image);
 
 // What both front ends (the plugin's step and `gantry run`) add to a ContainerSpec before
 // Container::create, `env` being the job's (or caller's) environment:
 //   1. a squashfs without an OCI config (no Env, Entrypoint or Cmd: an Enroot-made or hand-made
-//      image) gets its /etc/environment as the image environment;
+//      image) gets its /etc/environment as the image environment, and /etc/rc's working directory,
+//      entrypoint and command (read_enroot_settings);
 //   2. environ.d variables go after the image's (so they win over the image; the job's own variables
 //      do not replace them under the Pyxis rule, --container-env and --env NAME=VALUE still do);
 //   3. mounts.d mounts go before the user's --container-mounts (a user mount at the same target is

@@ -50,6 +50,8 @@ struct ProcessDefaults {
     std::string home;                    // HOME inside the container
     bool remap_root = false;             // uid/gid 0 inside
     std::vector<std::string> env_values;  // --env NAME=VALUE ("NAME=VALUE" entries): set over everything
+    std::string image_workdir;           // the image's WorkingDir ("/" without one): where a later
+                                         // step that joins without its own workdir starts, as in Pyxis
 };
 
 // Everything `Container::create` needs.

@@ -10,9 +10,9 @@
 #include "gantry/launcher.hpp"
 
 int main(int argc, char** argv) {
-    // The other job it has: reading an Enroot image's /etc/environment for its creator, with the
+    // The other job it has: reading an Enroot image's /etc/environment and /etc/rc for its creator, with the
     // rights it was started with (runtime/launcher/image_environment.cpp).
-    if (argc == 3 && std::strcmp(argv[1], "--image-environment") == 0) return gantry::print_image_environment(argv[2]);
+    if (argc == 3 && std::strcmp(argv[1], "--enroot-settings") == 0) return gantry::print_enroot_settings(argv[2]);
     // And checking a spec's user-named paths with the user's rights (Container::create, as root).
     if (argc == 2 && std::strcmp(argv[1], "--check-paths") == 0) return gantry::check_container_paths(0);
     if (::fcntl(3, F_GETFD) < 0) {

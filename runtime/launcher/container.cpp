@@ -101,6 +101,7 @@ Status write_state(const std::string& path, const ContainerState& st) {
         {"env_names", st.defaults.env_names},
         {"env_values", st.defaults.env_values},
         {"workdir", st.defaults.workdir},
+        {"image_workdir", st.defaults.image_workdir},
         {"home", st.defaults.home},
         {"remap_root", st.defaults.remap_root},
     };
@@ -134,6 +135,7 @@ Result<ContainerState> read_state(const std::string& path) {
         st.defaults.env_names = j.at("env_names").get<std::vector<std::string>>();
         st.defaults.env_values = j.value("env_values", std::vector<std::string>{});
         st.defaults.workdir = j.at("workdir").get<std::string>();
+        st.defaults.image_workdir = j.value("image_workdir", st.defaults.workdir);
         st.defaults.home = j.at("home").get<std::string>();
         st.defaults.remap_root = j.at("remap_root").get<bool>();
         return st;
@@ -304,15 +306,17 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     // Every privileged start also releases the node-wide image mounts idle for too long.
     if (launcher::running_as_real_root()) (void)release_idle_mounts(spec.config);
 
+    std::string image_workdir = "/";
+    if (!spec.image_config.working_dir.empty()) {
+        auto w = normalize_container_path(spec.image_config.working_dir, "image WorkingDir");
+        if (w) image_workdir = *w;
+    }
     if (!spec.workdir.empty()) {
         auto w = normalize_container_path(spec.workdir, "working directory");
         if (!w) return w.error();
         s.workdir = *w;
-    } else if (!spec.image_config.working_dir.empty()) {
-        auto w = normalize_container_path(spec.image_config.working_dir, "image WorkingDir");
-        s.workdir = w ? *w : "/";
     } else {
-        s.workdir = "/";
+        s.workdir = image_workdir;
     }
     s.home = spec.mount_home || !spec.remap_root ? s.id.home : "/root";
     if (s.home.empty()) s.home = "/";
@@ -346,7 +350,7 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     c.state_.unshare = spec.unshare;
     c.state_.backend = to_string(s.backend);
     c.state_.defaults = ProcessDefaults{spec.image_config.env, spec.devices.env, spec.env_names, s.workdir, s.home,
-                                        spec.remap_root,       spec.env_values};
+                                        spec.remap_root,       spec.env_values,  image_workdir};
     c.owned_ = !spec.detach;
     c.is_child_ = !spec.detach;
     c.kernel_mount_ = s.backend == MountBackend::kernel;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include "gantry/files.hpp"
@@ -256,15 +257,84 @@ Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<
     return site;
 }
 
-Result<std::vector<std::string>> read_image_environment(const std::string& image, uid_t uid, gid_t gid,
-                                                        const std::vector<std::string>& env,
-                                                        const std::string& helper) {
+namespace {
+
+// Words as bash's ${word@Q} writes them: 'text' pieces, '\'' for a quote, separated by blanks.
+// nullopt for anything else ($'...' forms, double quotes, variables).
+std::optional<std::vector<std::string>> quoted_words(std::string_view s) {
+    std::vector<std::string> words;
+    size_t i = 0;
+    while (true) {
+        while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+        if (i == s.size()) return words;
+        std::string word;
+        while (i < s.size() && s[i] != ' ' && s[i] != '\t') {
+            if (s[i] == '\'') {
+                size_t end = s.find('\'', i + 1);
+                if (end == std::string_view::npos) return std::nullopt;
+                word.append(s.substr(i + 1, end - i - 1));
+                i = end + 1;
+            } else if (s.substr(i, 2) == "\\'") {
+                word += '\'';
+                i += 2;
+            } else {
+                return std::nullopt;
+            }
+        }
+        words.push_back(std::move(word));
+    }
+}
+
+}  // namespace
+
+EnrootImageSettings parse_enroot_rc(std::string_view rc) {
+    EnrootImageSettings out;
+    bool cd_seen = false, with_args_seen = false;
+    std::istringstream in{std::string(rc)};
+    for (std::string raw; std::getline(in, raw);) {
+        std::string line = trim(raw);
+        if (!cd_seen) {
+            if (line.empty() || line[0] == '#' || starts_with(line, "mkdir ")) continue;
+            cd_seen = true;  // only the first command may set the working directory
+            if (starts_with(line, "cd \"")) {
+                size_t end = line.find('"', 4);
+                std::string dir = end == std::string::npos ? "" : line.substr(4, end - 4);
+                std::string rest = end == std::string::npos ? "" : trim(line.substr(end + 1));
+                bool plain = !dir.empty() && dir[0] == '/' && dir.find_first_of("$`\\") == std::string::npos;
+                if (plain && (rest.empty() || starts_with(rest, "&&") || starts_with(rest, "||") || rest[0] == ';'))
+                    out.workdir = dir;
+            }
+        }
+        if (!starts_with(line, "exec ")) continue;
+        std::string_view words = std::string_view(line).substr(5);
+        if (!with_args_seen) {
+            // exec ENTRYPOINT... "$@": the branch that runs the user's command.
+            constexpr std::string_view kArgs = "\"$@\"";
+            if (words.size() < kArgs.size() || words.substr(words.size() - kArgs.size()) != kArgs) continue;
+            auto entry = quoted_words(words.substr(0, words.size() - kArgs.size()));
+            if (!entry) return {out.env, out.workdir, {}, {}};
+            out.entrypoint = std::move(*entry);
+            with_args_seen = true;
+            continue;
+        }
+        // exec ENTRYPOINT... CMD...: the branch without a command.
+        auto all = quoted_words(words);
+        if (all && all->size() >= out.entrypoint.size() &&
+            std::equal(out.entrypoint.begin(), out.entrypoint.end(), all->begin()))
+            out.cmd.assign(all->begin() + static_cast<std::ptrdiff_t>(out.entrypoint.size()), all->end());
+        break;
+    }
+    return out;
+}
+
+Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t uid, gid_t gid,
+                                                 const std::vector<std::string>& env, const std::string& helper) {
     ProcessRequest r;
-    r.argv = {helper.empty() ? default_holder_program() : helper, "--image-environment", image};
+    r.argv = {helper.empty() ? default_holder_program() : helper, "--enroot-settings", image};
     r.env = env;  // the job's (or caller's) own variables: ${NAME} in the file expands from them
     r.stdout_cap = 256 << 10;
     r.stderr_cap = 16 << 10;
-    const std::string what = "reading the environment of image " + image;
+    const std::string what = "reading the settings of image " + image;
     // Root for a job user: the helper takes the user's groups, gid and uid (checked) before exec, so
     // the image (the user's bytes and path) is opened and parsed with the user's rights only.
     if (::geteuid() == 0 && uid != static_cast<uid_t>(-1) && uid != 0) r.identity = user_identity(uid, gid);
@@ -275,8 +345,9 @@ Result<std::vector<std::string>> read_image_environment(const std::string& image
         if (why.empty()) why = "the helper " + r.argv[0] + " exited with status " + std::to_string(ran->status);
         return make_error(why.substr(0, why.find('\n')));
     }
-    // The helper's entries are checked again here: only NAME=VALUE with a valid NAME passes.
-    std::vector<std::string> out;
+    // The helper's entries are checked again here: NAME=VALUE with a valid NAME, or one of the
+    // three @ fields; a working directory must be absolute.
+    EnrootImageSettings out;
     size_t start = 0;
     const std::string& reply = ran->out;
     while (start < reply.size()) {
@@ -285,7 +356,12 @@ Result<std::vector<std::string>> read_image_environment(const std::string& image
         std::string entry = reply.substr(start, end - start);
         start = end + 1;
         auto eq = entry.find('=');
-        if (eq != std::string::npos && valid_name(entry.substr(0, eq))) out.push_back(std::move(entry));
+        if (eq == std::string::npos) continue;
+        std::string key = entry.substr(0, eq), value = entry.substr(eq + 1);
+        if (key == "@workdir" && !value.empty() && value[0] == '/') out.workdir = value;
+        else if (key == "@entrypoint") out.entrypoint.push_back(value);
+        else if (key == "@cmd") out.cmd.push_back(value);
+        else if (valid_name(key)) out.env.push_back(std::move(entry));
     }
     return out;
 }
@@ -293,9 +369,12 @@ Result<std::vector<std::string>> read_image_environment(const std::string& image
 Status apply_site_defaults(ContainerSpec& spec, const std::vector<std::string>& env) {
     const ImageConfig& ic = spec.image_config;
     if (ic.env.empty() && ic.entrypoint.empty() && ic.cmd.empty()) {
-        auto image_env = read_image_environment(spec.image_path, spec.uid, spec.gid, env, spec.holder_program);
-        if (!image_env) return image_env.error();
-        spec.image_config.env = std::move(*image_env);
+        auto enroot = read_enroot_settings(spec.image_path, spec.uid, spec.gid, env, spec.holder_program);
+        if (!enroot) return enroot.error();
+        spec.image_config.env = std::move(enroot->env);
+        if (spec.image_config.working_dir.empty()) spec.image_config.working_dir = enroot->workdir;
+        spec.image_config.entrypoint = std::move(enroot->entrypoint);
+        spec.image_config.cmd = std::move(enroot->cmd);
     }
     auto site = load_site_defaults(spec.config, env);
     if (!site) return site.error();

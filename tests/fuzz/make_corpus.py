@@ -20,12 +20,12 @@ FROM_TESTS = {
     "aws_ini": ("auth_test.cpp", ["parse_aws_ini"], b"\x01"),
     "gantry_conf": ("core_test.cpp", ["parse_config"], b"\x00"),
     "container_mounts": ("launcher_test.cpp", ["parse_mounts", "parse_mount"], None),
-    "dropins": ("launcher_test.cpp", ["parse_environment_file", "parse_fstab_file", "expand_variables"], None),
+    "dropins": ("launcher_test.cpp", ["parse_environment_file", "parse_fstab_file", "expand_variables", "parse_enroot_rc"], None),
     "mountinfo": ("core_test.cpp", ["parse_mountinfo"], None),
     "pull_report": ("store_test.cpp", ["decode_pull_report"], None),
     "cdi": ("devices_test.cpp", ["parse_cdi_spec"], b"\x00"),
 }
-DROPIN_PREFIX = {"parse_environment_file": b"\x00", "parse_fstab_file": b"\x02", "expand_variables": b"\x03"}
+DROPIN_PREFIX = {"parse_environment_file": b"\x00", "parse_fstab_file": b"\x02", "expand_variables": b"\x03", "parse_enroot_rc": b"\x04"}
 
 LIT = re.compile(r'\s*(?:R"([^(]*)\((.*?)\)\1"|"((?:[^"\\\n]|\\.)*)")', re.S)
 

@@ -39,16 +39,35 @@ conf() {
 }
 
 # make_enroot_image: $WORK/enroot.sqsh, as `enroot import` leaves an image: no OCI config, the Env in
-# /etc/environment; busybox plus a script in a PATH directory only /etc/environment names.
+# /etc/environment, WorkingDir, Entrypoint and Cmd in /etc/rc; busybox plus a script in a PATH
+# directory only /etc/environment names.
 make_enroot_image() {
   local tree=$WORK/enroot-tree
-  mkdir -p "$tree/bin" "$tree/etc" "$tree/opt/app/bin"
+  mkdir -p "$tree/bin" "$tree/etc" "$tree/opt/app/bin" "$tree/workspace"
   cp /bin/busybox "$tree/bin/"
-  for c in sh cat printenv id true env; do ln -s busybox "$tree/bin/$c"; done
+  for c in sh cat printenv id true env pwd echo; do ln -s busybox "$tree/bin/$c"; done
   printf '#!/bin/sh\necho "thescript: $APP_GREETING"\n' >"$tree/opt/app/bin/thescript"
-  chmod 0755 "$tree/opt/app/bin/thescript"
+  printf '#!/bin/sh\necho "entry($#): $*"\n' >"$tree/opt/app/bin/entry"
+  chmod 0755 "$tree/opt/app/bin/thescript" "$tree/opt/app/bin/entry"
   # What `enroot import` writes from the image config's Env (quoted, as pam_env allows).
   printf 'PATH="/opt/app/bin:/bin"\nAPP_GREETING=hello from etc-environment\nAPP_JOB=${SLURM_JOB_ID}\n' >"$tree/etc/environment"
+  # ... and from WorkingDir, Entrypoint and Cmd (Enroot's layout of the file, labels as comments).
+  cat >"$tree/etc/rc" <<'RC'
+# org.opencontainers.image.title enroot-test
+
+mkdir -p "/workspace" 2> /dev/null
+cd "/workspace" && unset OLDPWD || exit 1
+
+if [ -s /etc/rc.local ]; then
+    . /etc/rc.local
+fi
+
+if [ $# -gt 0 ]; then
+    exec '/opt/app/bin/entry' "$@"
+else
+    exec '/opt/app/bin/entry' 'the'\''cmd' 'two'
+fi
+RC
   mksquashfs "$tree" "$WORK/enroot.sqsh" -noappend -quiet -all-root >/dev/null
   chmod 0644 "$WORK/enroot.sqsh"
 }
@@ -183,4 +202,30 @@ EOF
   echo "$output"
   [ "$status" -eq 0 ]
   echo "$output" | grep -qx 'thescript: hello from etc-environment'
+}
+
+@test "an Enroot-made image: /etc/rc gives the working directory, --container-entrypoint its entrypoint, gantry run its Cmd" {
+  make_enroot_image
+  conf
+  run as_user srun -N2 -n2 --container-image="$WORK/enroot.sqsh" pwd
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -cx /workspace)" -eq 2 ]
+  run as_user srun -N1 --container-image="$WORK/enroot.sqsh" --container-workdir=/opt pwd
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -1)" = /opt ]
+  # The entrypoint runs only when asked for, as with Pyxis; the script /etc/rc itself never runs.
+  run as_user srun -N1 --container-image="$WORK/enroot.sqsh" --container-entrypoint echo a b
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -1)" = "entry(3): echo a b" ]
+  run as_user srun -N1 --container-image="$WORK/enroot.sqsh" echo a b
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -1)" = "a b" ]
+  # gantry run --entrypoint without a command: the entrypoint with the Cmd (a quote kept in a word).
+  run as_user env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY" run --entrypoint "$WORK/enroot.sqsh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "entry(2): the'cmd two" ]
 }

@@ -102,11 +102,12 @@ write_attach_job() {
   cat >"$WORK/job.sh" <<JOB
 #!/bin/bash
 srun -n1 --container-image="$TINY" --container-name=att --container-writable --container-mounts="$WORK:$WORK" \
-  sh -c 'echo "written by step \$SLURM_STEP_ID" > /state; touch "$WORK/up"; exec sleep 600' &
+  --container-workdir=/etc sh -c 'echo "written by step \$SLURM_STEP_ID" > /state; touch "$WORK/up"; exec sleep 600' &
 for ((i = 0; i < 600; i++)); do [ -e "$WORK/up" ] && break; sleep 0.1; done
 srun --overlap -n1 --container-name=att --container-mounts=/tmp:/mnt/gantry-ignored \
-  sh -c 'cat /state; [ -d /mnt/gantry-ignored ] && echo mounted || echo not-mounted' >"$WORK/attach.out" 2>"$WORK/attach.err"
+  sh -c 'cat /state; [ -d /mnt/gantry-ignored ] && echo mounted || echo not-mounted; echo "cwd \$(pwd)"' >"$WORK/attach.out" 2>"$WORK/attach.err"
 echo "attach status \$?" >>"$WORK/attach.out"
+srun --overlap -n1 --container-name=att --container-workdir=/bin pwd >"$WORK/attach-workdir.out" 2>&1
 touch "$WORK/attached"
 for ((i = 0; i < 600; i++)); do [ -e "$WORK/cancelled" ] && break; sleep 0.1; done
 srun --overlap -n1 --container-name=att cat /state >"$WORK/after.out" 2>&1
@@ -122,7 +123,7 @@ wait_for() {
   return 1
 }
 
-@test "--overlap --container-name attaches to a running step's container; --container-mounts is ignored with a warning" {
+@test "--overlap --container-name attaches to a running step's container; --container-mounts is ignored with a warning; the cwd rules" {
   write_attach_job
   jobid=$(as_user sbatch --parsable -N1 -o "$WORK/job.out" "$WORK/job.sh")
   wait_for "$WORK/attached"
@@ -131,6 +132,11 @@ wait_for() {
   grep -qx "not-mounted" "$WORK/attach.out"
   grep -qx "attach status 0" "$WORK/attach.out"
   [ "$(grep -c "ignoring --container-mounts" "$WORK/attach.err")" -eq 1 ]
+  # Each step starts in its own --container-workdir, else the image's WorkingDir (tiny: /work), not
+  # in the creating step's --container-workdir=/etc.
+  grep -qx "cwd /work" "$WORK/attach.out"
+  cat "$WORK/attach-workdir.out"
+  [ "$(cat "$WORK/attach-workdir.out")" = /bin ]
   touch "$WORK/cancelled"
   scancel "$jobid"
 }

@@ -100,3 +100,79 @@ APT="apt-get -q -o Dir::Etc::SourceList=/repo/sources.list -o Dir::Etc::SourcePa
   [ "$status" -eq 0 ]
   [ "${lines[-1]}" = "hello" ]
 }
+
+@test "the seed guides' sbatch job, whole: an enroot-made image on FSx, exported NCCL/FI variables, /fsx, writable, remap-root apt-get" {
+  # /work/shared/user-jobs/train-distributed.sbatch with the harness's paths: the image is a .sqsh in
+  # Enroot's format on the shared file system (PATH in /etc/environment, WorkingDir in /etc/rc),
+  # torchrun a stand-in script that only /etc/environment's PATH finds. Each rank installs a package
+  # with apt-get as the fake root, then reports what it sees.
+  local tarball=$GANTRY_HARNESS_DIR/cache/debian-bookworm-minbase.tar tree=$BATS_TEST_TMPDIR/enroot-debian
+  local fsx=$GANTRY_TEST_FSX/seed-$RANDOM$RANDOM
+  mkdir -p "$tree" "$fsx/containers/images" "$fsx/out"
+  tar -C "$tree" --numeric-owner -xpf "$tarball"
+  mkdir -p "$tree/opt/train/bin" "$tree/workspace"
+  cat >"$tree/opt/train/bin/torchrun" <<'SH'
+#!/bin/sh
+# torchrun stand-in: what rank $SLURM_PROCID sees.
+echo "rank=$SLURM_PROCID uid=$(id -u) cwd=$(pwd) hello=$(cat /opt/gantry-hello/hello)" \
+  "nccl=$NCCL_DEBUG/$NCCL_PROTO/$NCCL_SOCKET_IFNAME/$NCCL_IB_DISABLE fi=$FI_PROVIDER gloo=$GLOO_SOCKET_IFNAME" \
+  "master=$MASTER_ADDR:$MASTER_PORT exp=$EXPERIMENT_NAME lustre=$LUSTRE_BASE ds=$DEEPSPEED_CONFIG args=$*" \
+  "ib=$(test -c /dev/infiniband/uverbs0 && echo yes)" > "/fsx/out/rank-$SLURM_PROCID"
+SH
+  chmod 755 "$tree/opt/train/bin/torchrun"
+  printf 'PATH="/opt/train/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n' >"$tree/etc/environment"
+  printf 'mkdir -p "/workspace" 2> /dev/null\ncd "/workspace" && unset OLDPWD || exit 1\n' >"$tree/etc/rc"
+  mksquashfs "$tree" "$fsx/containers/images/pytorch-training.sqsh" -comp lz4 -noappend -quiet -no-progress
+  rm -rf "$tree"
+  chmod -R a+rX "$fsx" && chmod 1777 "$fsx/out" && chown "$U" "$fsx"  # the job writes its output there
+  made_ib=0
+  if [ ! -e /dev/infiniband ]; then
+    mkdir /dev/infiniband && mknod /dev/infiniband/uverbs0 c 231 192 && chmod 666 /dev/infiniband/uverbs0
+    made_ib=1
+  fi
+  gantry_plugin_conf
+  # The job as the guide writes it; only the paths (and the apt-get) are the harness's.
+  cat >"$fsx/train-distributed.sbatch" <<JOB
+#!/bin/bash
+#SBATCH --job-name=distributed-training
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output=$fsx/train.out
+export EXPERIMENT_NAME=\${EXPERIMENT_NAME:-qwen-wikitext-default}
+export LUSTRE_BASE=/lustre
+export CONTAINER_IMAGE="$fsx/containers/images/pytorch-training.sqsh"
+export MASTER_ADDR=\$(scontrol show hostname \$SLURM_NODELIST | head -n 1)
+export MASTER_PORT=29500
+export NCCL_DEBUG=INFO
+export FI_PROVIDER=efa
+export NCCL_PROTO=simple
+export NCCL_SOCKET_IFNAME=ens5
+export GLOO_SOCKET_IFNAME=ens5
+export NCCL_IB_DISABLE=1
+export DEEPSPEED_CONFIG=/workspace/ds_config.json
+srun --container-image=\${CONTAINER_IMAGE} \\
+     --container-mounts=/dev/infiniband:/dev/infiniband,$fsx:/fsx,$REPO:/repo:ro \\
+     --container-writable --container-remap-root \\
+     bash -c "
+     $APT update >/dev/null && DEBIAN_FRONTEND=noninteractive $APT install -y gantry-hello >/dev/null &&
+     torchrun \\
+       --nproc_per_node=1 \\
+       --nnodes=\${SLURM_JOB_NUM_NODES} \\
+       --node_rank=\\\${SLURM_PROCID} \\
+       --master_addr=\${MASTER_ADDR} \\
+       --master_port=\${MASTER_PORT} \\
+       /workspace/train_distributed_deepspeed.py
+     "
+JOB
+  chown "$U" "$fsx/train-distributed.sbatch"
+  run runuser -u "$U" -- sbatch --wait "$fsx/train-distributed.sbatch"
+  [ $made_ib -eq 0 ] || rm -rf /dev/infiniband
+  echo "$output"; cat "$fsx/train.out" || true; cat "$fsx"/out/rank-* || true
+  [ "$status" -eq 0 ]
+  master=$(sed -n 's/.* master=\([^ ]*\):29500 .*/\1/p' "$fsx/out/rank-0")
+  [ -n "$master" ]
+  for r in 0 1; do
+    [ "$(cat "$fsx/out/rank-$r")" = "rank=$r uid=0 cwd=/workspace hello=hello nccl=INFO/simple/ens5/1 fi=efa gloo=ens5 master=$master:29500 exp=qwen-wikitext-default lustre=/lustre ds=/workspace/ds_config.json args=--nproc_per_node=1 --nnodes=2 --node_rank=$r --master_addr=$master --master_port=29500 /workspace/train_distributed_deepspeed.py ib=yes" ]
+  done
+  rm -rf "$fsx"
+}

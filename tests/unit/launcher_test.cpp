@@ -688,12 +688,14 @@ TEST_CASE("drop-ins: a file owned by another user is refused", "[root]") {
 
 namespace {
 
-// An Enroot-style image: a tree with /etc/environment, squashed by mksquashfs (squashfs-tools).
-std::string make_enroot_image(const ScratchDir& dir, const std::string& environment) {
+// An Enroot-style image: a tree with /etc/environment (and /etc/rc), squashed by mksquashfs
+// (squashfs-tools).
+std::string make_enroot_image(const ScratchDir& dir, const std::string& environment, const std::string& rc = {}) {
     std::string tree = dir.path + "/tree";
     REQUIRE(::mkdir(tree.c_str(), 0755) == 0);
     REQUIRE(::mkdir((tree + "/etc").c_str(), 0755) == 0);
     if (!environment.empty()) dir.write("tree/etc/environment", environment);
+    if (!rc.empty()) dir.write("tree/etc/rc", rc);
     std::string image = dir.path + "/image.sqsh";
     REQUIRE(std::system(
                 ("mksquashfs '" + tree + "' '" + image + "' -noappend -quiet -no-progress >/dev/null").c_str()) == 0);
@@ -714,29 +716,88 @@ TEST_CASE("image environment: /etc/environment of a squashfs without OCI config"
     CHECK_FALSE(read_image_file(image, "/etc/missing", 1 << 16)->has_value());
     CHECK_FALSE(read_image_file(image, "/etc/environment", 8).ok());  // over the cap
 
-    auto env = read_image_environment(image, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {"DISPLAY=:0"});
+    auto env = read_enroot_settings(image, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {"DISPLAY=:0"});
     REQUIRE(env.ok());
-    CHECK(*env == std::vector<std::string>{"PATH=/opt/app/bin:/usr/bin", "APP_HOME=/opt/app", "DISPLAY=:0"});
+    CHECK(env->env == std::vector<std::string>{"PATH=/opt/app/bin:/usr/bin", "APP_HOME=/opt/app", "DISPLAY=:0"});
+    CHECK(env->workdir.empty());
+    CHECK(env->entrypoint.empty());
 
     ScratchDir other;
     std::string bare = make_enroot_image(other, "");
-    auto none = read_image_environment(bare, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {});
+    auto none = read_enroot_settings(bare, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {});
     REQUIRE(none.ok());
-    CHECK(none->empty());
+    CHECK(none->env.empty());
     CHECK_FALSE(
-        read_image_environment(dir.path + "/tree/etc/environment", static_cast<uid_t>(-1), static_cast<gid_t>(-1), {})
+        read_enroot_settings(dir.path + "/tree/etc/environment", static_cast<uid_t>(-1), static_cast<gid_t>(-1), {})
             .ok());  // not a squashfs image
+}
+
+// /etc/rc as `enroot import` writes it (labels as comments, mkdir, cd, rc.local, the two execs).
+const char* const kEnrootRc = R"(# org.opencontainers.image.ref.name ubuntu
+# org.opencontainers.image.version 22.04
+
+mkdir -p "/usr/src" 2> /dev/null
+cd "/usr/src" && unset OLDPWD || exit 1
+
+if [ -s /etc/rc.local ]; then
+    . /etc/rc.local
+fi
+
+if [ $# -gt 0 ]; then
+    exec '/opt/entry point.sh' 'it'\''s' "$@"
+else
+    exec '/opt/entry point.sh' 'it'\''s' 'serve' '--port' '8080'
+fi
+)";
+
+TEST_CASE("Enroot /etc/rc: working directory, entrypoint and command as enroot import writes them") {
+    auto rc = parse_enroot_rc(kEnrootRc);
+    CHECK(rc.workdir == "/usr/src");
+    CHECK(rc.entrypoint == std::vector<std::string>{"/opt/entry point.sh", "it's"});
+    CHECK(rc.cmd == std::vector<std::string>{"serve", "--port", "8080"});
+
+    // No entrypoint (exec  "$@"), a Cmd only; no WorkingDir (cd "/").
+    auto plain = parse_enroot_rc("mkdir -p \"/\" 2> /dev/null\ncd \"/\" && unset OLDPWD || exit 1\n"
+                                 "if [ $# -gt 0 ]; then\n    exec  \"$@\"\nelse\n    exec  '/bin/bash'\nfi\n");
+    CHECK(plain.workdir == "/");
+    CHECK(plain.entrypoint.empty());
+    CHECK(plain.cmd == std::vector<std::string>{"/bin/bash"});
+
+    // What Gantry does not take: a cd that is not the first command, a relative or expanded
+    // directory, words it cannot read without a shell.
+    CHECK(parse_enroot_rc("echo hi\ncd \"/x\"\n").workdir.empty());
+    CHECK(parse_enroot_rc("cd \"x/y\" && true\n").workdir.empty());
+    CHECK(parse_enroot_rc("cd \"$HOME\" && true\n").workdir.empty());
+    CHECK(parse_enroot_rc("cd \"/a\" ; cd /b\n").workdir == "/a");
+    CHECK(parse_enroot_rc("cd \"/a\"b\n").workdir.empty());
+    auto dollar = parse_enroot_rc("exec $'a\\tb' \"$@\"\nexec $'a\\tb' 'c'\n");
+    CHECK(dollar.entrypoint.empty());
+    CHECK(dollar.cmd.empty());
+    auto unterminated = parse_enroot_rc("exec 'a \"$@\"\n");
+    CHECK(unterminated.entrypoint.empty());
+    CHECK(parse_enroot_rc("").workdir.empty());
+}
+
+TEST_CASE("Enroot image settings: /etc/rc read from the squashfs through the helper") {
+    ScratchDir dir;
+    std::string image = make_enroot_image(dir, "PATH=/usr/bin\n", kEnrootRc);
+    auto s = read_enroot_settings(image, static_cast<uid_t>(-1), static_cast<gid_t>(-1), {});
+    REQUIRE(s.ok());
+    CHECK(s->env == std::vector<std::string>{"PATH=/usr/bin"});
+    CHECK(s->workdir == "/usr/src");
+    CHECK(s->entrypoint == std::vector<std::string>{"/opt/entry point.sh", "it's"});
+    CHECK(s->cmd == std::vector<std::string>{"serve", "--port", "8080"});
 }
 
 TEST_CASE("image environment: root reads a user's image as that user", "[root]") {
     ScratchDir dir;
     std::string image = make_enroot_image(dir, "A=1\n");
-    auto env = read_image_environment(image, 65534, 65534, {});
+    auto env = read_enroot_settings(image, 65534, 65534, {});
     REQUIRE(env.ok());
-    CHECK(*env == std::vector<std::string>{"A=1"});
+    CHECK(env->env == std::vector<std::string>{"A=1"});
     // The same image where only root may read it: the user's child cannot open it.
     ::chmod(image.c_str(), 0600);
-    auto denied = read_image_environment(image, 65534, 65534, {});
+    auto denied = read_enroot_settings(image, 65534, 65534, {});
     REQUIRE_FALSE(denied.ok());
     CHECK(denied.error().message == "opening image " + image + ": Permission denied");
 }
