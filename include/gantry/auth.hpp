@@ -137,11 +137,33 @@ struct AwsCredentials {
 // metadata (IMDSv2). `region` is used for STS. The error lists what was tried.
 Result<AwsCredentials> aws_credentials(const std::string& region);
 
+// The answers of the AWS services, parsed by unprivileged code (the CLI, or the pull the plugin runs
+// as the user); each is bounded by the HTTP client's body cap.
+//
+// An STS answer (AssumeRole, AssumeRoleWithWebIdentity; XML, through libxml2: entities decoded,
+// no DTD, no network): the credentials of a success, or the Code and Message of an error answer.
+struct StsAnswer {
+    AwsCredentials creds;      // source left empty; expiration 0 when absent or unparsable
+    std::string code, message; // an <Error>'s
+    bool xml = false;          // the body was well-formed XML
+};
+StsAnswer parse_sts_answer(std::string_view body);
+// The credential JSON of the container endpoint, IMDS and credential_process; `token_field` names the
+// session token ("Token" or "SessionToken"). Errors name `source`.
+Result<AwsCredentials> parse_credentials_json(std::string_view body, const std::string& source,
+                                              const char* token_field);
+// "2024-05-01T12:00:00Z" (fractional seconds and an offset after the seconds are ignored) -> epoch
+// seconds; 0 when unparsable.
+std::time_t parse_iso8601(const std::string& text);
+
 struct EcrToken {
     std::string username;  // "AWS"
     std::string password;
     std::time_t expires_at = 0;
 };
+// ECR GetAuthorizationToken's JSON answer: the first authorizationData's base64 user:password and
+// expiresAt (epoch seconds; `now` + 12 h when absent). Errors name `what`.
+Result<EcrToken> parse_ecr_token_answer(std::string_view body, std::time_t now, const std::string& what);
 // GetAuthorizationToken for `reg`, through the in-memory and on-disk token caches; at most one
 // process per user and cache key asks the service at a time (a file lock), the others read its answer.
 Result<EcrToken> ecr_authorization_token(const EcrRegistry& reg);

@@ -31,22 +31,6 @@ std::string trim(std::string s) {
     return s.substr(b);
 }
 
-// "2024-05-01T12:00:00Z" (also with fractional seconds or "+00:00") -> epoch seconds; 0 if unparsable.
-std::time_t parse_iso8601(const std::string& s) {
-    struct tm tm {};
-    if (s.size() < 19 || ::strptime(s.substr(0, 19).c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return 0;
-    return ::timegm(&tm);
-}
-
-// One XML element's text (STS answers in XML); empty when absent. Only for the simple, known answer.
-std::string xml_text(const std::string& xml, const std::string& tag) {
-    auto b = xml.find("<" + tag + ">");
-    if (b == std::string::npos) return {};
-    b += tag.size() + 2;
-    auto e = xml.find("</" + tag + ">", b);
-    return e == std::string::npos ? std::string() : xml.substr(b, e - b);
-}
-
 std::string aws_file(const char* var, const char* name) {
     std::string p = env(var);
     if (!p.empty()) return p;
@@ -56,23 +40,6 @@ std::string aws_file(const char* var, const char* name) {
 
 std::string ca_bundle() {
     return env("AWS_CA_BUNDLE");
-}
-
-// The credential JSON that the container endpoint, IMDS and credential_process all speak.
-Result<AwsCredentials> from_json(const std::string& body, const std::string& source, const char* token_field) {
-    auto j = nlohmann::json::parse(body, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return make_error(source + ": the answer is not JSON");
-    auto s = [&](const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(); };
-    if (!s("Code").empty() && s("Code") != "Success") return make_error(source + ": answered Code " + s("Code"));
-    AwsCredentials c;
-    c.key.access_key_id = s("AccessKeyId");
-    c.key.secret_access_key = s("SecretAccessKey");
-    c.key.session_token = s(token_field);
-    c.expiration = parse_iso8601(s("Expiration"));
-    c.source = source;
-    if (c.key.access_key_id.empty() || c.key.secret_access_key.empty())
-        return make_error(source + ": the answer holds no AccessKeyId/SecretAccessKey");
-    return c;
 }
 
 std::string sts_endpoint(const std::string& region) {
@@ -102,16 +69,13 @@ Result<AwsCredentials> web_identity(const std::string& token_file, const std::st
         "&WebIdentityToken=" + http::form_escape(trim(*token));
     auto resp = http::perform(req);
     if (!resp) return resp.error().wrap(what + ": STS AssumeRoleWithWebIdentity");
+    StsAnswer answer = parse_sts_answer(resp->body);
     if (resp->status != 200) {
-        std::string msg = xml_text(resp->body, "Message");
+        const std::string& msg = answer.message;
         return make_error(what + ": STS AssumeRoleWithWebIdentity at " + http::redact(url) + " answered HTTP " +
                           std::to_string(resp->status) + (msg.empty() ? "" : ": " + msg));
     }
-    AwsCredentials c;
-    c.key.access_key_id = xml_text(resp->body, "AccessKeyId");
-    c.key.secret_access_key = xml_text(resp->body, "SecretAccessKey");
-    c.key.session_token = xml_text(resp->body, "SessionToken");
-    c.expiration = parse_iso8601(xml_text(resp->body, "Expiration"));
+    AwsCredentials c = std::move(answer.creds);
     c.source = what + " (STS AssumeRoleWithWebIdentity for " + role_arn + ")";
     if (c.key.access_key_id.empty() || c.key.secret_access_key.empty())
         return make_error(what + ": the STS answer holds no credentials");
@@ -125,7 +89,7 @@ Result<AwsCredentials> credential_process(const std::string& command, const std:
     if (!out) return out.error().wrap(what + ": credential_process");
     if (out->exit_status != 0)
         return make_error(what + ": credential_process exited with status " + std::to_string(out->exit_status));
-    return from_json(out->out, what + " (credential_process)", "SessionToken");
+    return parse_credentials_json(out->out, what + " (credential_process)", "SessionToken");
 }
 
 // ---- sts:AssumeRole for profiles with role_arn + source_profile, as the AWS CLI and SDKs do it.
@@ -220,8 +184,9 @@ Result<CachedRole> call_assume_role(const AwsCredentials& source, const RoleRequ
                source.source + ")");
     auto resp = http::perform(req);
     if (!resp) return resp.error().wrap(where);
+    StsAnswer answer = parse_sts_answer(resp->body);
     if (resp->status != 200) {
-        std::string code = xml_text(resp->body, "Code"), msg = xml_text(resp->body, "Message");
+        const std::string &code = answer.code, &msg = answer.message;
         std::string hint;
         // SigV4 signatures are valid for 5 minutes around AWS's clock.
         if (msg.find("Signature expired") != std::string::npos || code == "RequestExpired")
@@ -230,10 +195,7 @@ Result<CachedRole> call_assume_role(const AwsCredentials& source, const RoleRequ
                           (msg.empty() ? "" : ": " + msg) + hint + " (source credentials from " + source.source + ")");
     }
     CachedRole r;
-    r.creds.key.access_key_id = xml_text(resp->body, "AccessKeyId");
-    r.creds.key.secret_access_key = xml_text(resp->body, "SecretAccessKey");
-    r.creds.key.session_token = xml_text(resp->body, "SessionToken");
-    r.creds.expiration = parse_iso8601(xml_text(resp->body, "Expiration"));
+    r.creds = std::move(answer.creds);
     r.creds.source = rr.what + " (STS AssumeRole for " + rr.role_arn + ")";
     if (r.creds.key.access_key_id.empty() || r.creds.key.secret_access_key.empty())
         return make_error(where + ": the answer holds no credentials");
@@ -469,7 +431,7 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
         auto resp = http::perform(req);
         if (!resp) return resp.error().wrap(src);
         if (resp->status != 200) return make_error(src + ": HTTP " + std::to_string(resp->status));
-        return from_json(resp->body, src, "Token");
+        return parse_credentials_json(resp->body, src, "Token");
     }
     tried.push_back("container credentials endpoint (AWS_CONTAINER_CREDENTIALS_*_URI unset)");
 
@@ -509,7 +471,7 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
             if (!cred) return cred.error();
             if (cred->status != 200)
                 return make_error("role credentials answered HTTP " + std::to_string(cred->status));
-            auto c = from_json(cred->body, src + " role " + name, "Token");
+            auto c = parse_credentials_json(cred->body, src + " role " + name, "Token");
             return c;
         }();
         if (imds) return imds;

@@ -151,23 +151,11 @@ Result<CachedToken> fetch_token(const EcrRegistry& reg) {
     auto resp = http::perform(hr);
     if (!resp) return resp.error().wrap("ECR GetAuthorizationToken for " + reg.registry);
     if (resp->status != 200) return ecr_error(reg, *resp, creds->source);
-    auto j = nlohmann::json::parse(resp->body, nullptr, false);
-    const std::string bad = "ECR GetAuthorizationToken for " + reg.registry + ": unexpected answer";
-    if (j.is_discarded() || !j.contains("authorizationData") || !j["authorizationData"].is_array() ||
-        j["authorizationData"].empty() || !j["authorizationData"][0].is_object())
-        return make_error(bad);
-    const auto& d = j["authorizationData"][0];
-    auto decoded = base64_decode(d.value("authorizationToken", ""));
-    auto colon = decoded ? decoded->find(':') : std::string::npos;
-    if (!decoded || colon == std::string::npos)
-        return make_error(bad + " (authorizationToken is not base64 of user:password)");
-    CachedToken t;
-    t.token.username = decoded->substr(0, colon);
-    t.token.password = decoded->substr(colon + 1);
     std::time_t now = std::time(nullptr);
-    t.token.expires_at = d.contains("expiresAt") && d["expiresAt"].is_number()
-                             ? static_cast<std::time_t>(std::floor(d["expiresAt"].get<double>()))
-                             : now + 12 * 3600;
+    auto token = parse_ecr_token_answer(resp->body, now, "ECR GetAuthorizationToken for " + reg.registry);
+    if (!token) return token.error();
+    CachedToken t;
+    t.token = std::move(*token);
     t.use_until = t.token.expires_at - margin_for(t.token.expires_at - now);
     log::debug("got an ECR token for " + reg.registry + " valid for " + std::to_string(t.token.expires_at - now) +
                " s");

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "auth/internal.hpp"
 #include "gantry/log.hpp"
 #include "gantry/sigv4.hpp"
 #include "gantry/version.hpp"
@@ -25,27 +26,6 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     auto* r = static_cast<Response*>(user);
     if (r->body.size() + size * n > (4u << 20)) return 0;  // no credential answer is this big
     r->body.append(data, size * n);
-    return size * n;
-}
-
-size_t on_header(char* data, size_t size, size_t n, void* user) {
-    auto* r = static_cast<Response*>(user);
-    std::string line(data, size * n);
-    if (line.rfind("HTTP/", 0) == 0) {
-        r->headers.clear();  // a new response (after 100-continue)
-        return size * n;
-    }
-    auto colon = line.find(':');
-    if (colon != std::string::npos) {
-        std::string name = line.substr(0, colon);
-        for (char& c : name)
-            if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-        std::string value = line.substr(colon + 1);
-        while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.erase(0, 1);
-        while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' '))
-            value.pop_back();
-        r->headers[name] = value;
-    }
     return size * n;
 }
 
@@ -103,6 +83,18 @@ std::string form_escape(const std::string& s) {
     return sigv4::uri_encode(s, false);
 }
 
+void read_response(CURL* easy, long& status, std::map<std::string, std::string>& headers) {
+    status = 0;
+    curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+    headers.clear();
+    for (curl_header* h = nullptr; (h = curl_easy_nextheader(easy, CURLH_HEADER, -1, h)) != nullptr;) {
+        std::string name = lower(h->name);
+        std::string value = h->value;  // libcurl strips the blanks around it
+        auto [slot, fresh] = headers.emplace(std::move(name), value);
+        if (!fresh) slot->second += ", " + value;
+    }
+}
+
 Result<Response> perform(const Request& request) {
     std::unique_ptr<CURL, CurlDeleter> e(curl_easy_init());
     if (!e) return make_error("HTTP request to " + redact(request.url) + ": curl_easy_init failed");
@@ -139,15 +131,13 @@ Result<Response> perform(const Request& request) {
     }
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &resp);
     char errbuf[CURL_ERROR_SIZE] = {0};
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
     CURLcode rc = curl_easy_perform(c);
     if (rc != CURLE_OK)
         return make_error(request.method + " " + redact(request.url) + ": " +
                           (errbuf[0] != '\0' ? std::string(errbuf) : curl_easy_strerror(rc)));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &resp.status);
+    read_response(c, resp.status, resp.headers);
     log::debug(request.method + " " + redact(request.url) + " -> " + std::to_string(resp.status));
     return resp;
 }

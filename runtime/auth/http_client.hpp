@@ -3,6 +3,8 @@
 // plain HTTP only where the caller allows it (loopback and link-local metadata addresses).
 #pragma once
 
+#include <curl/curl.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +36,12 @@ struct Response {
 
 // An Error when no HTTP answer came (the message names the URL without its query, and curl's reason).
 Result<Response> perform(const Request& request);
+
+// The status and headers of the last response `easy` received so far (libcurl's header API: usable
+// after the transfer and from its write callback): names in lower case, a repeated name's values
+// joined with ", ". Interim (1xx) answers and earlier redirect hops are not included. The registry
+// client uses it too.
+void read_response(CURL* easy, long& status, std::map<std::string, std::string>& headers);
 
 // Whether `url` is http:// on a loopback or link-local address (where plain HTTP is acceptable).
 bool is_local_http(const std::string& url);

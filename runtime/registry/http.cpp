@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "auth/http_client.hpp"
 #include "gantry/log.hpp"
 
 namespace gantry::http {
@@ -131,33 +132,16 @@ struct HttpConnection::State {
     const Request* request = nullptr;
     Response* response = nullptr;
     bool started = false;  // the sink has been told the status
-
-    static size_t on_header(char* data, size_t size, size_t n, void* user) {
-        auto* st = static_cast<State*>(user);
-        std::string line(data, size * n);
-        while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
-        if (line.rfind("HTTP/", 0) == 0) {
-            // A new status line: 1xx interim answers and earlier hops are forgotten.
-            auto sp = line.find(' ');
-            st->response->status = sp == std::string::npos ? 0 : std::strtol(line.c_str() + sp + 1, nullptr, 10);
-            st->response->headers.clear();
-            return size * n;
-        }
-        auto colon = line.find(':');
-        if (colon == std::string::npos) return size * n;
-        std::string name = lower(line.substr(0, colon));
-        size_t v = line.find_first_not_of(" \t", colon + 1);
-        std::string value = v == std::string::npos ? std::string() : line.substr(v);
-        while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.pop_back();
-        auto& slot = st->response->headers[name];
-        slot = slot.empty() ? value : slot + ", " + value;
-        return size * n;
-    }
+    bool have_headers = false;  // status and headers read from libcurl (first body byte, or the end)
 
     static size_t on_body(char* data, size_t size, size_t n, void* user) {
         auto* st = static_cast<State*>(user);
         size_t len = size * n;
         Response& r = *st->response;
+        if (!st->have_headers) {
+            auth::http::read_response(st->easy, r.status, r.headers);
+            st->have_headers = true;
+        }
         bool success = r.status >= 200 && r.status < 300;
         if (success && st->request->sink) {
             if (!st->started) {
@@ -228,6 +212,7 @@ Result<Response> HttpConnection::perform(const Request& request) {
         s_->request = &request;
         s_->response = &response;
         s_->started = false;
+        s_->have_headers = false;
         s_->errbuf[0] = '\0';
 
         curl_easy_reset(e);
@@ -255,8 +240,6 @@ Result<Response> HttpConnection::perform(const Request& request) {
             curl_easy_setopt(e, CURLOPT_SSL_CTX_DATA, const_cast<std::string*>(&ts.extra_ca_file));
         }
         if (s_->transport->share() != nullptr) curl_easy_setopt(e, CURLOPT_SHARE, s_->transport->share());
-        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &State::on_header);
-        curl_easy_setopt(e, CURLOPT_HEADERDATA, s_.get());
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &State::on_body);
         curl_easy_setopt(e, CURLOPT_WRITEDATA, s_.get());
         curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
@@ -286,6 +269,7 @@ Result<Response> HttpConnection::perform(const Request& request) {
         for (curl_slist* n = headers.get(); n != nullptr; n = n->next)
             if (n->data != nullptr && std::strncmp(n->data, "Authorization:", 14) == 0)
                 OPENSSL_cleanse(n->data, std::strlen(n->data));
+        if (!s_->have_headers) auth::http::read_response(e, response.status, response.headers);
         response.url = url;
         response.curl_code = rc;
         if (rc != CURLE_OK) {

@@ -527,6 +527,102 @@ TEST_CASE("the default chain: order and sources named", "[auth][chain]") {
     CHECK(base64_decode(base64_encode("AWS:x")) == std::optional<std::string>("AWS:x"));
 }
 
+TEST_CASE("base64: RFC 4648 vectors, unpadded and URL-safe input, bad input refused") {
+    const std::pair<const char*, const char*> vectors[] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
+                                                           {"foo", "Zm9v"},  {"foob", "Zm9vYg=="},  {"fooba", "Zm9vYmE="},
+                                                           {"foobar", "Zm9vYmFy"}};
+    for (const auto& [plain, coded] : vectors) {
+        CHECK(base64_encode(plain) == coded);
+        CHECK(base64_decode(coded) == std::optional<std::string>(plain));
+    }
+    CHECK(base64_decode("Zm9vYg") == std::optional<std::string>("foob"));  // padding left out
+    CHECK(base64_decode("Zm9vYmE") == std::optional<std::string>("fooba"));
+    CHECK(base64_decode("-_8=") == base64_decode("+/8="));                   // URL-safe alphabet
+    CHECK(base64_decode(base64_encode(std::string("\0\xff\x10", 3))) == std::optional<std::string>(std::string("\0\xff\x10", 3)));
+    CHECK_FALSE(base64_decode("Zm9vY").has_value());  // a lone trailing character
+    CHECK_FALSE(base64_decode("Zm 9v").has_value());
+    CHECK_FALSE(base64_decode("Zm9v!").has_value());
+    CHECK_FALSE(base64_decode("Zm=9v").has_value());  // padding inside
+}
+
+TEST_CASE("STS answers: credentials with entities decoded, error answers, a DTD refused") {
+    auto ok = auth::parse_sts_answer(R"(<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <AssumeRoleResult>
+    <AssumedRoleUser><Arn>arn:aws:sts::123:assumed-role/r/s</Arn></AssumedRoleUser>
+    <Credentials>
+      <AccessKeyId>ASIAEXAMPLE</AccessKeyId>
+      <SecretAccessKey>se&amp;cr&#x65;t/+=</SecretAccessKey>
+      <SessionToken><![CDATA[tok<en>]]></SessionToken>
+      <Expiration>2030-01-02T03:04:05.123Z</Expiration>
+    </Credentials>
+  </AssumeRoleResult>
+</AssumeRoleResponse>)");
+    CHECK(ok.xml);
+    CHECK(ok.creds.key.access_key_id == "ASIAEXAMPLE");
+    CHECK(ok.creds.key.secret_access_key == "se&cret/+=");
+    CHECK(ok.creds.key.session_token == "tok<en>");
+    CHECK(ok.creds.expiration == 1893553445);
+    CHECK(ok.code.empty());
+
+    auto err = auth::parse_sts_answer(R"(<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <Error><Type>Sender</Type><Code>AccessDenied</Code><Message>User &quot;x&quot; is not authorized</Message></Error>
+  <RequestId>1</RequestId></ErrorResponse>)");
+    CHECK(err.xml);
+    CHECK(err.code == "AccessDenied");
+    CHECK(err.message == "User \"x\" is not authorized");
+    CHECK(err.creds.key.access_key_id.empty());
+
+    // What STS never sends: a DTD (entity tricks), broken XML, an HTML error page.
+    auto dtd = auth::parse_sts_answer(R"(<?xml version="1.0"?><!DOCTYPE r [<!ENTITY a "ASIA">]>
+<r><Credentials><AccessKeyId>&a;</AccessKeyId></Credentials></r>)");
+    CHECK_FALSE(dtd.xml);
+    CHECK(dtd.creds.key.access_key_id.empty());
+    CHECK_FALSE(auth::parse_sts_answer("<r><Credentials><AccessKeyId>x</AccessKeyId>").xml);
+    CHECK_FALSE(auth::parse_sts_answer("").xml);
+    auto html = auth::parse_sts_answer("<html><body>502 Bad Gateway</body></html>");
+    CHECK(html.xml);
+    CHECK(html.code.empty());
+    CHECK(html.creds.key.access_key_id.empty());
+}
+
+TEST_CASE("credential JSON (IMDS, container endpoint, credential_process) and ECR token answers") {
+    auto c = auth::parse_credentials_json(
+        R"({"Code":"Success","AccessKeyId":"A","SecretAccessKey":"S","Token":"T","Expiration":"2030-01-02T03:04:05Z"})",
+        "imds", "Token");
+    REQUIRE(c.ok());
+    CHECK(c->key.session_token == "T");
+    CHECK(c->expiration == 1893553445);
+    CHECK(c->source == "imds");
+    CHECK(auth::parse_credentials_json(R"({"Code":"Throttled"})", "imds", "Token").error().message ==
+          "imds: answered Code Throttled");
+    CHECK(auth::parse_credentials_json("[1]", "imds", "Token").error().message == "imds: the answer is not JSON");
+    CHECK(auth::parse_credentials_json(R"({"AccessKeyId":7})", "imds", "Token").error().message ==
+          "imds: the answer holds no AccessKeyId/SecretAccessKey");
+
+    const std::time_t now = 1700000000;
+    auto t = auth::parse_ecr_token_answer(
+        R"({"authorizationData":[{"authorizationToken":")" + base64_encode("AWS:pa:ss") +
+            R"(","expiresAt":1700003600.5,"proxyEndpoint":"https://x"}]})",
+        now, "ecr");
+    REQUIRE(t.ok());
+    CHECK(t->username == "AWS");
+    CHECK(t->password == "pa:ss");
+    CHECK(t->expires_at == 1700003600);
+    auto no_expiry = auth::parse_ecr_token_answer(
+        R"({"authorizationData":[{"authorizationToken":")" + base64_encode("AWS:p") + R"(","expiresAt":1e300}]})", now,
+        "ecr");
+    REQUIRE(no_expiry.ok());
+    CHECK(no_expiry->expires_at == now + 12 * 3600);
+    CHECK(auth::parse_ecr_token_answer(R"({"authorizationData":[]})", now, "ecr").error().message ==
+          "ecr: unexpected answer");
+    CHECK(auth::parse_ecr_token_answer(R"({"authorizationData":[{"authorizationToken":7}]})", now, "ecr")
+              .error()
+              .message.find("not base64 of user:password") != std::string::npos);
+    CHECK_FALSE(auth::parse_ecr_token_answer(R"({"authorizationData":[{"authorizationToken":"bm9jb2xvbg=="}]})", now,
+                                             "ecr")
+                    .ok());  // "nocolon"
+}
+
 // Driven by tests/integration/auth.bats, never by a plain run: prints the ECR token request signed for
 //   GANTRY_AUTH_REGISTRY (an ECR host or a GANTRY_TEST_ECR_REGISTRIES alias), GANTRY_AUTH_DATE,
 //   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN
