@@ -44,12 +44,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def now(self):
         return datetime.datetime.utcnow() + datetime.timedelta(seconds=self.server.opts.clock_offset)
 
+    def date_time_string(self, timestamp=None):
+        # The one Date header send_response writes, on this endpoint's (possibly offset) clock, as AWS
+        # sends exactly one.
+        return self.now().strftime("%a, %d %b %Y %H:%M:%S GMT")
+
     def reply(self, code, obj, content_type="application/x-amz-json-1.1"):
         body = json.dumps(obj).encode()
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Date", self.now().strftime("%a, %d %b %Y %H:%M:%S GMT"))
         self.end_headers()
         self.wfile.write(body)
 
