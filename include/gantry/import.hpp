@@ -16,8 +16,8 @@
 namespace gantry {
 
 struct ImportOptions {
-    Platform platform = Platform::host();   // for a multi-platform OCI layout
-    std::vector<ImageReference> tags;       // --tag: references recorded for the image, besides RepoTags
+    Platform platform = Platform::host();  // for a multi-platform OCI layout
+    std::vector<ImageReference> tags;      // --tag: references recorded for the image, besides RepoTags
 };
 
 struct ImportResult {
@@ -25,7 +25,7 @@ struct ImportResult {
     std::string config_digest;  // what equals a registry pull of the same image
     std::string squashfs_path;
     std::vector<std::string> references;  // recorded tags, or the source itself when there are none
-    bool produced = false;                 // false: the store held the image already
+    bool produced = false;                // false: the store held the image already
     ConversionStats stats;
 };
 
@@ -44,6 +44,7 @@ std::string enroot_rc(const ImageConfig& config);
 
 // Writes the stored image `image` to `output` as an Enroot image: its tree plus /etc/environment and
 // /etc/rc. The file appears by rename when complete; an existing `output` is an error unless `force`.
-Result<ConversionStats> export_image(const Config& config, const StoredImage& image, const std::string& output, bool force);
+Result<ConversionStats> export_image(const Config& config, const StoredImage& image, const std::string& output,
+                                     bool force);
 
 }  // namespace gantry

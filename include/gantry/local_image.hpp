@@ -60,9 +60,9 @@ LocalFileLookup layout_directory_files(const std::string& dir);
 // members are resolved to the file they name.
 struct ExtractedArchive {
     std::string dir;
-    std::map<std::string, LocalFile> members;    // normalized member name -> its bytes
-    std::map<std::string, std::string> links;    // normalized member name -> normalized target member
-    uint64_t bytes = 0;                          // all members' bytes together
+    std::map<std::string, LocalFile> members;  // normalized member name -> its bytes
+    std::map<std::string, std::string> links;  // normalized member name -> normalized target member
+    uint64_t bytes = 0;                        // all members' bytes together
     // The file `name` names, following up to 8 links; an error naming the archive when absent.
     [[nodiscard]] Result<LocalFile> find(const std::string& name) const;
     [[nodiscard]] LocalFileLookup lookup() const;
@@ -81,8 +81,8 @@ struct LocalImage {
     std::string manifest_json;
     std::string config_digest;
     std::string config_json;
-    std::vector<Descriptor> layers;     // bottom layer first
-    std::vector<LayerBlob> blobs;       // the same layers as files, with the config's diff_ids
+    std::vector<Descriptor> layers;      // bottom layer first
+    std::vector<LayerBlob> blobs;        // the same layers as files, with the config's diff_ids
     std::vector<std::string> repo_tags;  // a docker-archive's RepoTags for this image
     std::string platform;                // "os/arch[/variant]" from the config
 };

@@ -1,5 +1,7 @@
 // Image verbs for local files: import (an OCI layout, an oci- or docker-archive, docker/podman save
 // into the store) and export (a stored image as an Enroot squashfs file).
+#include "gantry/import.hpp"
+
 #include <sys/stat.h>
 
 #include <chrono>
@@ -7,7 +9,6 @@
 
 #include "command.hpp"
 #include "common.hpp"
-#include "gantry/import.hpp"
 #include "gantry/log.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/strings.hpp"
@@ -34,7 +35,8 @@ int cmd_import(std::vector<std::string> args) {
     if (tag_opt) {
         auto ref = parse_reference(*tag_opt);
         if (!ref) return usage_error(ref.error().wrap("import: --tag"));
-        if (!ref->digest.empty()) return usage_error(make_error("import: --tag " + *tag_opt + ": a tag names no digest"));
+        if (!ref->digest.empty())
+            return usage_error(make_error("import: --tag " + *tag_opt + ": a tag names no digest"));
         opts.tags.push_back(*ref);
     }
     auto config = load_config();
@@ -48,8 +50,8 @@ int cmd_import(std::vector<std::string> args) {
     if (!quiet) {
         char buf[256];
         if (result->produced)
-            std::snprintf(buf, sizeof buf, "imported %s in %.1f s: %llu files, %s squashfs, config %s", source->str().c_str(),
-                          secs, static_cast<unsigned long long>(result->stats.files),
+            std::snprintf(buf, sizeof buf, "imported %s in %.1f s: %llu files, %s squashfs, config %s",
+                          source->str().c_str(), secs, static_cast<unsigned long long>(result->stats.files),
                           format_bytes(result->stats.image_bytes).c_str(), result->config_digest.c_str());
         else
             std::snprintf(buf, sizeof buf, "%s is in the store already (config %s)", source->str().c_str(),

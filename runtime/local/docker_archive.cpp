@@ -72,13 +72,16 @@ Result<LocalImage> read_docker_archive(const LocalFileLookup& files, const std::
     }
     if (images == 0) return make_error(what + ": manifest.json lists no image");
     if (!tag.empty() && entry == nullptr)
-        return make_error(what + ": no image tagged '" + tag + "' (RepoTags: " + (all_tags.empty() ? "none" : all_tags) + ")");
+        return make_error(what + ": no image tagged '" + tag +
+                          "' (RepoTags: " + (all_tags.empty() ? "none" : all_tags) + ")");
     if (tag.empty() && images > 1)
-        return make_error(what + " holds " + std::to_string(images) + " images; name one as docker-archive:FILE:IMAGE (RepoTags: " +
+        return make_error(what + " holds " + std::to_string(images) +
+                          " images; name one as docker-archive:FILE:IMAGE (RepoTags: " +
                           (all_tags.empty() ? "none" : all_tags) + ")");
 
     auto config_it = entry->find("Config");
-    if (config_it == entry->end() || !config_it->is_string()) return make_error(what + ": manifest.json names no Config");
+    if (config_it == entry->end() || !config_it->is_string())
+        return make_error(what + ": manifest.json names no Config");
     auto layer_it = entry->find("Layers");
     if (layer_it == entry->end() || !layer_it->is_array()) return make_error(what + ": manifest.json names no Layers");
 
@@ -86,7 +89,8 @@ Result<LocalImage> read_docker_archive(const LocalFileLookup& files, const std::
     image.repo_tags = string_array(*entry, "RepoTags");
     auto config_file = files(config_it->get<std::string>());
     if (!config_file) return config_file.error().wrap(what + ": config");
-    auto config = local::read_local_json(*config_file, kMaxLocalConfigBytes, what + ": config " + config_it->get<std::string>());
+    auto config =
+        local::read_local_json(*config_file, kMaxLocalConfigBytes, what + ": config " + config_it->get<std::string>());
     if (!config) return config.error();
     image.config_json = std::move(*config);
     image.config_digest = config_file->digest;
@@ -116,10 +120,12 @@ Result<LocalImage> read_docker_archive(const LocalFileLookup& files, const std::
         ++i;
     }
     GANTRY_TRY(local::check_layers(image, *cfg, what));
-    json manifest = {{"schemaVersion", 2},
-                     {"mediaType", kMediaDockerManifest},
-                     {"config", {{"mediaType", kDockerConfigType}, {"size", image.config_json.size()}, {"digest", image.config_digest}}},
-                     {"layers", layers}};
+    json manifest = {
+        {"schemaVersion", 2},
+        {"mediaType", kMediaDockerManifest},
+        {"config",
+         {{"mediaType", kDockerConfigType}, {"size", image.config_json.size()}, {"digest", image.config_digest}}},
+        {"layers", layers}};
     image.manifest_json = manifest.dump();
     image.manifest_digest = Sha256::of(image.manifest_json);
     return image;

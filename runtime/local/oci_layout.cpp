@@ -35,8 +35,8 @@ Result<LocalFile> blob_file(const LocalFileLookup& files, const std::string& dig
 
 Status check_layers(const LocalImage& image, const ImageConfig& cfg, const std::string& what) {
     if (cfg.diff_ids.size() != image.layers.size())
-        return make_error(what + ": the config lists " + std::to_string(cfg.diff_ids.size()) + " layers but the manifest " +
-                          std::to_string(image.layers.size()));
+        return make_error(what + ": the config lists " + std::to_string(cfg.diff_ids.size()) +
+                          " layers but the manifest " + std::to_string(image.layers.size()));
     return {};
 }
 
@@ -82,7 +82,8 @@ Result<Descriptor> pick_entry(const std::string& index_json, const std::string& 
         return make_error(what + ": no image tagged '" + tag + "' (tags: " + tag_list() + ")");
     }
     if (matches.size() == 1) return parsed->entries[matches.front()].descriptor;
-    if (!tag.empty()) return make_error(what + ": " + std::to_string(matches.size()) + " images are tagged '" + tag + "'");
+    if (!tag.empty())
+        return make_error(what + ": " + std::to_string(matches.size()) + " images are tagged '" + tag + "'");
     // Several entries: a multi-platform layout written without a nested index is a choice of platform;
     // tagged images are the user's to pick.
     if (tags.empty()) return select_platform(*parsed, platform);
@@ -105,7 +106,8 @@ Result<LocalImage> read_oci_layout(const LocalFileLookup& files, const std::stri
     // One nested index at most (skopeo copy --all writes the image's index as the tagged entry).
     for (int depth = 0;; ++depth) {
         if (desc->size > kMaxLocalManifestBytes)
-            return make_error(what + ": manifest " + desc->digest + " is " + std::to_string(desc->size) + " bytes, too large");
+            return make_error(what + ": manifest " + desc->digest + " is " + std::to_string(desc->size) +
+                              " bytes, too large");
         auto file = local::blob_file(files, desc->digest, what);
         if (!file) return file.error();
         auto body = local::read_local_json(*file, kMaxLocalManifestBytes, what + ": manifest " + desc->digest);
@@ -124,7 +126,8 @@ Result<LocalImage> read_oci_layout(const LocalFileLookup& files, const std::stri
         image.layers = parsed->layers;
         auto config_file = local::blob_file(files, parsed->config.digest, what + ": config");
         if (!config_file) return config_file.error();
-        auto config = local::read_local_json(*config_file, kMaxLocalConfigBytes, what + ": config " + parsed->config.digest);
+        auto config =
+            local::read_local_json(*config_file, kMaxLocalConfigBytes, what + ": config " + parsed->config.digest);
         if (!config) return config.error();
         image.config_digest = parsed->config.digest;
         image.config_json = std::move(*config);
@@ -139,8 +142,8 @@ Result<LocalImage> read_oci_layout(const LocalFileLookup& files, const std::stri
         auto file = local::blob_file(files, d.digest, what + ": layer " + std::to_string(i));
         if (!file) return file.error();
         if (file->size != d.size)
-            return make_error(what + ": layer " + std::to_string(i) + " (" + d.digest + ") is " + std::to_string(file->size) +
-                              " bytes, the manifest says " + std::to_string(d.size));
+            return make_error(what + ": layer " + std::to_string(i) + " (" + d.digest + ") is " +
+                              std::to_string(file->size) + " bytes, the manifest says " + std::to_string(d.size));
         image.blobs.push_back(LayerBlob{file->path, d.media_type, d.digest, cfg->diff_ids[i]});
     }
     return image;

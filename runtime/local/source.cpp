@@ -28,19 +28,24 @@ std::string absolute(const std::string& path) {
 
 std::string LocalSource::str() const {
     switch (kind) {
-        case Kind::dockerd: return "dockerd://" + path;
-        case Kind::podman: return "podman://" + path;
-        case Kind::oci_dir: return "oci:" + path + (tag.empty() ? "" : ":" + tag);
-        case Kind::oci_archive: return "oci-archive:" + path + (tag.empty() ? "" : ":" + tag);
-        case Kind::docker_archive: return "docker-archive:" + path + (tag.empty() ? "" : ":" + tag);
+        case Kind::dockerd:
+            return "dockerd://" + path;
+        case Kind::podman:
+            return "podman://" + path;
+        case Kind::oci_dir:
+            return "oci:" + path + (tag.empty() ? "" : ":" + tag);
+        case Kind::oci_archive:
+            return "oci-archive:" + path + (tag.empty() ? "" : ":" + tag);
+        case Kind::docker_archive:
+            return "docker-archive:" + path + (tag.empty() ? "" : ":" + tag);
     }
     return path;
 }
 
 Result<LocalSource> parse_local_source(const std::string& text) {
     LocalSource s;
-    for (auto [prefix, kind] : {std::pair{"dockerd://", LocalSource::Kind::dockerd},
-                                std::pair{"podman://", LocalSource::Kind::podman}}) {
+    for (auto [prefix, kind] :
+         {std::pair{"dockerd://", LocalSource::Kind::dockerd}, std::pair{"podman://", LocalSource::Kind::podman}}) {
         if (!starts_with(text, prefix)) continue;
         s.kind = kind;
         s.path = text.substr(std::string(prefix).size());
@@ -49,9 +54,9 @@ Result<LocalSource> parse_local_source(const std::string& text) {
     }
     // The path ends at the first ':' after the prefix, as in skopeo's transports: what follows is the
     // tag (OCI) or the image (docker-archive), which may hold ':' itself ("repo:tag").
-    for (auto [prefix, kind] : {std::pair{"oci:", LocalSource::Kind::oci_dir},
-                                std::pair{"oci-archive:", LocalSource::Kind::oci_archive},
-                                std::pair{"docker-archive:", LocalSource::Kind::docker_archive}}) {
+    for (auto [prefix, kind] :
+         {std::pair{"oci:", LocalSource::Kind::oci_dir}, std::pair{"oci-archive:", LocalSource::Kind::oci_archive},
+          std::pair{"docker-archive:", LocalSource::Kind::docker_archive}}) {
         if (!starts_with(text, prefix)) continue;
         s.kind = kind;
         std::string rest = text.substr(std::string(prefix).size());
@@ -79,7 +84,8 @@ Result<std::string> normalize_member_name(std::string_view name) {
     size_t start = 0;
     while (start <= name.size()) {
         size_t slash = name.find('/', start);
-        std::string_view part = name.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+        std::string_view part =
+            name.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
         if (part == "..") return refuse("leaves the archive (a '..' component)");
         if (!part.empty() && part != ".") parts.push_back(part);
         if (slash == std::string_view::npos) break;

@@ -50,16 +50,22 @@ struct TreeFree {
 uint32_t type_bits(const sqfs_inode_generic_t* in) {
     switch (in->base.type) {
         case SQFS_INODE_DIR:
-        case SQFS_INODE_EXT_DIR: return 0040000;
+        case SQFS_INODE_EXT_DIR:
+            return 0040000;
         case SQFS_INODE_FILE:
-        case SQFS_INODE_EXT_FILE: return 0100000;
+        case SQFS_INODE_EXT_FILE:
+            return 0100000;
         case SQFS_INODE_SLINK:
-        case SQFS_INODE_EXT_SLINK: return 0120000;
+        case SQFS_INODE_EXT_SLINK:
+            return 0120000;
         case SQFS_INODE_FIFO:
-        case SQFS_INODE_EXT_FIFO: return 0010000;
+        case SQFS_INODE_EXT_FIFO:
+            return 0010000;
         case SQFS_INODE_SOCKET:
-        case SQFS_INODE_EXT_SOCKET: return 0140000;
-        default: return 0;  // devices: never in an image Gantry wrote; skipped like the converter does
+        case SQFS_INODE_EXT_SOCKET:
+            return 0140000;
+        default:
+            return 0;  // devices: never in an image Gantry wrote; skipped like the converter does
     }
 }
 
@@ -90,7 +96,8 @@ struct Source {
         data.reset(sqfs_data_reader_create(file.get(), super.block_size, cmp.get(), 0));
         xattrs.reset(sqfs_xattr_reader_create(0));
         if (!dirs || !ids || !data || !xattrs) return make_error(what + ": out of memory");
-        if (sqfs_id_table_read(ids.get(), file.get(), &super, cmp.get()) != 0) return make_error(what + ": corrupt id table");
+        if (sqfs_id_table_read(ids.get(), file.get(), &super, cmp.get()) != 0)
+            return make_error(what + ": corrupt id table");
         if (sqfs_data_reader_load_fragment_table(data.get(), &super) != 0)
             return make_error(what + ": corrupt fragment table");
         if (sqfs_xattr_reader_load(xattrs.get(), &super, file.get(), cmp.get()) != 0)
@@ -103,7 +110,8 @@ struct Source {
         sqfs_u32 index = 0xFFFFFFFF;
         if (sqfs_inode_get_xattr_index(in, &index) != 0 || index == 0xFFFFFFFF) return out;
         sqfs_xattr_id_t desc{};
-        if (sqfs_xattr_reader_get_desc(xattrs.get(), index, &desc) != 0 || sqfs_xattr_reader_seek_kv(xattrs.get(), &desc) != 0)
+        if (sqfs_xattr_reader_get_desc(xattrs.get(), index, &desc) != 0 ||
+            sqfs_xattr_reader_seek_kv(xattrs.get(), &desc) != 0)
             return make_error("corrupt xattr table");
         for (sqfs_u32 i = 0; i < desc.count; ++i) {
             sqfs_xattr_entry_t* key = nullptr;
@@ -163,7 +171,8 @@ private:
         if (!xattrs) return xattrs.error().wrap("reading /" + squashfs::join_path(path));
         inode->xattrs = std::move(*xattrs);
         if (type == 0120000) {
-            const uint32_t n = in->base.type == SQFS_INODE_SLINK ? in->data.slink.target_size : in->data.slink_ext.target_size;
+            const uint32_t n =
+                in->base.type == SQFS_INODE_SLINK ? in->data.slink.target_size : in->data.slink_ext.target_size;
             inode->symlink_target.assign(reinterpret_cast<const char*>(in->extra), n);
         }
         sqfs_u64 size = 0;
@@ -182,7 +191,9 @@ private:
         for (uint64_t offset = 0; offset < out->size;) {
             const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), out->size - offset));
             sqfs_s32 got = sqfs_data_reader_read(src_.data.get(), in, offset, buf.data(), static_cast<sqfs_u32>(want));
-            if (got <= 0) return make_error("reading the data of /" + squashfs::join_path(path) + ": " + squashfs::sqfs_error_name(got));
+            if (got <= 0)
+                return make_error("reading the data of /" + squashfs::join_path(path) + ": " +
+                                  squashfs::sqfs_error_name(got));
             GANTRY_TRY(writer_.append(buf.data(), static_cast<size_t>(got)));
             offset += static_cast<uint64_t>(got);
         }
@@ -195,8 +206,8 @@ private:
     std::unordered_map<uint32_t, Inode*> by_number_;
 };
 
-Result<ConversionStats> rewrite(const std::string& input, const std::string& output, const std::vector<AddedFile>& added,
-                                const SquashfsOptions& options) {
+Result<ConversionStats> rewrite(const std::string& input, const std::string& output,
+                                const std::vector<AddedFile>& added, const SquashfsOptions& options) {
     Source src;
     GANTRY_TRY(src.open(input));
     sqfs_tree_node_t* raw_root = nullptr;

@@ -49,7 +49,8 @@ std::string enroot_rc(const ImageConfig& config) {
     return out;
 }
 
-Result<ConversionStats> export_image(const Config& config, const StoredImage& image, const std::string& output, bool force) {
+Result<ConversionStats> export_image(const Config& config, const StoredImage& image, const std::string& output,
+                                     bool force) {
     const std::string what = "exporting " + image.digest + " to " + output;
     struct stat st {};
     if (::lstat(output.c_str(), &st) == 0) {

@@ -1,15 +1,15 @@
 // The import pipeline (see include/gantry/import.hpp): local source -> verified manifest, config and
 // layer files -> the pull's converter -> the store's publication. The same store rules as a pull: one
 // producer per digest, nothing published before it is complete, a stored digest is not built twice.
+#include "gantry/import.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
-#include "gantry/import.hpp"
 #include "gantry/pull.hpp"
 #include "gantry/spawn.hpp"
 
@@ -44,7 +44,8 @@ Result<ExtractedArchive> extract_saved(const LocalSource& source, const std::str
     const std::string tool = source.kind == LocalSource::Kind::dockerd ? "docker" : "podman";
     const std::string program = find_program(tool);
     if (program.empty())
-        return make_error(source.str() + " needs the " + tool + " command, which is not installed here (not in PATH); " +
+        return make_error(source.str() + " needs the " + tool +
+                          " command, which is not installed here (not in PATH); " +
                           "save the image on a machine that has it (" + tool + " save -o FILE " + source.path +
                           ") and import docker-archive:FILE");
     int fds[2];
@@ -77,7 +78,8 @@ Result<LocalImage> read_source(const LocalSource& source, const std::string& wor
                                uint64_t max_bytes, std::optional<ExtractedArchive>& extracted) {
     using Kind = LocalSource::Kind;
     const std::string what = source.str();
-    if (source.kind == Kind::oci_dir) return read_oci_layout(layout_directory_files(source.path), what, source.tag, options.platform);
+    if (source.kind == Kind::oci_dir)
+        return read_oci_layout(layout_directory_files(source.path), what, source.tag, options.platform);
     const std::string blobs = work + "/blobs";
     GANTRY_TRY(make_directories(blobs, 0700));
     if (source.kind == Kind::dockerd || source.kind == Kind::podman) {
@@ -91,7 +93,8 @@ Result<LocalImage> read_source(const LocalSource& source, const std::string& wor
         if (!got) return got.error();
         extracted = std::move(*got);
     }
-    if (source.kind == Kind::oci_archive) return read_oci_layout(extracted->lookup(), what, source.tag, options.platform);
+    if (source.kind == Kind::oci_archive)
+        return read_oci_layout(extracted->lookup(), what, source.tag, options.platform);
     // docker-archive, and whatever `save` wrote: manifest.json is in both of docker's formats (docker 25
     // writes an OCI layout beside it).
     return read_docker_archive(extracted->lookup(), what, source.tag);

@@ -2,8 +2,6 @@
 // member names, the streaming archive reader (content-addressed members, links, traversal refused),
 // docker-archive and OCI layout reading with every digest checked. The archives are written with
 // libarchive's tar writer and the digests computed independently with OpenSSL through Sha256.
-#include "gantry/local_image.hpp"
-
 #include <archive.h>
 #include <archive_entry.h>
 #include <fcntl.h>
@@ -17,6 +15,7 @@
 
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
+#include "gantry/local_image.hpp"
 
 using namespace gantry;
 using nlohmann::json;
@@ -34,8 +33,8 @@ struct TempDir {
 
 struct Member {
     std::string name;
-    std::string content;       // regular file data
-    std::string symlink = {};  // non-empty: a symlink to this
+    std::string content;        // regular file data
+    std::string symlink = {};   // non-empty: a symlink to this
     std::string hardlink = {};  // non-empty: a hard link to this member
 };
 
@@ -62,7 +61,8 @@ std::string make_tar(const std::vector<Member>& members) {
         }
         REQUIRE(archive_write_header(a, e) == ARCHIVE_OK);
         if (m.symlink.empty() && m.hardlink.empty() && !m.content.empty())
-            REQUIRE(archive_write_data(a, m.content.data(), m.content.size()) == static_cast<la_ssize_t>(m.content.size()));
+            REQUIRE(archive_write_data(a, m.content.data(), m.content.size()) ==
+                    static_cast<la_ssize_t>(m.content.size()));
         archive_entry_free(e);
     }
     archive_write_close(a);
@@ -90,9 +90,9 @@ struct TinyImage {
     std::string layer = make_tar({{"hello.txt", "hello\n"}});
     std::string diff_id = Sha256::of(layer);
     std::string config = json{{"architecture", "amd64"},
-                               {"os", "linux"},
-                               {"config", {{"Env", {"PATH=/bin"}}}},
-                               {"rootfs", {{"type", "layers"}, {"diff_ids", {Sha256::of(layer)}}}}}
+                              {"os", "linux"},
+                              {"config", {{"Env", {"PATH=/bin"}}}},
+                              {"rootfs", {{"type", "layers"}, {"diff_ids", {Sha256::of(layer)}}}}}
                              .dump();
 };
 
@@ -211,13 +211,16 @@ TEST_CASE("extract_archive refuses traversal, links out of the archive, garbage 
     }
 }
 
-TEST_CASE("docker-archive: config digest of its bytes, layers checked against diff_ids, one manifest per archive", "[local]") {
+TEST_CASE("docker-archive: config digest of its bytes, layers checked against diff_ids, one manifest per archive",
+          "[local]") {
     TinyImage img;
     const std::string layer_name = digest_hex(img.diff_id) + ".tar";
     const std::string config_name = digest_hex(Sha256::of(img.config)) + ".json";
-    json manifest = json::array({{{"Config", config_name}, {"RepoTags", {"example.com/team/tiny:1"}}, {"Layers", {layer_name}}}});
+    json manifest =
+        json::array({{{"Config", config_name}, {"RepoTags", {"example.com/team/tiny:1"}}, {"Layers", {layer_name}}}});
     TempDir t;
-    auto ar = extract(t, make_tar({{layer_name, img.layer}, {config_name, img.config}, {"manifest.json", manifest.dump()}}));
+    auto ar =
+        extract(t, make_tar({{layer_name, img.layer}, {config_name, img.config}, {"manifest.json", manifest.dump()}}));
     REQUIRE(ar.ok());
     auto image = read_docker_archive(ar->lookup(), "docker-archive:x", "");
     REQUIRE(image.ok());
@@ -276,9 +279,11 @@ TEST_CASE("docker-archive: malformed manifest.json, missing files, several image
     r = read({{"manifest.json", R"([{"Config":"c.json","Layers":[]}])"}, {"c.json", img.config}});
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().message.find("layers") != std::string::npos);
-    r = read({{"manifest.json", R"([{"Config":"c.json","Layers":["l.tar"],"RepoTags":["a:1"]},{"Config":"c.json","Layers":["l.tar"],"RepoTags":["b:2"]}])"},
-              {"c.json", img.config},
-              {"l.tar", img.layer}});
+    r = read(
+        {{"manifest.json",
+          R"([{"Config":"c.json","Layers":["l.tar"],"RepoTags":["a:1"]},{"Config":"c.json","Layers":["l.tar"],"RepoTags":["b:2"]}])"},
+         {"c.json", img.config},
+         {"l.tar", img.layer}});
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().message.find("holds 2 images") != std::string::npos);
     CHECK(r.error().message.find("a:1, b:2") != std::string::npos);
@@ -298,13 +303,22 @@ std::string write_layout(const std::string& dir, const TinyImage& img, const std
     std::string config = put(img.config);
     std::string manifest = json{{"schemaVersion", 2},
                                 {"mediaType", "application/vnd.oci.image.manifest.v1+json"},
-                                {"config", {{"mediaType", "application/vnd.oci.image.config.v1+json"}, {"digest", config}, {"size", img.config.size()}}},
-                                {"layers", {{{"mediaType", "application/vnd.oci.image.layer.v1.tar"}, {"digest", layer}, {"size", img.layer.size()}}}}}
+                                {"config",
+                                 {{"mediaType", "application/vnd.oci.image.config.v1+json"},
+                                  {"digest", config},
+                                  {"size", img.config.size()}}},
+                                {"layers",
+                                 {{{"mediaType", "application/vnd.oci.image.layer.v1.tar"},
+                                   {"digest", layer},
+                                   {"size", img.layer.size()}}}}}
                                .dump();
     std::string m = put(manifest);
     json index = {{"schemaVersion", 2},
-                  {"manifests", {{{"mediaType", "application/vnd.oci.image.manifest.v1+json"}, {"digest", m}, {"size", manifest.size()},
-                                  {"annotations", {{"org.opencontainers.image.ref.name", tag}}}}}}};
+                  {"manifests",
+                   {{{"mediaType", "application/vnd.oci.image.manifest.v1+json"},
+                     {"digest", m},
+                     {"size", manifest.size()},
+                     {"annotations", {{"org.opencontainers.image.ref.name", tag}}}}}}};
     write_bytes(dir + "/index.json", index.dump());
     write_bytes(dir + "/oci-layout", R"({"imageLayoutVersion":"1.0.0"})");
     return m;
@@ -323,7 +337,8 @@ TEST_CASE("OCI layout directory: tag selection, digests checked, corruption refu
     CHECK(image->config_digest == Sha256::of(img.config));
     REQUIRE(image->blobs.size() == 1);
     CHECK(image->blobs[0].diff_id == img.diff_id);
-    CHECK(read_oci_layout(layout_directory_files(layout), "oci:" + layout, "", Platform::host())->manifest_digest == manifest_digest);
+    CHECK(read_oci_layout(layout_directory_files(layout), "oci:" + layout, "", Platform::host())->manifest_digest ==
+          manifest_digest);
     auto wrong = read_oci_layout(layout_directory_files(layout), "oci:" + layout, "v2", Platform::host());
     REQUIRE_FALSE(wrong.ok());
     CHECK(wrong.error().message.find("no image tagged 'v2' (tags: v1)") != std::string::npos);
