@@ -119,21 +119,24 @@ imported() {
     [[ "$want_config" == sha256:* ]]
     pulled_config=$(config_digest "$T/pulled" "$PULLED_DIGEST")
     [ "$pulled_config" = "$want_config" ]
-    skopeo_to "${!name_var}" "docker-archive:$T/d.tar:gantry-test/import-${img,,}:latest"
-    t2=$(date +%s.%N)
-    imported "docker-archive:$T/d.tar"
-    t3=$(date +%s.%N)
-    # The figures for docs and reports: pull from the loopback registry, skopeo's copy to an archive,
-    # gantry's import of that archive.
-    printf '# %s: pull %.2f s, skopeo copy to docker-archive %.2f s, import %.2f s\n' "$img" \
-      "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$(echo "$t3 - $t2" | bc)" >&3
-    got=$(config_digest "$T/imported" "$DIGEST")
-    echo "$img docker-archive: $got vs $want_config"
-    [ "$got" = "$want_config" ]
-    same_tree "$PULLED_SQSH" "$SQSH"
-    # RepoTags became the image's reference.
-    run "$GANTRY" images --store "$T/imported" --format json
-    [[ "$output" == *"gantry-test/import-${img,,}:latest"* ]]
+    # skopeo writes no zstd layers into a docker-archive (Docker's format has none): oci-archive only.
+    if [ "$img" != ZSTD ]; then
+      skopeo_to "${!name_var}" "docker-archive:$T/d.tar:gantry-test/import-${img,,}:latest"
+      t2=$(date +%s.%N)
+      imported "docker-archive:$T/d.tar"
+      t3=$(date +%s.%N)
+      # The figures for docs and reports: pull from the loopback registry, skopeo's copy to an archive,
+      # gantry's import of that archive.
+      printf '# %s: pull %.2f s, skopeo copy to docker-archive %.2f s, import %.2f s\n' "$img" \
+        "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$(echo "$t3 - $t2" | bc)" >&3
+      got=$(config_digest "$T/imported" "$DIGEST")
+      echo "$img docker-archive: $got vs $want_config"
+      [ "$got" = "$want_config" ]
+      same_tree "$PULLED_SQSH" "$SQSH"
+      # RepoTags became the image's reference.
+      run "$GANTRY" images --store "$T/imported" --format json
+      [[ "$output" == *"gantry-test/import-${img,,}:latest"* ]]
+    fi
     skopeo_to "${!name_var}" "oci-archive:$T/o.tar:latest"
     imported "oci-archive:$T/o.tar:latest"
     [ "$DIGEST" = "$PULLED_DIGEST" ]
