@@ -68,6 +68,21 @@ Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, con
                                        const std::function<Status(size_t index)>& wait_for = {},
                                        std::optional<LimitBreach>* breach = nullptr);
 
+// A file to add to an image: its path inside the image ("/etc/rc"), content and permission bits;
+// owned by root, modified now.
+struct AddedFile {
+    std::string path;
+    std::string content;
+    uint32_t mode = 0644;
+};
+
+// Writes `output` (created; must not exist) as a copy of the squashfs `input` with `added` on top:
+// an added file replaces the image's file of the same path. Owners, modes, times, xattrs and hard
+// links are kept. The partial output is removed on failure. `input` is parsed: pass an image of a
+// store, or the user's own file read with the user's rights.
+Result<ConversionStats> add_files_to_image(const std::string& input, const std::string& output,
+                                           const std::vector<AddedFile>& added, const SquashfsOptions& options);
+
 // The content of the regular file `path` ("/etc/environment") inside the squashfs `image`, read with
 // libsquashfs without mounting it; nullopt when the image has no such regular file (a symlink is not
 // followed). A file larger than `max_bytes` is an error. The image may be user-controlled: run this

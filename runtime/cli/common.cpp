@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "gantry/digest.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull.hpp"
 #include "gantry/reference.hpp"
@@ -138,6 +139,28 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     out.digest = pulled->digest;
     out.in_trusted_store = store->trusted(config);
     return out;
+}
+
+Result<StoredImage> find_stored(const ImageStore& store, const std::string& image) {
+    std::string hex = starts_with(image, "sha256:") ? image.substr(7) : image;
+    bool hexlike = hex.size() >= 12 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (hexlike) {
+        auto all = store.list();
+        if (!all) return all.error();
+        std::vector<StoredImage> matches;
+        for (auto& img : *all)
+            if (starts_with(digest_hex(img.digest), hex)) matches.push_back(img);
+        if (matches.size() == 1) return matches.front();
+        if (matches.size() > 1) return make_error("digest prefix " + image + " is ambiguous; give more digits");
+    }
+    auto ref = parse_reference(image);
+    if (!ref) return ref.error();
+    if (!ref->digest.empty()) {
+        if (auto img = store.find(ref->digest)) return *img;
+    } else if (auto tag = store.lookup_tag(*ref)) {
+        if (auto img = store.find(tag->digest)) return *img;
+    }
+    return make_error("image " + image + " is not in the store " + store.root() + " (see gantry images)");
 }
 
 int fail(const Error& error) {

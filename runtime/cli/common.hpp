@@ -49,6 +49,10 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
 // plugin's pulls), else gantry.conf's pull_policy.
 Result<PullPolicy> pull_policy(const Config& config, const std::optional<std::string>& option);
 
+// IMAGE operand for inspect, rm and export: a digest, a digest prefix of 12+ hex digits, or a
+// reference whose tag the store has recorded.
+Result<StoredImage> find_stored(const ImageStore& store, const std::string& image);
+
 // Exit statuses of the image verbs and doctor (gantry(1), EXIT STATUS): 1 the operation failed, 2 the
 // command line is wrong (unknown option, missing or extra operand, malformed option value).
 constexpr int kFailed = 1;

@@ -45,30 +45,6 @@ std::string format_time(int64_t t) {
     return buf;
 }
 
-// IMAGE operand for inspect/rm: a digest, a digest prefix of 12+ hex digits, or a reference whose tag
-// the store has recorded.
-Result<StoredImage> find_stored(const ImageStore& store, const std::string& image) {
-    std::string hex = starts_with(image, "sha256:") ? image.substr(7) : image;
-    bool hexlike = hex.size() >= 12 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
-    if (hexlike) {
-        auto all = store.list();
-        if (!all) return all.error();
-        std::vector<StoredImage> matches;
-        for (auto& img : *all)
-            if (starts_with(digest_hex(img.digest), hex)) matches.push_back(img);
-        if (matches.size() == 1) return matches.front();
-        if (matches.size() > 1) return make_error("digest prefix " + image + " is ambiguous; give more digits");
-    }
-    auto ref = parse_reference(image);
-    if (!ref) return ref.error();
-    if (!ref->digest.empty()) {
-        if (auto img = store.find(ref->digest)) return *img;
-    } else if (auto tag = store.lookup_tag(*ref)) {
-        if (auto img = store.find(tag->digest)) return *img;
-    }
-    return make_error("image " + image + " is not in the store " + store.root() + " (see gantry images)");
-}
-
 // Root's gc/rm in a store that one unprivileged account owns (a per-user store, the store_owner store)
 // run as that account (become_store_owner says why that is safe); in any other store the library
 // applies root's rule (ImageStore::check_root_may_modify).
