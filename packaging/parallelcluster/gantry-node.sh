@@ -85,6 +85,10 @@ build_deb() {
   [ -f "$slurm_prefix/include/slurm/spank.h" ] ||
     die "no $slurm_prefix/include/slurm/spank.h: --source needs the cluster's Slurm headers (pass --slurm-prefix if Slurm is not under /opt/slurm)"
   if [ ! -d "$tree" ]; then
+    case $tree in
+      s3://*|http://*|https://*) ;;
+      *) [ -f "$tree" ] || die "--source $tree: no such directory or file (give Gantry's source tree or a tarball of it)" ;;
+    esac
     fetch "$tree" "$work/gantry-src.tar"
     mkdir "$work/src"
     tar -C "$work/src" -xf "$work/gantry-src.tar" ||
