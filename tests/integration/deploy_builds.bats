@@ -238,3 +238,13 @@ PY
   echo "$output"
   [ "$status" -eq 0 ]
 }
+
+@test "dockerfile_stage.py: an instruction it cannot translate fails instead of being skipped" {
+  printf 'FROM scratch AS build\nSHELL ["/bin/bash", "-c"]\nRUN true\n' >"$BATS_TEST_TMPDIR/Dockerfile"
+  run python3 "$SRC/tests/integration/dockerfile_stage.py" "$BATS_TEST_TMPDIR/Dockerfile" build
+  [ "$status" -ne 0 ]
+  [ "$output" = "dockerfile_stage: unknown instruction 'SHELL': SHELL [\"/bin/bash\", \"-c\"]" ]
+  run python3 "$SRC/tests/integration/dockerfile_stage.py" "$BATS_TEST_TMPDIR/Dockerfile" nosuchstage
+  [ "$status" -ne 0 ]
+  [ "$output" = "dockerfile_stage: no stage 'nosuchstage' in $BATS_TEST_TMPDIR/Dockerfile (stages: build)" ]
+}
