@@ -43,45 +43,8 @@ fi
 [ -f "$deb" ] || gantry_die "test-install: no package at '$deb'"
 deb=$(readlink -f "$deb")
 
-# The mirror as apt on this machine knows it (one-line or deb822 format).
-debian_mirror() {
-  if [ -n "${GANTRY_TEST_DEBIAN_MIRROR:-}" ]; then echo "$GANTRY_TEST_DEBIAN_MIRROR"; return; fi
-  python3 - <<'EOF'
-import glob, re, sys
-for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
-    try:
-        for line in open(path):
-            m = re.match(r"\s*deb\s+(\[[^]]*\]\s+)?(\S+)\s+bookworm\s", line)
-            if m:
-                print(m.group(2)); sys.exit(0)
-    except OSError:
-        pass
-for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
-    text = open(path).read()
-    for stanza in text.split("\n\n"):
-        uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
-        suites = re.search(r"^Suites:\s*(.*)$", stanza, re.M)
-        if uris and suites and "bookworm" in suites.group(1).split():
-            print(uris.group(1)); sys.exit(0)
-sys.exit(1)
-EOF
-}
-
-# Same recipe and file as tests/images/build.sh: minbase bookworm, /dev and apt caches emptied.
-tarball=$cache/debian-bookworm-minbase.tar
-if [ ! -s "$tarball" ]; then
-  mirror=$(debian_mirror) || gantry_die "test-install: no bookworm mirror in /etc/apt/sources.list*; set GANTRY_TEST_DEBIAN_MIRROR"
-  gantry_note "debootstrap --variant=minbase bookworm from $mirror (about a minute; cached in $tarball)"
-  tmp=$(mktemp -d "$cache/debootstrap.XXXXXX")
-  if ! debootstrap --variant=minbase bookworm "$tmp/root" "$mirror" >"$tmp/debootstrap.log" 2>&1; then
-    tail -n 20 "$tmp/debootstrap.log" >&2
-    gantry_die "test-install: debootstrap from $mirror failed"
-  fi
-  rm -rf "$tmp/root"/dev/* "$tmp/root"/var/cache/apt/archives/*.deb "$tmp/root"/var/lib/apt/lists/* "$tmp/root"/var/log/*.log
-  tar -C "$tmp/root" --numeric-owner --xattrs --xattrs-include='*' -cf "$tarball.tmp" .
-  mv -f "$tarball.tmp" "$tarball"
-  rm -rf "$tmp"
-fi
+# Same file as tests/images/build.sh and the deployment builds use (tests/harness/lib.sh).
+tarball=$(gantry_bookworm_minbase_tar)
 
 root=$(mktemp -d "${TMPDIR:-/tmp}/gantry-install-root.XXXXXX")
 # shellcheck disable=SC2317  # called by the EXIT trap

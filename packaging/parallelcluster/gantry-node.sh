@@ -3,12 +3,19 @@
 # configures it for the cluster (store on FSx for Lustre, scratch on local NVMe). See docs/admin.md,
 # "AWS ParallelCluster", and cluster-snippet.yaml beside this file.
 #
-#   gantry-node.sh --deb URL|PATH --rpm URL|PATH [--store DIR] [--store-owner NAME] [--store-uid UID]
-#                  [--gc-max-bytes SIZE] [--gc-unused-for AGE]
+#   gantry-node.sh (--deb URL|PATH --rpm URL|PATH | --source DIR|URL [--publish DIR])
+#                  [--store DIR] [--store-owner NAME] [--store-uid UID] [--gc-max-bytes SIZE]
+#                  [--gc-unused-for AGE] [--slurm-prefix DIR]
 #
 # URLs may be s3:// (aws cli, the node's instance role), https:// or a local path. Only the package
 # matching the node's distribution is fetched. The packages must be built against the cluster's Slurm
 # (/opt/slurm/include) with -DGANTRY_PACKAGE_SLURM_DEPENDS=OFF (docs/admin.md).
+# --source builds that package here instead (Ubuntu/Debian nodes): DIR is Gantry's source tree, a URL
+# or path a tarball of it (`git archive`). The build dependencies come from apt
+# (scripts/install-deps --build-only --without-slurm-dev: no distribution Slurm), Slurm's headers
+# from SLURM_PREFIX/include (default /opt/slurm), the build directory is /var/tmp/gantry-build.
+# --publish DIR copies the built .deb to DIR as gantry.deb (shared storage, e.g.
+# /opt/parallelcluster/shared/gantry), so the compute nodes install the head node's build with --deb.
 #
 # The store is a trusted shared store (docs/store.md): owned by an unprivileged system account
 # (--store-owner, default gantry) with the same uid on every node (--store-uid, default 3939: the store's
@@ -23,11 +30,16 @@
 # creation stops with a message instead of every job failing.
 set -euo pipefail
 
-deb="" rpm="" store=/fsx/gantry owner=gantry owner_uid=3939 gc_max=2T gc_age=30d
+deb="" rpm="" source="" publish="" slurm_prefix=/opt/slurm
+store=/fsx/gantry owner=gantry owner_uid=3939 gc_max=2T gc_age=30d
 while [ $# -gt 0 ]; do
+  [ $# -ge 2 ] || { echo "gantry-node: $1 needs a value" >&2; exit 2; }
   case $1 in
     --deb) deb=$2; shift 2 ;;
     --rpm) rpm=$2; shift 2 ;;
+    --source) source=$2; shift 2 ;;
+    --publish) publish=$2; shift 2 ;;
+    --slurm-prefix) slurm_prefix=$2; shift 2 ;;
     --store) store=$2; shift 2 ;;
     --store-owner) owner=$2; shift 2 ;;
     --store-uid) owner_uid=$2; shift 2 ;;
@@ -48,8 +60,15 @@ if [ -r /etc/parallelcluster/cfnconfig ]; then
   . /etc/parallelcluster/cfnconfig
   node_type=${cfn_node_type:-unknown}
 fi
-slurm_etc=/opt/slurm/etc
-srun_bin=/opt/slurm/bin/srun
+slurm_etc=$slurm_prefix/etc
+srun_bin=$slurm_prefix/bin/srun
+# srun (the check below) and gantry doctor read this slurm.conf; on ParallelCluster it is also the
+# default compiled into Slurm, elsewhere it may not be.
+if [ -z "${SLURM_CONF:-}" ] && [ -e "$slurm_etc/slurm.conf" ]; then export SLURM_CONF=$slurm_etc/slurm.conf; fi
+if [ -n "$source" ] && { [ -n "$deb" ] || [ -n "$rpm" ]; }; then
+  die "--source builds the package here; give it or --deb/--rpm, not both"
+fi
+[ -z "$publish" ] || [ -n "$source" ] || die "--publish copies the package --source built; it needs --source"
 
 # fetch SRC DEST: copy a package from S3, HTTPS or a local path.
 fetch() {
@@ -60,6 +79,39 @@ fetch() {
   esac
 }
 
+# build_deb SOURCE: build the .deb from Gantry's source against $slurm_prefix/include; prints its path.
+build_deb() {
+  local tree=$1 build=/var/tmp/gantry-build
+  [ -f "$slurm_prefix/include/slurm/spank.h" ] ||
+    die "no $slurm_prefix/include/slurm/spank.h: --source needs the cluster's Slurm headers (pass --slurm-prefix if Slurm is not under /opt/slurm)"
+  if [ ! -d "$tree" ]; then
+    case $tree in
+      s3://*|http://*|https://*) ;;
+      *) [ -f "$tree" ] || die "--source $tree: no such directory or file (give Gantry's source tree or a tarball of it)" ;;
+    esac
+    fetch "$tree" "$work/gantry-src.tar"
+    mkdir "$work/src"
+    tar -C "$work/src" -xf "$work/gantry-src.tar" ||
+      die "--source $tree is neither a directory nor a tarball of Gantry's source"
+    tree=$work/src
+    # A tarball of a directory (gantry-0.1.0/...) rather than of the tree's contents.
+    if [ ! -e "$tree/CMakeLists.txt" ] && [ "$(find "$tree" -mindepth 1 -maxdepth 1 | wc -l)" -eq 1 ]; then
+      tree=$(find "$tree" -mindepth 1 -maxdepth 1)
+    fi
+  fi
+  if [ ! -f "$tree/CMakeLists.txt" ] || [ ! -x "$tree/packaging/build-packages.sh" ] || [ ! -x "$tree/scripts/install-deps" ]; then
+    die "--source $tree is not Gantry's source tree (no CMakeLists.txt, packaging/build-packages.sh or scripts/install-deps)"
+  fi
+  log "installing the build dependencies (scripts/install-deps --build-only --without-slurm-dev)" >&2
+  "$tree/scripts/install-deps" --build-only --without-slurm-dev >&2 || die "installing the build dependencies failed (message above)"
+  log "building the .deb against $slurm_prefix/include in $build (logs: $build.*.log)" >&2
+  # The plugin outside Slurm's tree (/usr/lib/gantry): /opt/slurm is NFS-exported from the head node,
+  # the package's files are node-local.
+  GANTRY_PACKAGE_BUILD_DIR=$build "$tree/packaging/build-packages.sh" --deb-only -- \
+    -DGANTRY_PACKAGE_SLURM_DEPENDS=OFF "-DSLURM_INCLUDE_DIR=$slurm_prefix/include" -DGANTRY_SLURM_PLUGIN_DIR=lib/gantry \
+    | sed -n 's/^deb: //p'
+}
+
 # ---------------------------------------------------------------- install the package
 
 # shellcheck disable=SC1091  # the distribution's own file
@@ -68,8 +120,19 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 case "${ID}:${VERSION_ID%%.*}" in
   ubuntu:*|debian:*)
-    [ -n "$deb" ] || die "$PRETTY_NAME needs the .deb (--deb)"
-    fetch "$deb" "$work/gantry.deb"
+    if [ -n "$source" ]; then
+      built=$(build_deb "$source")
+      [ -f "$built" ] || die "building the .deb from $source failed (logs: /var/tmp/gantry-build.*.log)"
+      cp "$built" "$work/gantry.deb"
+      if [ -n "$publish" ]; then
+        install -d -m 0755 "$publish"
+        install -m 0644 "$built" "$publish/gantry.deb"
+        log "published the package as $publish/gantry.deb (compute nodes: --deb $publish/gantry.deb)"
+      fi
+    else
+      [ -n "$deb" ] || die "$PRETTY_NAME needs the .deb (--deb) or Gantry's source to build it (--source)"
+      fetch "$deb" "$work/gantry.deb"
+    fi
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
     # apt resolves squashfuse, fuse3 and the libraries from the distribution (universe on Ubuntu).
@@ -77,12 +140,14 @@ case "${ID}:${VERSION_ID%%.*}" in
     plugin=$(dpkg -L gantry | grep '/spank_gantry\.so$' | head -1)
     ;;
   amzn:2)
+    [ -z "$source" ] || die "--source builds with apt (Ubuntu, Debian); on $PRETTY_NAME build the .rpm on a build host and pass --rpm"
     [ -n "$rpm" ] || die "$PRETTY_NAME needs the .rpm (--rpm)"
     fetch "$rpm" "$work/gantry.rpm"
     yum install -y "$work/gantry.rpm"
     plugin=$(rpm -ql gantry | grep '/spank_gantry\.so$' | head -1)
     ;;
   amzn:*|rhel:*|rocky:*|almalinux:*|centos:*)
+    [ -z "$source" ] || die "--source builds with apt (Ubuntu, Debian); on $PRETTY_NAME build the .rpm on a build host and pass --rpm"
     [ -n "$rpm" ] || die "$PRETTY_NAME needs the .rpm (--rpm)"
     fetch "$rpm" "$work/gantry.rpm"
     # squashfuse: EPEL on RHEL-likes; Amazon Linux 2023 has no EPEL, see docs/admin.md.
@@ -177,6 +242,7 @@ log "enabled: $line"
 # Least recently used images go first; images in use are never removed (docs/admin.md). Run as the
 # store's owner, not root: gc removes files, and only the owner may write the store anyway.
 install -m 0644 -o "$owner" -g "$owner" /dev/null /var/log/gantry-gc.log
+install -d -m 0755 /etc/cron.d
 cat >/etc/cron.d/gantry-gc <<EOF
 # Written by gantry-node.sh: daily cleanup of the shared Gantry store, on the head node only.
 17 3 * * * $owner /usr/bin/gantry gc --store $store --max-bytes $gc_max --unused-for $gc_age >>/var/log/gantry-gc.log 2>&1

@@ -145,3 +145,59 @@ gantry_registry_blob_gets() {
 # when no Accept header is sent (docs/testing.md).
 # shellcheck disable=SC2034  # used by the scripts that source this file
 GANTRY_MANIFEST_ACCEPT="application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json"
+
+# gantry_debian_mirror: print the Debian bookworm mirror apt on this machine uses ($GANTRY_TEST_DEBIAN_MIRROR
+# first; deb822 .sources files, then one-line sources.list entries); fails when there is none.
+gantry_debian_mirror() {
+  if [ -n "${GANTRY_TEST_DEBIAN_MIRROR:-}" ]; then echo "$GANTRY_TEST_DEBIAN_MIRROR"; return; fi
+  python3 - <<'PY'
+import glob, re, sys
+for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    for stanza in re.split(r"\n\s*\n", open(path).read()):
+        fields = {}
+        for line in stanza.splitlines():
+            m = re.match(r"([A-Za-z-]+):\s*(.*)", line)
+            if m:
+                fields[m.group(1).lower()] = m.group(2)
+        if fields.get("enabled", "yes").lower() == "no":
+            continue
+        if "deb" in fields.get("types", "").split() and "bookworm" in fields.get("suites", "").split():
+            print(fields["uris"].split()[0]); sys.exit(0)
+for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        m = re.match(r"\s*deb\s+(\[[^]]*\]\s+)?(\S+)\s+bookworm\s", line)
+        if m:
+            print(m.group(2)); sys.exit(0)
+sys.exit(1)
+PY
+}
+
+# gantry_bookworm_minbase_tar: make sure $GANTRY_HARNESS_DIR/cache/debian-bookworm-minbase.tar exists
+# (debootstrap --variant=minbase bookworm; /dev and apt caches emptied, like Debian's container images)
+# and print its path. Shared by the test images, packaging/test-install.sh and the deployment builds.
+gantry_bookworm_minbase_tar() {
+  local cache=$GANTRY_HARNESS_DIR/cache tarball mirror tmp
+  tarball=$cache/debian-bookworm-minbase.tar
+  if [ ! -s "$tarball" ]; then
+    gantry_require_cmd debootstrap debootstrap
+    mkdir -p "$cache"
+    mirror=$(gantry_debian_mirror) || gantry_die "no bookworm mirror in /etc/apt/sources.list*; set GANTRY_TEST_DEBIAN_MIRROR"
+    gantry_note "debootstrap --variant=minbase bookworm from $mirror (about a minute; cached as $tarball)"
+    tmp=$(mktemp -d "$cache/debootstrap.XXXXXX")
+    if ! debootstrap --variant=minbase bookworm "$tmp/root" "$mirror" >"$tmp/debootstrap.log" 2>&1; then
+      tail -n 20 "$tmp/debootstrap.log" >&2
+      rm -rf --one-file-system "$tmp"
+      gantry_die "debootstrap from $mirror failed (log above; is the mirror reachable? set GANTRY_TEST_DEBIAN_MIRROR)"
+    fi
+    rm -rf "$tmp/root"/dev/* "$tmp/root"/var/cache/apt/archives/*.deb "$tmp/root"/var/lib/apt/lists/* \
+      "$tmp/root"/var/log/*.log
+    tar -C "$tmp/root" --numeric-owner --xattrs --xattrs-include='*' -cf "$tarball.tmp" .
+    mv -f "$tarball.tmp" "$tarball"
+    rm -rf --one-file-system "$tmp"
+  fi
+  echo "$tarball"
+}

@@ -314,51 +314,9 @@ build_multiarch() {
   python3 "$ocipy" make-index "$L" latest amd64=linux/amd64 arm64=linux/arm64/v8 >/dev/null
 }
 
-debian_mirror() {
-  if [ -n "${GANTRY_TEST_DEBIAN_MIRROR:-}" ]; then echo "$GANTRY_TEST_DEBIAN_MIRROR"; return; fi
-  python3 - <<'EOF'
-import glob, re, sys
-# deb822 .sources files first (Debian 12's default), then one-line sources.list entries.
-for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
-    for stanza in re.split(r"\n\s*\n", open(path).read()):
-        fields = {}
-        for line in stanza.splitlines():
-            m = re.match(r"([A-Za-z-]+):\s*(.*)", line)
-            if m:
-                fields[m.group(1).lower()] = m.group(2)
-        if fields.get("enabled", "yes").lower() == "no":
-            continue
-        if "deb" in fields.get("types", "").split() and "bookworm" in fields.get("suites", "").split():
-            print(fields["uris"].split()[0]); sys.exit(0)
-for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        continue
-    for line in lines:
-        m = re.match(r"\s*deb\s+(\[[^]]*\]\s+)?(\S+)\s+bookworm\s", line)
-        if m:
-            print(m.group(2)); sys.exit(0)
-sys.exit(1)
-EOF
-}
-
 build_debian() {
-  local L=$1 tarball="$cache/debian-bookworm-minbase.tar" b="$work/debian" mirror
-  if [ ! -s "$tarball" ]; then
-    mirror=$(debian_mirror) || gantry_die "no bookworm mirror in /etc/apt/sources.list*; set GANTRY_TEST_DEBIAN_MIRROR"
-    gantry_note "debootstrap --variant=minbase bookworm from $mirror (about a minute; cached afterwards)"
-    if ! debootstrap --variant=minbase bookworm "$work/debroot" "$mirror" >"$work/debootstrap.log" 2>&1; then
-      tail -n 20 "$work/debootstrap.log" >&2
-      gantry_die "debootstrap from $mirror failed (full log above; is the mirror reachable?)"
-    fi
-    # Like Debian's own container images: empty /dev, no package caches.
-    rm -rf "$work/debroot"/dev/* "$work/debroot"/var/cache/apt/archives/*.deb \
-      "$work/debroot"/var/lib/apt/lists/* "$work/debroot"/var/log/*.log
-    tar -C "$work/debroot" --numeric-owner --xattrs --xattrs-include='*' -cf "$tarball.tmp" .
-    mv -f "$tarball.tmp" "$tarball"
-    rm -rf "$work/debroot"
-  fi
+  local L=$1 b="$work/debian" tarball
+  tarball=$(gantry_bookworm_minbase_tar)
   new_layout "$L"
   unpack_bundle "$L:base" "$b"
   tar -C "$b/rootfs" --numeric-owner --xattrs --xattrs-include='*' -xpf "$tarball"

@@ -142,7 +142,8 @@ setup_file() {
 
 @test "deployment scripts and YAML pass shellcheck and yamllint" {
   run shellcheck -x "$SRC/packaging/build-packages.sh" "$SRC/packaging/test-install.sh" \
-    "$SRC/packaging/parallelcluster/gantry-node.sh"
+    "$SRC/packaging/parallelcluster/gantry-node.sh" "$SRC/packaging/slinky/build-gantry.sh" \
+    "$SRC/tests/harness/deploy_roots.sh"
   echo "$output"
   [ "$status" -eq 0 ]
   run yamllint -d '{extends: default, rules: {line-length: {max: 110}}}' \
