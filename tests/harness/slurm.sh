@@ -40,7 +40,9 @@ fsx=$hdir/fsx
 scratch=$hdir/scratch
 envfile=$hdir/slurm.env
 
-conf=$state/slurm.conf
+# A directory of its own, like /etc/slurm: the plugin binds the directory of SLURM_CONF into the
+# containers of batch jobs (for their inner srun), and $state also holds the nodes' spool directories.
+conf=$state/etc/slurm.conf
 # Every Slurm command this script runs (sinfo, squeue, scancel) talks to this harness's cluster only.
 export SLURM_CONF=$conf
 conf_marker="# Written by Gantry's tests/harness/slurm.sh"
@@ -589,9 +591,9 @@ EOF
   # proctrack/cgroup (what production clusters run) needs cgroup.conf, which Slurm looks for in the
   # directory of SLURM_CONF; the harness uses the cgroup v1 hierarchies (each slurmd gets
   # /sys/fs/cgroup/<ctrl>/slurm_<node>).
-  rm -f "$state/cgroup.conf"
+  rm -f "$state/etc/cgroup.conf"
   if [ "$proctrack" = proctrack/cgroup ]; then
-    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$state/cgroup.conf"
+    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$state/etc/cgroup.conf"
   fi
 }
 
@@ -684,7 +686,7 @@ cmd_start() {
 
   # Everything below is undone by stop_cluster if any step fails.
   trap start_failed EXIT
-  mkdir -p "$state/ctld" "$fsx" "$scratch"
+  mkdir -p "$state/ctld" "$state/etc" "$fsx" "$scratch"
   echo "$state" >"$owner_file"
   chmod 0755 "$hdir" "$state"
   chmod 1777 "$fsx"

@@ -93,10 +93,10 @@ CgroupPlugin=cgroup/v1"
   [ "$B_ID" != "$GANTRY_SLURM_ID" ]
   [ "$B_LINK" != "$GANTRY_SLURM_HOST_LINK" ]
   [ "$(in_b sh -c 'echo $GANTRY_TEST_LOGIN_ADDR')" != "$GANTRY_TEST_LOGIN_ADDR" ]
-  [ "$(in_b sh -c 'echo $SLURM_CONF')" = "$B/slurm/slurm.conf" ]
+  [ "$(in_b sh -c 'echo $SLURM_CONF')" = "$B/slurm/etc/slurm.conf" ]
   # B's daemons read B's config, given on their command line.
   ctld=$(cut -d' ' -f1 "$B_RUN/slurmctld.pid")
-  tr '\0' ' ' <"/proc/$ctld/cmdline" | grep -q -- "-f $B/slurm/slurm.conf"
+  tr '\0' ' ' <"/proc/$ctld/cmdline" | grep -q -- "-f $B/slurm/etc/slurm.conf"
   # Its bridge namespace and two nodes, by their own names.
   [ "$(ip netns list | awk '{print $1}' | grep -c "^$B_NS")" -eq 3 ]
   ip link show "$B_LINK" >/dev/null
@@ -154,7 +154,7 @@ CgroupPlugin=cgroup/v1"
 }
 
 @test "slurm.env points every client at the harness's own slurm.conf, never the host's" {
-  [ "$SLURM_CONF" = "$GANTRY_SLURM_STATE/slurm.conf" ]
+  [ "$SLURM_CONF" = "$GANTRY_SLURM_STATE/etc/slurm.conf" ]
   [ "$A_CONF" != /etc/slurm/slurm.conf ]
   # runuser keeps SLURM_CONF for the test user: the same config as root's.
   run runuser -u "$GANTRY_TEST_USER" -- sh -c 'echo "$SLURM_CONF"'
