@@ -20,7 +20,7 @@
 # State, logs and data: ${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}/slurm; the variables tests need are
 # written to $GANTRY_HARNESS_DIR/slurm.env. See docs/testing.md, section "Slurm cluster".
 #
-# The host's configuration is never touched: daemons read $state/slurm.conf (-f), every client the
+# The host's configuration is never touched: daemons read $state/etc/slurm.conf (-f), every client the
 # SLURM_CONF that slurm.env exports, nodes resolve names through their own bind-mounted hosts file and
 # the host reaches them by address. Everything host-global (run dir, lock, namespace and link names,
 # subnet) carries an id derived from the harness dir, so harnesses of two dirs run side by side.
@@ -145,25 +145,26 @@ pid_is() {
 # alive NAME COMM: the recorded pid of NAME runs as COMM.
 alive() { pid_is "$(pid_of "$1")" "$2"; }
 
-# stop_pid NAME COMM: SIGTERM the recorded pid, SIGKILL after 10 s, wait until it is gone.
+# stop_pid NAME COMM: SIGTERM the recorded pid, SIGKILL after 10 s, wait until it is gone. Every check
+# goes through pid_of (pid and start time), so a number reused meanwhile is never signalled.
 stop_pid() {
   local name=$1 comm=$2 pid i
   pid=$(pid_of "$name")
   if pid_is "$pid" "$comm"; then
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < 100; i++)); do
-      pid_is "$pid" "$comm" || break
+      alive "$name" "$comm" || break
       sleep 0.1
     done
-    if pid_is "$pid" "$comm"; then
+    if alive "$name" "$comm"; then
       note "$name (pid $pid) ignored SIGTERM for 10s; sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
       for ((i = 0; i < 50; i++)); do
-        pid_is "$pid" "$comm" || break
+        alive "$name" "$comm" || break
         sleep 0.1
       done
     fi
-    pid_is "$pid" "$comm" && die "$name (pid $pid) does not exit"
+    alive "$name" "$comm" && die "$name (pid $pid) does not exit"
     note "stopped $name (pid $pid)"
   fi
   rm -f "$run_dir/$name.pid"
