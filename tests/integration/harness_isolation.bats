@@ -56,6 +56,14 @@ decoy() {
   echo $!
 }
 
+# lives PID: PID runs and is not a zombie (kill -0 succeeds on a killed process nobody reaped yet).
+lives() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
 # in_b CMD...: CMD with the second harness's environment only.
 in_b() { (set -e; . "$B/slurm.env"; "$@"); }
 in_a() { (set -e; . "$A_HDIR/slurm.env"; "$@"); }
@@ -76,9 +84,13 @@ CgroupPlugin=cgroup/v1"
     DECOYS+=("$pid")
   done
   sleep 0.2
-  for pid in "${DECOYS[@]}"; do kill -0 "$pid"; done
+  for pid in "${DECOYS[@]}"; do lives "$pid"; done
 
-  # B: started with A's variables still in the environment, as from a shell that sourced A's env.
+  # A's controller as it runs now (pid and start time): the very same process must outlive B.
+  a_ctld=$(cat "$GANTRY_SLURM_RUN_DIR/slurmctld.pid")
+  # B: started with A's variables still in the environment (SLURM_CONF among them), as from a shell
+  # that sourced A's env. A harness that let its daemons inherit SLURM_CONF would start B's slurmctld
+  # with A's config, and slurmctld stops the controller named in its pid file.
   t0=$SECONDS
   run env GANTRY_HARNESS_DIR="$B" GANTRY_SLURM_NODE_PREFIX=bnode GANTRY_BUILD_DIR= GANTRY_PLUGIN= \
     GANTRY_PLUGSTACK_ARGS= "$SLURM_SH" start --nodes 2
@@ -139,11 +151,14 @@ CgroupPlugin=cgroup/v1"
 
   # Afterwards: host files byte-identical, every decoy alive, nothing of B left, A healthy.
   [ "$(host_snapshot)" = "$before" ]
-  for pid in "${DECOYS[@]}"; do kill -0 "$pid"; done
+  for pid in "${DECOYS[@]}"; do lives "$pid"; done
   [ "$(ip netns list | awk '{print $1}' | grep -c "^$B_NS" || true)" -eq 0 ]
   ! ip link show "$B_LINK" >/dev/null 2>&1 || false
   [ -z "$(ls "$B_RUN"/*.pid 2>/dev/null)" ]
   [ ! -e "$B/slurm.env" ]
+  [ "$(cat "$GANTRY_SLURM_RUN_DIR/slurmctld.pid")" = "$a_ctld" ]
+  lives "${a_ctld%% *}"
+  [ "$(cut -d' ' -f22 "/proc/${a_ctld%% *}/stat")" = "${a_ctld#* }" ]
   run env GANTRY_HARNESS_DIR="$A_HDIR" "$SLURM_SH" status
   echo "$output"
   [ "$status" -eq 0 ]
