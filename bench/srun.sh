@@ -12,7 +12,7 @@ image=${1:-gantry-test/tiny}
 runs=${2:-10}
 # The nodes reach the open registry over the cluster's bridge (tests/harness/slurm.sh start must have
 # been given GANTRY_PLUGSTACK_ARGS=config=$GANTRY_HARNESS_DIR/gantry.conf, which this script writes).
-reg=gantry-login:${GANTRY_TEST_REGISTRY_HTTP##*:}
+reg=$GANTRY_TEST_LOGIN_ADDR:${GANTRY_TEST_REGISTRY_HTTP##*:}
 here=$(cd "$(dirname "$0")/.." && pwd)
 store=$GANTRY_TEST_FSX/store
 install -d -m 1777 "$store"

@@ -6,8 +6,10 @@
 #   packaging/test-harness-srun.sh --deb PATH
 #
 # Needs root, the registry and the tiny image in $GANTRY_HARNESS_DIR (tests/harness/registry.sh start;
-# tests/images/build.sh --only tiny), and the machine's one harness cluster: it holds
-# /tmp/gantry-slurm.lock from `slurm.sh start` to `stop` (waiting for another holder first).
+# tests/images/build.sh --only tiny), and the single-node cluster of that harness dir (slurm.sh start
+# --nodes 1; it reads only its own slurm.conf, through slurm.env's SLURM_CONF, which runuser keeps for
+# the job user): it holds /tmp/gantry-slurm.lock from `slurm.sh start` to `stop` (waiting for another
+# holder first).
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)

@@ -78,7 +78,7 @@ EOF
 }
 
 # The open registry also listens beyond loopback: the Slurm harness's nodes live in network namespaces
-# of their own and reach it over the harness bridge as gantry-login:PORT (the host's bridge address).
+# of their own and reach it over the harness bridge at the host's bridge address (GANTRY_TEST_LOGIN_ADDR).
 # Nothing outside this machine can route to those addresses. The TLS registry stays on 127.0.0.1.
 listen_addr() {
   if [ "$1" = http ]; then echo 0.0.0.0; else echo 127.0.0.1; fi

@@ -7,8 +7,8 @@
 #                                a namespace of its own (no uplink); slurmctld, srun and sbatch stay on
 #                                the host ("login node"). N=1: one slurmd on the host itself.
 #                                Default N=3 (or $GANTRY_SLURM_NODES).
-#   slurm.sh stop                stop every daemon by PID, remove namespaces and links, restore
-#                                /etc/hosts and /etc/slurm/slurm.conf. Logs stay in the state dir.
+#   slurm.sh stop                stop every daemon this harness dir started (by recorded PID and start
+#                                time), remove its namespaces and links. Logs stay in the state dir.
 #   slurm.sh status              print the daemons and sinfo; exit 1 unless all are up.
 #   slurm.sh exec NODE -- CMD    run CMD inside NODE's namespaces (hostname, mounts, network).
 #   slurm.sh stop-node NODE      stop NODE's slurmd only (node-failure tests); start-node NODE restarts it.
@@ -19,6 +19,13 @@
 #
 # State, logs and data: ${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}/slurm; the variables tests need are
 # written to $GANTRY_HARNESS_DIR/slurm.env. See docs/testing.md, section "Slurm cluster".
+#
+# The host's configuration is never touched: daemons read $state/etc/slurm.conf (-f), every client the
+# SLURM_CONF that slurm.env exports, nodes resolve names through their own bind-mounted hosts file and
+# the host reaches them by address. Everything host-global (run dir, lock, namespace and link names,
+# subnet) carries an id derived from the harness dir, so harnesses of two dirs run side by side.
+# GANTRY_SLURM_SUBNET (a /24 prefix such as 10.213.78) and GANTRY_SLURM_NODE_PREFIX (default gnode)
+# pick the subnet and the node names by hand.
 set -euo pipefail
 
 self=$(readlink -f "${BASH_SOURCE[0]}")
@@ -33,24 +40,35 @@ fsx=$hdir/fsx
 scratch=$hdir/scratch
 envfile=$hdir/slurm.env
 
-# Host-global things: only one harness cluster can own /etc/slurm/slurm.conf at a time. Its PIDs
-# live outside the harness dir, so that `stop` still finds every daemon when the build dir holding
-# the harness dir was deleted under a running cluster.
-run_dir=/run/gantry-harness-slurm
+# A directory of its own, like /etc/slurm: the plugin binds the directory of SLURM_CONF into the
+# containers of batch jobs (for their inner srun), and $state also holds the nodes' spool directories.
+conf=$state/etc/slurm.conf
+# Every Slurm command this script runs (sinfo, squeue, scancel) talks to this harness's cluster only.
+export SLURM_CONF=$conf
+conf_marker="# Written by Gantry's tests/harness/slurm.sh"
+
+# The harness dir's id: 8 hex digits of its path's hash, in every host-global name below.
+hid=$(printf '%s' "$hdir" | sha256sum | cut -c1-8)
+# PIDs live outside the harness dir, so that `stop` still finds every daemon when the build dir holding
+# the harness dir was deleted under a running cluster. The owner file names the harness dir (an id
+# clash between two dirs is refused, not shared).
+run_root=/run/gantry-harness-slurm
+run_dir=$run_root/$hid
 owner_file=$run_dir/owner
 lock_file=$run_dir/lock
-etc_conf=/etc/slurm/slurm.conf
-etc_backup=/etc/slurm/slurm.conf.gantry-orig
-conf_marker="# Written by Gantry's tests/harness/slurm.sh"
-hosts_begin="# BEGIN gantry-harness slurm nodes (tests/harness/slurm.sh; removed by 'slurm.sh stop')"
-hosts_end="# END gantry-harness slurm nodes"
 
 # Names of the network plumbing. Interface names must stay within 15 characters.
-br_ns=gantry-slurm-br
-node_ns_prefix=gantry-slurm-
-host_link=gslurm0
-node_prefix=gnode
+br_ns=gantry-$hid-br
+node_ns_prefix=gantry-$hid-n-
+host_link=gs$hid
+node_prefix=${GANTRY_SLURM_NODE_PREFIX:-gnode}
+[[ $node_prefix =~ ^[a-z][a-z0-9-]{0,19}$ ]] ||
+  gantry_die "GANTRY_SLURM_NODE_PREFIX='$node_prefix': must be 1-20 lower-case letters, digits or '-', starting with a letter"
 partition=gantry
+
+# What an older version of this script wrote into the host's files; removed once, see cleanup_legacy.
+legacy_hosts_begin="# BEGIN gantry-harness slurm nodes (tests/harness/slurm.sh; removed by 'slurm.sh stop')"
+legacy_hosts_end="# END gantry-harness slurm nodes"
 
 munge_dir=$state/munge
 munge_socket=$munge_dir/munge.socket
@@ -80,10 +98,31 @@ require_tools() {
     note "WARNING: libpmix-dev not installed: srun --mpi=pmix will fail; run scripts/install-deps"
 }
 
-# pid_of NAME: the pid recorded for NAME (munged, slurmctld, <node>.slurmd, <node>.holder), or nothing.
+# start_time PID: the process's start time in clock ticks since boot (field 22 of /proc/PID/stat); with
+# the pid it names one process for the life of the machine, unlike the pid alone, which is reused.
+start_time() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  # shellcheck disable=SC2086 # split the fields
+  set -- $stat
+  echo "${20}"
+}
+
+# record_pid NAME PID: remember PID (and its start time) as the process NAME this harness started.
+record_pid() {
+  local t
+  t=$(start_time "$2") || die "$1 (pid $2) exited right after it started"
+  echo "$2 $t" >"$run_dir/$1.pid"
+}
+
+# pid_of NAME: the pid recorded for NAME (munged, slurmctld, <node>.slurmd, <node>.holder), or nothing
+# when that process is gone: a pid whose start time differs is another process that reuses the number.
 pid_of() {
-  local f=$run_dir/$1.pid
-  [ -s "$f" ] && cat "$f"
+  local f=$run_dir/$1.pid pid t
+  [ -s "$f" ] || return 0
+  read -r pid t <"$f" || true
+  [ -n "$pid" ] && [ -n "$t" ] && [ "$(start_time "$pid" 2>/dev/null)" = "$t" ] && echo "$pid"
   return 0
 }
 
@@ -96,7 +135,8 @@ running() {
   [ "${stat%% *}" != Z ]
 }
 
-# pid_is PID COMM: true when PID runs and its command name is COMM (guards against reused pids).
+# pid_is PID COMM: true when PID runs and its command name is COMM (with pid_of's start time check, what
+# makes sure that a signal only ever reaches a process this harness started).
 pid_is() {
   local pid=$1 comm=$2
   running "$pid" && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ]
@@ -105,25 +145,26 @@ pid_is() {
 # alive NAME COMM: the recorded pid of NAME runs as COMM.
 alive() { pid_is "$(pid_of "$1")" "$2"; }
 
-# stop_pid NAME COMM: SIGTERM the recorded pid, SIGKILL after 10 s, wait until it is gone.
+# stop_pid NAME COMM: SIGTERM the recorded pid, SIGKILL after 10 s, wait until it is gone. Every check
+# goes through pid_of (pid and start time), so a number reused meanwhile is never signalled.
 stop_pid() {
   local name=$1 comm=$2 pid i
   pid=$(pid_of "$name")
   if pid_is "$pid" "$comm"; then
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < 100; i++)); do
-      pid_is "$pid" "$comm" || break
+      alive "$name" "$comm" || break
       sleep 0.1
     done
-    if pid_is "$pid" "$comm"; then
+    if alive "$name" "$comm"; then
       note "$name (pid $pid) ignored SIGTERM for 10s; sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
       for ((i = 0; i < 50; i++)); do
-        pid_is "$pid" "$comm" || break
+        alive "$name" "$comm" || break
         sleep 0.1
       done
     fi
-    pid_is "$pid" "$comm" && die "$name (pid $pid) does not exit"
+    alive "$name" "$comm" && die "$name (pid $pid) does not exit"
     note "stopped $name (pid $pid)"
   fi
   rm -f "$run_dir/$name.pid"
@@ -177,10 +218,15 @@ node_addr() { echo "$subnet.$((10 + ${1#"$node_prefix"}))"; }
 # owned: the cluster recorded in $run_dir is the one of this harness dir.
 owned() { [ -f "$owner_file" ] && [ "$(cat "$owner_file")" = "$state" ]; }
 
+# take_lock: this harness dir's lock (start, stop and node actions of other harness dirs run freely).
+# An id that another harness dir already uses is refused: the two would share every name.
 take_lock() {
   mkdir -p "$run_dir"
+  if [ -f "$owner_file" ] && ! owned; then
+    die "the harness id $hid of $hdir is also that of $(dirname "$(cat "$owner_file")"), which runs a cluster; use another GANTRY_HARNESS_DIR or stop that one first"
+  fi
   exec 9>"$lock_file"
-  flock -w 120 9 || die "another slurm.sh start/stop holds $lock_file"
+  flock -w 120 9 || die "another slurm.sh start/stop of $hdir holds $lock_file"
 }
 
 load_cluster_state() {
@@ -194,7 +240,8 @@ load_cluster_state() {
 # Stopping (also used to clean up after a failed start or a crashed earlier run)
 
 # kill_in_node_namespaces HOLDER_PID: kill every process that shares the holder's UTS namespace
-# (slurmstepd, job tasks), except the holder itself.
+# (slurmstepd, job tasks), except the holder itself. The holder is one this harness started (pid_of);
+# the namespace is one it created, never the host's.
 kill_in_node_namespaces() {
   local holder=$1 uts sig i pids
   uts=$(readlink "/proc/$holder/ns/uts" 2>/dev/null) || return 0
@@ -221,8 +268,7 @@ kill_in_node_namespaces() {
 
 cancel_all_jobs() {
   local i
-  alive slurmctld slurmctld || return 0
-  [ -f "$etc_conf" ] && grep -qF "$conf_marker for $state" "$etc_conf" || return 0
+  alive slurmctld slurmctld && [ -r "$conf" ] || return 0
   [ -n "$(squeue -h -o %i 2>/dev/null)" ] || return 0
   note "cancelling the jobs that are still in the queue"
   squeue -h -o %i | xargs -r scancel --quiet 2>/dev/null || true
@@ -233,6 +279,7 @@ cancel_all_jobs() {
   note "jobs still listed after 10s: $(squeue -h -o '%i %T' | tr '\n' ' ')"
 }
 
+# remove_network: this harness dir's link and namespaces (their names carry its id), nothing else.
 remove_network() {
   local ns
   # The host end first: deleting the bridge namespace also removes it, but asynchronously.
@@ -241,32 +288,35 @@ remove_network() {
   fi
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
     case $ns in
-      "$node_ns_prefix"*) ip netns delete "$ns" 2>/dev/null || note "could not delete network namespace $ns" ;;
+      "$br_ns" | "$node_ns_prefix"*) ip netns delete "$ns" 2>/dev/null || note "could not delete network namespace $ns" ;;
     esac
   done
 }
 
-# restore_hosts: drop our block from /etc/hosts. Rewritten in place (not renamed over), because
-# /etc/hosts is often a bind mount that a rename would break.
-restore_hosts() {
-  grep -qF "$hosts_begin" /etc/hosts 2>/dev/null || return 0
-  local kept
-  kept=$(awk -v b="$hosts_begin" -v e="$hosts_end" '$0 == b {skip = 1; next} $0 == e {skip = 0; next} !skip' /etc/hosts)
-  printf '%s\n' "$kept" >/etc/hosts
+# cleanup_legacy: an older version of this script appended a marked block to /etc/hosts and wrote
+# /etc/slurm/slurm.conf; a cluster of that version that was never stopped left them behind. The block
+# (ours by its marker) is dropped once no such cluster runs; the file is only named, it may be in use.
+# Rewritten in place (not renamed over), because /etc/hosts is often a bind mount.
+cleanup_legacy() {
+  local f kept
+  for f in "$run_root"/*.pid; do
+    [ -e "$f" ] || continue
+    case $f in */slurmctld.pid | */munged.pid) ;; *) continue ;; esac
+    pid_is "$(cat "$f" 2>/dev/null)" "$(basename "$f" .pid)" && return 0
+  done
+  if grep -qxF "$legacy_hosts_begin" /etc/hosts 2>/dev/null; then
+    kept=$(awk -v b="$legacy_hosts_begin" -v e="$legacy_hosts_end" '$0 == b {skip = 1; next} $0 == e {skip = 0; next} !skip' /etc/hosts)
+    printf '%s\n' "$kept" >/etc/hosts
+    note "removed the node names an older harness version had added to /etc/hosts"
+  fi
+  if grep -qF "$conf_marker" /etc/slurm/slurm.conf 2>/dev/null; then
+    note "NOTE: /etc/slurm/slurm.conf was written by an older harness version; this one does not read it (remove it, and restore /etc/slurm/slurm.conf.gantry-orig if there is one)"
+  fi
+  return 0
 }
 
-restore_etc_conf() {
-  if [ -f "$etc_conf" ] && grep -qF "$conf_marker" "$etc_conf"; then
-    rm -f "$etc_conf"
-  fi
-  if [ -f "$etc_backup" ] && [ ! -e "$etc_conf" ]; then
-    mv "$etc_backup" "$etc_conf"
-    note "restored the original $etc_conf"
-  fi
-}
-
-# stop_cluster: stop whatever $run_dir records as running, in reverse start order, and undo the
-# host changes. $state and $envfile name the cluster's harness dir (maybe gone by now).
+# stop_cluster: stop whatever $run_dir records as running, in reverse start order. $state and
+# $envfile name the cluster's harness dir (maybe gone by now).
 stop_cluster() {
   local node pid
   cancel_all_jobs
@@ -286,37 +336,26 @@ stop_cluster() {
   stop_pid slurmctld slurmctld
   stop_pid munged munged
   remove_network
-  restore_hosts
-  restore_etc_conf
   rm -f "$owner_file" "$run_dir/cluster.state" "$envfile"
 }
 
-# stop_recorded: stop the cluster recorded in $run_dir. When it belongs to another harness dir,
-# refuse if any of its daemons still runs, else clean up after it.
-stop_recorded() {
-  local other
-  [ -f "$owner_file" ] || [ -n "$(ls "$run_dir"/*.pid 2>/dev/null)" ] || return 0
-  other=$(cat "$owner_file" 2>/dev/null || echo "$state")
-  if [ "$other" = "$state" ]; then
-    stop_cluster
-    return 0
-  fi
-  if healthy_pids; then
-    die "another Gantry Slurm harness is running from $other; stop it first: GANTRY_HARNESS_DIR=$(dirname "$other") $self stop"
-  fi
-  note "cleaning up after an earlier harness in $other"
-  (state=$other envfile=$(dirname "$other")/slurm.env stop_cluster)
-}
+# recorded: $run_dir records a cluster (running or not) of this harness dir.
+recorded() { [ -f "$owner_file" ] || [ -n "$(ls "$run_dir"/*.pid 2>/dev/null)" ]; }
 
 cmd_stop() {
   require_root
-  take_lock
-  if [ ! -f "$owner_file" ] && [ -z "$(ls "$run_dir"/*.pid 2>/dev/null)" ]; then
-    note "no Slurm harness running; nothing to stop"
-    restore_hosts
+  if [ ! -d "$run_dir" ]; then
+    note "no Slurm harness of $hdir running; nothing to stop"
+    cleanup_legacy
     return 0
   fi
-  stop_recorded
+  take_lock
+  cleanup_legacy
+  if ! recorded; then
+    note "no Slurm harness of $hdir running; nothing to stop"
+    return 0
+  fi
+  stop_cluster
   if [ -d "$state" ]; then note "Slurm harness stopped (logs kept in $state)"; else note "Slurm harness stopped"; fi
 }
 
@@ -336,30 +375,31 @@ healthy() {
   [ -z "$bad" ] && [ -n "$(sinfo -h -N -o %N 2>/dev/null)" ]
 }
 
-# claim_host: stop what is left of an earlier cluster (refusing if another harness dir's cluster
-# runs) and save a foreign /etc/slurm/slurm.conf.
-claim_host() {
-  if owned && healthy_pids; then note "restarting: stopping the previous cluster in $state"; fi
-  stop_recorded
-  if [ -f "$etc_conf" ] && ! grep -qF "$conf_marker" "$etc_conf"; then
-    [ -e "$etc_backup" ] && die "$etc_conf is not ours and a backup $etc_backup already exists; sort them out by hand"
-    cp -p "$etc_conf" "$etc_backup"
-    note "saved the existing $etc_conf as $etc_backup (restored by 'slurm.sh stop')"
-  fi
-}
-
 # healthy_pids: any daemon recorded in $run_dir still runs.
 healthy_pids() {
-  local f comm
+  local f name comm
   for f in "$run_dir"/*.pid; do
     [ -e "$f" ] || continue
-    case $f in
-      *.slurmd.pid) comm=slurmd ;; *.holder.pid) comm="sleep" ;; */munged.pid) comm=munged ;;
-      */slurmctld.pid) comm=slurmctld ;; *) continue ;;
+    name=$(basename "$f" .pid)
+    case $name in
+      *.slurmd) comm=slurmd ;; *.holder) comm="sleep" ;; munged) comm=munged ;;
+      slurmctld) comm=slurmctld ;; *) continue ;;
     esac
-    pid_is "$(cat "$f")" "$comm" && return 0
+    alive "$name" "$comm" && return 0
   done
   return 1
+}
+
+# choose_subnet: a /24 below 10.213/16 that no route of the host covers, starting from one the harness
+# id picks, so that harnesses of two dirs (and anything else on 10.213) stay apart.
+choose_subnet() {
+  local i octet routes
+  routes=$(ip -4 route show)
+  for ((i = 0; i < 256; i++)); do
+    octet=$(((16#${hid:0:2} + i) % 256))
+    grep -q "^10\.213\.$octet\.0/24" <<<"$routes" || { echo "10.213.$octet"; return 0; }
+  done
+  die "every /24 in 10.213.0.0/16 is routed on this host; set GANTRY_SLURM_SUBNET to a free private /24 prefix"
 }
 
 choose_port() {
@@ -395,12 +435,15 @@ start_munged() {
   local pid
   pid=$(wait_for_pidfile "$munge_dir/munged.pid" 10) ||
     die "munged did not start; see $munge_dir/munged.out and $munge_dir/munged.log: $(tail -3 "$munge_dir/munged.out" "$munge_dir/munged.log" 2>/dev/null | tr '\n' ' ')"
-  echo "$pid" >"$run_dir/munged.pid"
+  record_pid munged "$pid"
   munge -n --socket="$munge_socket" | unmunge --socket="$munge_socket" >/dev/null ||
     die "munged runs (pid $pid) but a credential round trip failed; see $munge_dir/munged.log"
   note "munged running (pid $pid, socket $munge_socket)"
 }
 
+# write_hosts_files: each node's /etc/hosts (bind-mounted in its namespace): the nodes and the login
+# node, also as gantry-login. The host's own /etc/hosts is left alone; on the host, tests use the
+# addresses slurm.env exports (GANTRY_TEST_LOGIN_ADDR), which mean the same on every node.
 write_hosts_files() {
   local node block
   block="$subnet.1 $ctl_host gantry-login"$'\n'
@@ -409,15 +452,6 @@ write_hosts_files() {
     printf '# /etc/hosts of harness node %s (bind-mounted in its mount namespace)\n127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s' \
       "$node" "$block" >"$state/nodes/$node/hosts"
   done
-  restore_hosts
-  {
-    echo "$hosts_begin"
-    # The login node's name on the bridge: images in the open registry are addressed as
-    # gantry-login:PORT, a name srun on the host and slurmstepd on every node resolve alike.
-    echo "$subnet.1 gantry-login"
-    for node in $node_list; do echo "$(node_addr "$node") $node"; done
-    echo "$hosts_end"
-  } >>/etc/hosts
 }
 
 setup_network() {
@@ -436,8 +470,9 @@ setup_network() {
   for node in $node_list; do
     ns=$node_ns_prefix$node
     ip netns add "$ns"
-    ip -n "$br_ns" link add "v$node" type veth peer name eth0 netns "$ns"
-    ip -n "$br_ns" link set "v$node" master br0 up
+    # Named by the node's number: a node name with a long prefix would not fit in 15 characters.
+    ip -n "$br_ns" link add "vn${node#"$node_prefix"}" type veth peer name eth0 netns "$ns"
+    ip -n "$br_ns" link set "vn${node#"$node_prefix"}" master br0 up
     ip -n "$ns" link set lo up
     ip -n "$ns" addr add "$(node_addr "$node")/24" dev eth0
     ip -n "$ns" link set eth0 up
@@ -458,7 +493,7 @@ start_holder() {
       echo $$ > "$2/holder.pid"
       exec sleep infinity' holder "$node" "$dir" "$scratch" >>"$dir/holder.log" 2>&1
   pid=$(wait_for_pidfile "$dir/holder.pid" 10 "$spawned_pid") || die "namespaces of $node could not be set up; see $dir/holder.log: $(tail -3 "$dir/holder.log" | tr '\n' ' ')"
-  echo "$pid" >"$run_dir/$node.holder.pid"
+  record_pid "$node.holder" "$pid"
 }
 
 # start_slurmd NODE: start NODE's slurmd (inside its namespaces unless single-node) and wait for
@@ -467,14 +502,14 @@ start_slurmd() {
   local node=$1 dir=$state/nodes/$1 pid
   rm -f "$dir/slurmd.pid"
   if [ "$mode" = single ]; then
-    spawn slurmd -D -N "$node" >>"$dir/slurmd.out" 2>&1
+    spawn slurmd -D -f "$conf" -N "$node" >>"$dir/slurmd.out" 2>&1
   else
     spawn nsenter --target "$(pid_of "$node.holder")" --net --uts --mount -- \
-      slurmd -D -N "$node" >>"$dir/slurmd.out" 2>&1
+      slurmd -D -f "$conf" -N "$node" >>"$dir/slurmd.out" 2>&1
   fi
   pid=$(wait_for_pidfile "$dir/slurmd.pid" 20 "$spawned_pid") ||
     die "slurmd of $node did not start; see $dir/slurmd.log and $dir/slurmd.out. Last errors: $(last_errors "$dir/slurmd.out" "$dir/slurmd.log")"
-  echo "$pid" >"$run_dir/$node.slurmd.pid"
+  record_pid "$node.slurmd" "$pid"
 }
 
 write_plugstack() {
@@ -497,7 +532,7 @@ write_plugstack() {
 }
 
 write_slurm_conf() {
-  local node mem conf=$state/slurm.conf
+  local node mem
   # Memory is not a consumable here (CR_CPU), so each node simply claims an equal share.
   mem=$(slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -1)
   mem=$(((${mem:-4096} / nodes) > 256 ? ${mem:-4096} / nodes : 256))
@@ -551,16 +586,15 @@ EOF
     echo "PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$conf"
   chmod 0644 "$conf"
-  mkdir -p /etc/slurm
-  # Non-root srun reads only the default path, so the config goes there too.
-  cp "$conf" "$etc_conf"
-  chmod 0644 "$etc_conf"
-  # proctrack/cgroup (what production clusters run) needs cgroup.conf beside slurm.conf; the harness
-  # uses the cgroup v1 hierarchies (each slurmd gets /sys/fs/cgroup/<ctrl>/slurm_<node>).
-  rm -f "$(dirname "$conf")/cgroup.conf" /etc/slurm/cgroup.conf
+  # Nothing goes to /etc/slurm: daemons get -f and, like every command this script runs, SLURM_CONF
+  # (exported above; slurmstepd inherits it); clients get SLURM_CONF from slurm.env (also as another
+  # user, through runuser, and inside jobs, whose environment sbatch and srun pass on).
+  # proctrack/cgroup (what production clusters run) needs cgroup.conf, which Slurm looks for in the
+  # directory of SLURM_CONF; the harness uses the cgroup v1 hierarchies (each slurmd gets
+  # /sys/fs/cgroup/<ctrl>/slurm_<node>).
+  rm -f "$state/etc/cgroup.conf"
   if [ "$proctrack" = proctrack/cgroup ]; then
-    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$(dirname "$conf")/cgroup.conf"
-    cp "$(dirname "$conf")/cgroup.conf" /etc/slurm/cgroup.conf
+    printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$state/etc/cgroup.conf"
   fi
 }
 
@@ -580,8 +614,17 @@ write_env() {
   [ "$mode" = single ] && scratch_value=$state/nodes/$ctl_host/scratch
   cat >"$envfile" <<EOF
 # Written by tests/harness/slurm.sh start; source it to talk to the harness cluster.
-export SLURM_CONF=$etc_conf
+export SLURM_CONF=$conf
 export GANTRY_HARNESS_DIR=$hdir
+# This harness dir's id and what carries it on the host: the run dir (pids, lock), the network
+# namespaces (names starting with the prefix) and the host's end of the bridge.
+export GANTRY_SLURM_ID=$hid
+export GANTRY_SLURM_RUN_DIR=$run_dir
+export GANTRY_SLURM_NETNS_PREFIX=gantry-$hid-
+export GANTRY_SLURM_HOST_LINK=$([ "$mode" = single ] || echo "$host_link")
+# The login node (the host) as every node reaches it, e.g. the open registry at \$GANTRY_TEST_LOGIN_ADDR:PORT.
+# An address, not a name: the host's /etc/hosts does not know the harness's names.
+export GANTRY_TEST_LOGIN_ADDR=$([ "$mode" = single ] && echo 127.0.0.1 || echo "$subnet.1")
 export GANTRY_SLURM_HARNESS=$self
 export GANTRY_SLURM_STATE=$state
 export GANTRY_TEST_MODE=$mode
@@ -636,11 +679,15 @@ cmd_start() {
     note "Slurm harness already running in $state with $nodes node(s); plugstack.conf and $envfile refreshed"
     return 0
   fi
-  claim_host
+  cleanup_legacy
+  if recorded; then
+    if healthy_pids; then note "restarting: stopping the previous cluster in $state"; fi
+    stop_cluster
+  fi
 
   # Everything below is undone by stop_cluster if any step fails.
   trap start_failed EXIT
-  mkdir -p "$state/ctld" "$fsx" "$scratch"
+  mkdir -p "$state/ctld" "$state/etc" "$fsx" "$scratch"
   echo "$state" >"$owner_file"
   chmod 0755 "$hdir" "$state"
   chmod 1777 "$fsx"
@@ -670,7 +717,7 @@ cmd_start() {
   else
     mode=multi
     node_list=$(node_names)
-    subnet=${GANTRY_SLURM_SUBNET:-10.213.77}
+    subnet=${GANTRY_SLURM_SUBNET:-$(choose_subnet)}
     [[ $subnet =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "GANTRY_SLURM_SUBNET must be the first three octets of a /24, e.g. 10.213.77"
     ctl_addr=$subnet.1
     ctld_port=$(choose_port GANTRY_SLURMCTLD_PORT 6817)
@@ -685,6 +732,8 @@ node_list="$node_list"
 cpus=$cpus
 ctl_host=$ctl_host
 test_user=$test_user
+subnet=$subnet
+node_prefix=$node_prefix
 EOF
   runuser -u "$test_user" -- test -x "$fsx" -a -w "$fsx" ||
     die "the test user $test_user cannot reach $fsx (a parent directory of $hdir lacks o+x?)"
@@ -704,11 +753,11 @@ EOF
   write_slurm_conf
 
   rm -f "$state/ctld/slurmctld.pid"
-  spawn slurmctld -D -c >>"$state/slurmctld.out" 2>&1
+  spawn slurmctld -D -c -f "$conf" >>"$state/slurmctld.out" 2>&1
   local pid
   pid=$(wait_for_pidfile "$state/ctld/slurmctld.pid" 20 "$spawned_pid") ||
     die "slurmctld did not start; see $state/slurmctld.log. Last errors: $(last_errors "$state/slurmctld.out" "$state/slurmctld.log")"
-  echo "$pid" >"$run_dir/slurmctld.pid"
+  record_pid slurmctld "$pid"
   note "slurmctld running (pid $pid, $ctl_host $ctl_addr:$ctld_port)"
 
   for node in $node_list; do start_slurmd "$node"; done

@@ -23,7 +23,10 @@
 # inside, so paths in env files and gantry.conf mean the same on both sides.
 #
 # State, logs and the build: $GANTRY_HARNESS_DIR/slurm2411 (never the 22.05 cluster's slurm/ or
-# /etc/slurm of the host). Mirror: $GANTRY_TEST_DEBIAN_MIRROR, default http://deb.debian.org/debian.
+# /etc/slurm of the host: the daemons' -f /etc/slurm/slurm.conf and the clients' SLURM_CONF name the
+# root's /etc/slurm, over which the holder binds $GANTRY_HARNESS_DIR/slurm2411/etc/slurm; the host's
+# /etc/hosts is not touched either). Two harness dirs run side by side: free loopback ports, state and
+# pid files in the harness dir, and a signal only ever goes to a process in this harness's namespaces. Mirror: $GANTRY_TEST_DEBIAN_MIRROR, default http://deb.debian.org/debian.
 # See docs/testing.md, "Slurm 24.11 (trixie root)".
 set -euo pipefail
 
@@ -210,11 +213,15 @@ cmd_build() {
 
 pid_in() { [ -s "$1" ] && cat "$1"; return 0; }
 
-# daemon_alive PIDFILE COMM
+# daemon_alive PIDFILE COMM: the pid in PIDFILE runs as COMM inside the holder's mount namespace, the
+# one this script made around the root. A pid the host reused for one of its own processes (a daemon of
+# the host's Slurm among them) fails the namespace check, so stop never signals it.
 daemon_alive() {
-  local pid
+  local pid mnt
   pid=$(pid_in "$1")
+  holder_alive && mnt=$(readlink "/proc/$(cat "$holder_pid_file")/ns/mnt" 2>/dev/null) || return 1
   [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] &&
+    [ "$(readlink "/proc/$pid/ns/mnt" 2>/dev/null)" = "$mnt" ] &&
     ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null
 }
 

@@ -3,7 +3,7 @@
 # the job user's credentials -- ~/.docker/config.json and the credential helper it names, run as that
 # user -- and must not read anything with root's rights. The registry is a TLS + htpasswd one the
 # nodes can reach: the harness's TLS registry storage and htpasswd (user AWS, its ECR-length password)
-# served on the bridge (gantry-login:PORT) with a certificate from the harness CA for that name.
+# served on the bridge (GANTRY_TEST_LOGIN_ADDR:PORT) with a certificate from the harness CA for that address.
 
 load helpers
 

@@ -46,7 +46,7 @@ containers_on() {
 }
 
 @test "proctrack/cgroup: the ranks run in the step's freezer cgroup inside the container" {
-  grep -q '^ProctrackType=proctrack/cgroup' "$GANTRY_SLURM_STATE/slurm.conf"
+  grep -q '^ProctrackType=proctrack/cgroup' "$SLURM_CONF"
   run as_user srun -N3 -n3 --container-image="$TINY" sh -c 'grep freezer /proc/self/cgroup; cat /work/README'
   echo "$output"
   [ "$status" -eq 0 ]

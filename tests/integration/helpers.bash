@@ -92,9 +92,10 @@ gantry_fresh_image() {
 
 # gantry_cluster_registry: sets REG to the open registry as the Slurm harness's nodes reach it. They live
 # in network namespaces of their own (with their own loopback) and reach the host over the harness
-# bridge as gantry-login; a single-node harness runs on the host itself.
+# bridge at GANTRY_TEST_LOGIN_ADDR, an address srun on the host reaches too (the harness adds no names
+# to the host's /etc/hosts); a single-node harness runs on the host itself.
 gantry_cluster_registry() {
-  if [ "$GANTRY_TEST_MODE" = multi ]; then REG=gantry-login:${GANTRY_TEST_REGISTRY_HTTP##*:}; else REG=$GANTRY_TEST_REGISTRY_HTTP; fi
+  if [ "$GANTRY_TEST_MODE" = multi ]; then REG=$GANTRY_TEST_LOGIN_ADDR:${GANTRY_TEST_REGISTRY_HTTP##*:}; else REG=$GANTRY_TEST_REGISTRY_HTTP; fi
 }
 
 # gantry_plugin_conf [LINE...]: writes the gantry.conf the plugin reads in the harness (the shared store
@@ -177,8 +178,9 @@ gantry_apt_image() {
 
 # gantry_node_tls_registry DIR REALM: a TLS + htpasswd registry of one test's own in DIR, serving a
 # copy of the harness TLS registry (storage + htpasswd) on 0.0.0.0:PORT with a certificate for
-# gantry-login and 127.0.0.1 signed by the harness CA. Sets TREG to the name the nodes use
-# (gantry-login:PORT, or 127.0.0.1:PORT for a single-node harness on the host) and REG_PID.
+# the login address (GANTRY_TEST_LOGIN_ADDR) and 127.0.0.1 signed by the harness CA. Sets TREG to the
+# address the nodes use (GANTRY_TEST_LOGIN_ADDR:PORT: the bridge, or 127.0.0.1 for a single-node
+# harness on the host) and REG_PID.
 gantry_node_tls_registry() {
   local d=$1 realm=$2 ca_dir port
   ca_dir=$(dirname "$GANTRY_TEST_REGISTRY_CA")
@@ -186,25 +188,23 @@ gantry_node_tls_registry() {
   cp -a "$GANTRY_TEST_REGISTRY_TLS_STORAGE" "$d/storage"
   cp "$ca_dir/../htpasswd" "$d/htpasswd"
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$d/server.key" -out "$d/server.csr" \
-    -subj "/CN=gantry-login" 2>/dev/null
-  printf '%s\n' "subjectAltName=DNS:gantry-login,IP:127.0.0.1" "extendedKeyUsage=serverAuth" >"$d/server.ext"
+    -subj "/CN=$GANTRY_TEST_LOGIN_ADDR" 2>/dev/null
+  printf '%s\n' "subjectAltName=IP:$GANTRY_TEST_LOGIN_ADDR,IP:127.0.0.1" "extendedKeyUsage=serverAuth" >"$d/server.ext"
   openssl x509 -req -in "$d/server.csr" -CA "$GANTRY_TEST_REGISTRY_CA" -CAkey "$ca_dir/ca.key" -CAcreateserial \
     -CAserial "$d/ca.srl" -out "$d/server.pem" -days 1 -extfile "$d/server.ext" 2>/dev/null
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])')
   gantry_private_registry "$d" "0.0.0.0:$port" tls "$d/server.pem" "$d/server.key" \
     auth "$(printf 'auth:\n  htpasswd: {realm: %s, path: %s/htpasswd}' "$realm" "$d")" || return 1
   REG_PID=$(cat "$d/pid")
-  if [ "$GANTRY_TEST_MODE" = multi ]; then TREG=gantry-login:$port; else TREG=127.0.0.1:$port; fi
+  TREG=$GANTRY_TEST_LOGIN_ADDR:$port
 }
 
-# shape_link RATE: slows the host's traffic towards the nodes (the link the route to gnode1 uses) to
-# RATE, so that a pull of a few MB takes seconds and a kill lands mid-download. Run as root on the
-# harness's own veth (the nodes' only way out); unshape_link (teardown) removes it.
+# shape_link RATE: slows the host's traffic towards the nodes to RATE, so that a pull of a few MB takes
+# seconds and a kill lands mid-download. Run as root on the harness's own veth (the nodes' only way
+# out, GANTRY_SLURM_HOST_LINK in slurm.env); unshape_link (teardown) removes it.
 shape_link() {
-  local ip
-  ip=$(getent ahostsv4 gnode1 | awk 'NR == 1 { print $1 }')
-  SHAPED_DEV=$(ip -o route get "$ip" | sed -n 's/.* dev \([^ ]*\).*/\1/p')
-  [ -n "$SHAPED_DEV" ]
+  SHAPED_DEV=$GANTRY_SLURM_HOST_LINK
+  [ -n "$SHAPED_DEV" ] || { echo "shape_link: no GANTRY_SLURM_HOST_LINK (a multi-node harness has one)" >&2; return 1; }
   tc qdisc replace dev "$SHAPED_DEV" root tbf rate "$1" burst 32kb latency 500ms
 }
 

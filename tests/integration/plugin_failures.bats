@@ -84,7 +84,7 @@ free_port() {
 }
 
 # private_registry DIR PORT [tls]: a registry of this test's own on 0.0.0.0:PORT (the nodes reach it
-# as gantry-login:PORT); `tls` adds the certificate from DIR/ca and htpasswd Basic auth. Own instances,
+# at $GANTRY_TEST_LOGIN_ADDR:PORT); `tls` adds the certificate from DIR/ca and htpasswd Basic auth. Own instances,
 # so killing one leaves the harness's registries alone for later tests.
 private_registry() {
   local dir=$1 port=$2
@@ -97,7 +97,7 @@ private_registry() {
   PRIVATE_PIDS+=("$(cat "$dir/pid")")
 }
 
-# make_tls DIR: a CA and a server certificate for gantry-login (the name the nodes use) and 127.0.0.1.
+# make_tls DIR: a CA and a server certificate for the login address (the one the nodes use) and 127.0.0.1.
 make_tls() {
   local ca=$1/ca
   mkdir -p "$ca"
@@ -105,8 +105,8 @@ make_tls() {
     -out "$ca/ca.pem" -days 1 -subj "/CN=gantry failure-test CA" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$ca/server.key" \
-    -out "$ca/server.csr" -subj "/CN=gantry-login" 2>/dev/null
-  printf '%s\n' "subjectAltName=DNS:gantry-login,IP:127.0.0.1" "extendedKeyUsage=serverAuth" > "$ca/server.ext"
+    -out "$ca/server.csr" -subj "/CN=$GANTRY_TEST_LOGIN_ADDR" 2>/dev/null
+  printf '%s\n' "subjectAltName=IP:$GANTRY_TEST_LOGIN_ADDR,IP:127.0.0.1" "extendedKeyUsage=serverAuth" > "$ca/server.ext"
   openssl x509 -req -in "$ca/server.csr" -CA "$ca/ca.pem" -CAkey "$ca/ca.key" -CAcreateserial \
     -out "$ca/server.pem" -days 1 -extfile "$ca/server.ext" 2>/dev/null
   chmod 644 "$ca/ca.pem"
@@ -162,7 +162,7 @@ blob_gets() {
   port=$(free_port)
   private_registry "$WORK/auth" "$port" tls
   gantry_plugin_conf "ca_bundle = $WORK/auth/ca/ca.pem"
-  image="gantry-login:$port#gantry-test/tiny"
+  image="$GANTRY_TEST_LOGIN_ADDR:$port#gantry-test/tiny"
 
   # No credentials for this registry anywhere the job user's lookup reads.
   timed "401 without credentials" as_user timeout 120 srun -N3 -n3 --container-image="$image" true
@@ -170,7 +170,7 @@ blob_gets() {
   [ "$status" -ne 0 ]
   [ "$status" -ne 124 ]
   echo "$output" | grep -q "gantry: failed to import docker image"
-  echo "$output" | grep -q "no credentials found for gantry-login:$port; tried .*config.json"
+  echo "$output" | grep -q "no credentials found for $GANTRY_TEST_LOGIN_ADDR:$port; tried .*config.json"
   less_than 30
   nodes_healthy
 
@@ -178,7 +178,7 @@ blob_gets() {
   # that was sent and the registry's own never appear.
   mkdir -p "$WORK/docker"
   wrong="wrong-secret-$RANDOM$RANDOM"
-  printf '{"auths": {"gantry-login:%s": {"auth": "%s"}}}\n' "$port" "$(printf 'AWS:%s' "$wrong" | base64 -w0)" \
+  printf '{"auths": {"%s:%s": {"auth": "%s"}}}\n' "$GANTRY_TEST_LOGIN_ADDR" "$port" "$(printf 'AWS:%s' "$wrong" | base64 -w0)" \
     > "$WORK/docker/config.json"
   chown -R "$U" "$WORK/docker"
   timed "401 with wrong credentials" as_user timeout 120 env DOCKER_CONFIG="$WORK/docker" \
@@ -187,7 +187,7 @@ blob_gets() {
   [ "$status" -ne 0 ]
   [ "$status" -ne 124 ]
   echo "$output" | grep -q "gantry: failed to import docker image"
-  echo "$output" | grep -q "authentication to gantry-login:$port failed (tried: .*config.json"
+  echo "$output" | grep -q "authentication to $GANTRY_TEST_LOGIN_ADDR:$port failed (tried: .*config.json"
   # (`! cmd` does not fail a bats test under set -e: counts are compared instead)
   [ "$(echo "$output" | grep -cF "$wrong")" -eq 0 ]
   [ "$(echo "$output" | grep -cF "$(printf 'AWS:%s' "$wrong" | base64 -w0)")" -eq 0 ]
@@ -204,8 +204,8 @@ blob_gets() {
   private_registry "$WORK/dying" "$port"
   skopeo copy -q --src-tls-verify=false --dest-tls-verify=false \
     "docker://$GANTRY_TEST_REGISTRY_HTTP/gantry-test/$name:latest" "docker://127.0.0.1:$port/gantry-test/$name:latest"
-  gantry_plugin_conf "insecure_registries = gantry-login:$port"
-  image="gantry-login:$port#gantry-test/$name"
+  gantry_plugin_conf "insecure_registries = $GANTRY_TEST_LOGIN_ADDR:$port"
+  image="$GANTRY_TEST_LOGIN_ADDR:$port#gantry-test/$name"
   hex=${digest#sha256:}
 
   shape_link 40mbit   # ~12 MB at 5 MB/s: the download takes seconds
@@ -224,7 +224,7 @@ blob_gets() {
   [ "$status" -ne 0 ]
   [ "$status" -ne 124 ]
   grep -q "gantry: failed to import docker image" "$WORK/die.out"
-  grep -q "gantry-login:$port" "$WORK/die.out"
+  grep -q "$GANTRY_TEST_LOGIN_ADDR:$port" "$WORK/die.out"
   less_than 90
   nodes_healthy
   # No image was published, nothing half-written is left where readers look, and nobody holds the lock.
