@@ -12,23 +12,12 @@
 #include <memory>
 
 #include "gantry/squashfs.hpp"
+#include "sqfs_handles.hpp"
 
 namespace gantry {
-namespace {
 
-struct SqfsDestroy {
-    void operator()(void* obj) const {
-        if (obj != nullptr) sqfs_destroy(obj);
-    }
-};
-template <typename T>
-using SqfsPtr = std::unique_ptr<T, SqfsDestroy>;
-
-struct SqfsFree {
-    void operator()(void* p) const { sqfs_free(p); }
-};
-
-}  // namespace
+using squashfs::SqfsFree;
+using squashfs::SqfsPtr;
 
 Result<std::optional<std::string>> read_image_file(const std::string& image, const std::string& path,
                                                    size_t max_bytes) {

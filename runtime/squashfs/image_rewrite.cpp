@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "gantry/squashfs.hpp"
+#include "sqfs_handles.hpp"
 #include "image_tree.hpp"
 #include "squashfs_writer.hpp"
 
@@ -31,18 +32,10 @@ namespace {
 using squashfs::ImageTree;
 using squashfs::Inode;
 using squashfs::SquashfsWriter;
+using squashfs::SqfsFree;
+using squashfs::SqfsPtr;
 using squashfs::TreeNode;
 
-struct SqfsDestroy {
-    void operator()(void* obj) const {
-        if (obj != nullptr) sqfs_destroy(obj);
-    }
-};
-template <typename T>
-using SqfsPtr = std::unique_ptr<T, SqfsDestroy>;
-struct SqfsFree {
-    void operator()(void* p) const { sqfs_free(p); }
-};
 struct TreeFree {
     void operator()(sqfs_tree_node_t* n) const { sqfs_dir_tree_destroy(n); }
 };
