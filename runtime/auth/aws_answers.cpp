@@ -2,11 +2,15 @@
 // They arrive over the network, so each parser is total: any input gives an answer or an error, never
 // a crash (tests/fuzz/fuzz_aws_answers.cpp). STS speaks XML: libxml2 reads it, so entities and
 // character references come out decoded; a document with a DTD is refused, as STS never sends one.
+// libxml2 is opened with dlopen when an STS answer first needs it, not linked: spank_gantry.so is
+// loaded by every srun, also inside containers whose images have no libxml2.
+#include <dlfcn.h>
 #include <libxml/parser.h>
 #include <libxml/tree.h>
 
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
@@ -17,24 +21,50 @@ namespace {
 
 constexpr size_t kMaxXmlBytes = 1 << 20;  // an STS answer is about 2 KiB
 
+// The few libxml2 entry points used here, from the library opened at run time; nullptr when it is not
+// installed.
+struct LibXml {
+    decltype(&xmlReadMemory) read_memory = nullptr;
+    decltype(&xmlFreeDoc) free_doc = nullptr;
+    decltype(&xmlDocGetRootElement) root_element = nullptr;
+    decltype(&xmlNodeGetContent) node_content = nullptr;
+    xmlFreeFunc* free = nullptr;  // libxml2's xmlFree is a variable holding the function
+};
+
+const LibXml* libxml() {
+    static const LibXml* lib = []() -> const LibXml* {
+        void* h = ::dlopen("libxml2.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (h == nullptr) return nullptr;
+        static LibXml l;
+        l.read_memory = reinterpret_cast<decltype(&xmlReadMemory)>(::dlsym(h, "xmlReadMemory"));
+        l.free_doc = reinterpret_cast<decltype(&xmlFreeDoc)>(::dlsym(h, "xmlFreeDoc"));
+        l.root_element = reinterpret_cast<decltype(&xmlDocGetRootElement)>(::dlsym(h, "xmlDocGetRootElement"));
+        l.node_content = reinterpret_cast<decltype(&xmlNodeGetContent)>(::dlsym(h, "xmlNodeGetContent"));
+        l.free = static_cast<xmlFreeFunc*>(::dlsym(h, "xmlFree"));
+        if (!l.read_memory || !l.free_doc || !l.root_element || !l.node_content || !l.free || !*l.free) return nullptr;
+        return &l;
+    }();
+    return lib;
+}
+
 // The text of the first element named `name` (any namespace) below `node`, depth first; nullptr when
 // there is none.
 const xmlNode* find_element(const xmlNode* node, const char* name) {
     for (const xmlNode* n = node; n != nullptr; n = n->next) {
         if (n->type != XML_ELEMENT_NODE) continue;
-        if (xmlStrcmp(n->name, reinterpret_cast<const xmlChar*>(name)) == 0) return n;
+        if (std::strcmp(reinterpret_cast<const char*>(n->name), name) == 0) return n;
         if (const xmlNode* inner = find_element(n->children, name)) return inner;
     }
     return nullptr;
 }
 
-std::string element_text(const xmlNode* root, const char* name) {
+std::string element_text(const LibXml& xml, const xmlNode* root, const char* name) {
     const xmlNode* e = find_element(root, name);
     if (e == nullptr) return {};
-    xmlChar* text = xmlNodeGetContent(e);
+    xmlChar* text = xml.node_content(e);
     if (text == nullptr) return {};
     std::string out(reinterpret_cast<const char*>(text));
-    xmlFree(text);
+    (*xml.free)(text);
     return out;
 }
 
@@ -49,25 +79,30 @@ std::time_t parse_iso8601(const std::string& text) {
 StsAnswer parse_sts_answer(std::string_view body) {
     StsAnswer out;
     if (body.empty() || body.size() > kMaxXmlBytes) return out;
+    const LibXml* xml = libxml();
+    if (xml == nullptr) {
+        out.message = "libxml2.so.2 could not be loaded to read STS's XML answer (install libxml2)";
+        return out;
+    }
     // No network, no entity substitution from a DTD, no messages on stderr.
-    xmlDocPtr doc = xmlReadMemory(body.data(), static_cast<int>(body.size()), "sts-answer.xml", nullptr,
+    xmlDocPtr doc = xml->read_memory(body.data(), static_cast<int>(body.size()), "sts-answer.xml", nullptr,
                                   XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
     if (doc == nullptr) return out;
     if (doc->intSubset == nullptr && doc->extSubset == nullptr) {
-        const xmlNode* root = xmlDocGetRootElement(doc);
+        const xmlNode* root = xml->root_element(doc);
         out.xml = root != nullptr;
         if (const xmlNode* creds = find_element(root, "Credentials")) {
-            out.creds.key.access_key_id = element_text(creds->children, "AccessKeyId");
-            out.creds.key.secret_access_key = element_text(creds->children, "SecretAccessKey");
-            out.creds.key.session_token = element_text(creds->children, "SessionToken");
-            out.creds.expiration = parse_iso8601(element_text(creds->children, "Expiration"));
+            out.creds.key.access_key_id = element_text(*xml, creds->children, "AccessKeyId");
+            out.creds.key.secret_access_key = element_text(*xml, creds->children, "SecretAccessKey");
+            out.creds.key.session_token = element_text(*xml, creds->children, "SessionToken");
+            out.creds.expiration = parse_iso8601(element_text(*xml, creds->children, "Expiration"));
         }
         if (const xmlNode* error = find_element(root, "Error")) {
-            out.code = element_text(error->children, "Code");
-            out.message = element_text(error->children, "Message");
+            out.code = element_text(*xml, error->children, "Code");
+            out.message = element_text(*xml, error->children, "Message");
         }
     }
-    xmlFreeDoc(doc);
+    xml->free_doc(doc);
     return out;
 }
 

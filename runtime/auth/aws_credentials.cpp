@@ -78,7 +78,7 @@ Result<AwsCredentials> web_identity(const std::string& token_file, const std::st
     AwsCredentials c = std::move(answer.creds);
     c.source = what + " (STS AssumeRoleWithWebIdentity for " + role_arn + ")";
     if (c.key.access_key_id.empty() || c.key.secret_access_key.empty())
-        return make_error(what + ": the STS answer holds no credentials");
+        return make_error(what + ": the STS answer holds no credentials" + (answer.message.empty() ? "" : " (" + answer.message + ")"));
     return c;
 }
 
@@ -198,7 +198,7 @@ Result<CachedRole> call_assume_role(const AwsCredentials& source, const RoleRequ
     r.creds = std::move(answer.creds);
     r.creds.source = rr.what + " (STS AssumeRole for " + rr.role_arn + ")";
     if (r.creds.key.access_key_id.empty() || r.creds.key.secret_access_key.empty())
-        return make_error(where + ": the answer holds no credentials");
+        return make_error(where + ": the answer holds no credentials" + (answer.message.empty() ? "" : " (" + answer.message + ")"));
     const std::time_t now = std::time(nullptr);
     if (r.creds.expiration == 0) r.creds.expiration = now + 900;  // STS's shortest lifetime
     r.use_until = role_use_until(r.creds.expiration, now);
