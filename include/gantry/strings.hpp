@@ -12,6 +12,8 @@ std::string trim(std::string_view s);
 std::string last_line(std::string_view text);
 // Splits on `sep`, trims each piece, drops empty pieces.
 std::vector<std::string> split_list(std::string_view s, char sep);
+// ASCII letters in lower case, every other byte as it is (header names, media types, INI keys).
+std::string lower(std::string s);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool ends_with(std::string_view s, std::string_view suffix);
 // Human-readable byte count: "1.5 GiB".

@@ -20,6 +20,7 @@
 #include "gantry/files.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 
 namespace gantry::auth {
 namespace {

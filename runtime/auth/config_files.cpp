@@ -14,6 +14,7 @@
 #include "auth/internal.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 
 namespace gantry {
 namespace auth {
@@ -34,12 +35,6 @@ std::string display_path(const std::string& path) {
     std::string home = home_dir();
     if (!home.empty() && path.rfind(home + "/", 0) == 0) return "~" + path.substr(home.size());
     return path;
-}
-
-std::string lower(std::string s) {
-    for (char& c : s)
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    return s;
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include "auth/internal.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 
 namespace gantry {
 namespace auth {
@@ -102,11 +103,11 @@ std::optional<Credentials> enroot_credentials(const ImageReference& ref) {
     if (!in) return std::nullopt;
     std::stringstream text;
     text << in.rdbuf();
-    const std::string registry = auth::lower(ref.registry);
+    const std::string registry = lower(ref.registry);
     const auth::NetrcEntry* found = nullptr;
     const auto entries = auth::parse_netrc(text.str());
     for (const auto& e : entries) {
-        std::string m = auth::lower(e.machine);
+        std::string m = lower(e.machine);
         bool host_ok = m == registry || (auth::is_hub(m) && auth::is_hub(registry));
         if (!host_ok || (!ref.user.empty() && e.login != ref.user)) continue;
         found = &e;

@@ -11,6 +11,7 @@
 
 #include "auth/internal.hpp"
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 #include "gantry/sigv4.hpp"
 #include "gantry/version.hpp"
 

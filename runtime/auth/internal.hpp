@@ -12,7 +12,6 @@ std::string env(const char* name);
 std::string home_dir();
 // `path` with the home directory written as "~", for messages.
 std::string display_path(const std::string& path);
-std::string lower(std::string s);
 
 // ---- The on-disk token cache (token_cache.cpp).
 // "<token_cache_dir()>/<prefix>-<hash of key>" (append ".json" / ".lock"), the directory made 0700;

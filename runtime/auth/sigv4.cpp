@@ -11,6 +11,8 @@
 #include <ctime>
 #include <map>
 
+#include "gantry/strings.hpp"
+
 namespace gantry::sigv4 {
 namespace {
 
@@ -23,12 +25,6 @@ std::string hex(const unsigned char* data, size_t n) {
         out += digits[data[i] & 15];
     }
     return out;
-}
-
-std::string lower(std::string s) {
-    for (char& c : s)
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    return s;
 }
 
 // Header values are trimmed and runs of spaces collapsed to one, as the algorithm requires.

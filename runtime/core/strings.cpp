@@ -19,6 +19,12 @@ std::string trim(std::string_view s) {
     return std::string(s.substr(b, e - b + 1));
 }
 
+std::string lower(std::string s) {
+    for (char& c : s)
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    return s;
+}
+
 std::vector<std::string> split_list(std::string_view s, char sep) {
     std::vector<std::string> out;
     size_t start = 0;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 
 namespace gantry {
 namespace {
@@ -19,12 +20,6 @@ bool is_tchar(char c) {
 bool is_token68_char(char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
            std::string_view("-._~+/").find(c) != std::string_view::npos;
-}
-
-std::string lower(std::string s) {
-    for (char& c : s)
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    return s;
 }
 
 // A cursor over one header value.

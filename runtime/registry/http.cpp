@@ -14,6 +14,7 @@
 
 #include "auth/http_client.hpp"
 #include "gantry/log.hpp"
+#include "gantry/strings.hpp"
 
 namespace gantry::http {
 namespace {
@@ -21,12 +22,6 @@ namespace {
 void global_init() {
     static std::once_flag once;
     std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
-std::string lower(std::string s) {
-    for (char& c : s)
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    return s;
 }
 
 struct UrlHandle {

@@ -23,12 +23,6 @@ constexpr ArchAlias kAliases[] = {
     {"i386", "386", ""},      {"i686", "386", ""},      {"x86", "386", ""},
 };
 
-std::string lower(std::string s) {
-    for (char& c : s)
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    return s;
-}
-
 }  // namespace
 
 Platform normalize_platform(Platform p) {
