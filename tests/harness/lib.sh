@@ -201,3 +201,30 @@ gantry_bookworm_minbase_tar() {
   fi
   echo "$tarball"
 }
+
+# gantry_slurm_conf_policy: the slurm.conf lines every harness cluster shares (slurm.sh for 22.05,
+# slurm2411.sh for 24.11): daemons and jobs as root with munge, no accounting or task binding,
+# consumable CPUs with backfill, nodes back in service on their own. Paths, ports, names, debug level
+# and timeouts are each harness's own.
+gantry_slurm_conf_policy() {
+  cat <<'EOF'
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# The VM has fewer cores than the nodes claim; make slurmd report the configured resources.
+SlurmdParameters=config_overrides
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+ReturnToService=2
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+EOF
+}

@@ -543,10 +543,6 @@ ClusterName=gantry
 SlurmctldHost=$ctl_host($ctl_addr)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
 AuthInfo=socket=$munge_socket
 StateSaveLocation=$state/ctld
 SlurmctldPidFile=$state/ctld/slurmctld.pid
@@ -556,27 +552,14 @@ SlurmdSpoolDir=$state/nodes/%n/spool
 SlurmdPidFile=$state/nodes/%n/slurmd.pid
 SlurmdLogFile=$state/nodes/%n/slurmd.log
 SlurmdDebug=$debug
-# The VM has fewer cores than the nodes claim; make slurmd report the configured resources.
-SlurmdParameters=config_overrides
 ProctrackType=$proctrack
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
 SwitchType=switch/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-ReturnToService=2
 # How long a dead node goes unnoticed (a crash test waits for it; the controller pings every third of
 # it): 20 s keeps that test short, and a live slurmd answers a ping in milliseconds even on a busy VM.
 SlurmdTimeout=20
-InactiveLimit=0
-KillWait=5
-MinJobAge=300
 PlugStackConfig=$state/plugstack.conf
 EOF
+    gantry_slurm_conf_policy
     # Node-local temporary storage: the scratch path, private to each node in multi-node mode.
     # PMIx puts its per-step client directories there; a /tmp shared by all nodes makes them clash.
     [ "$mode" = single ] || echo "TmpFS=$scratch"

@@ -307,10 +307,6 @@ ClusterName=gantry2411
 SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
 AuthInfo=socket=$run/munge/munge.socket
 StateSaveLocation=$run/ctld
 SlurmctldPidFile=$run/slurmctld.pid
@@ -320,25 +316,13 @@ SlurmdSpoolDir=$run/spool
 SlurmdPidFile=$run/slurmd.pid
 SlurmdLogFile=$run/slurmd.log
 SlurmdDebug=verbose
-SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-ReturnToService=2
 SlurmdTimeout=60
-InactiveLimit=0
-KillWait=5
-MinJobAge=300
 PlugStackConfig=/etc/slurm/plugstack.conf
 NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=1024 State=UNKNOWN
 PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+  gantry_slurm_conf_policy >>"$state/etc/slurm/slurm.conf"
   chmod 0644 "$state/etc/slurm/slurm.conf" "$state/etc/slurm/plugstack.conf"
 }
 
