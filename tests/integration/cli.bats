@@ -11,13 +11,11 @@ load helpers
 setup_file() {
   export TUSER
   TUSER=$("$GANTRY_SOURCE_DIR/tests/harness/user.sh")
-  export FUSE_MODE
-  FUSE_MODE=$(stat -c %a /dev/fuse)
-  chmod 0666 /dev/fuse
+  gantry_open_fuse
 }
 
 teardown_file() {
-  chmod "$FUSE_MODE" /dev/fuse
+  gantry_restore_fuse
 }
 
 setup() {

@@ -212,3 +212,15 @@ unshape_link() {
   if [ -n "$SHAPED_DEV" ]; then tc qdisc del dev "$SHAPED_DEV" root 2>/dev/null || true; fi
   SHAPED_DEV=
 }
+
+# gantry_open_fuse (in setup_file) / gantry_restore_fuse (in teardown_file): /dev/fuse usable by the
+# test users for the suite's fuse-backed runs -- Debian's udev makes it 0666, some VMs leave it 0600 --
+# and its mode put back afterwards.
+gantry_open_fuse() {
+  export GANTRY_FUSE_MODE
+  GANTRY_FUSE_MODE=$(stat -c %a /dev/fuse)
+  chmod 0666 /dev/fuse
+}
+gantry_restore_fuse() {
+  chmod "$GANTRY_FUSE_MODE" /dev/fuse
+}

@@ -5,15 +5,14 @@
 
 bats_require_minimum_version 1.5.0
 
+load helpers
+
 setup_file() {
   export GANTRY="${GANTRY_BUILD_DIR:-/tmp/build-run}/runtime/gantry"
   [ -x "$GANTRY" ] || { echo "gantry not built at $GANTRY" >&2; return 1; }
   export TUSER
   TUSER=$("${GANTRY_SOURCE_DIR:-$BATS_TEST_DIRNAME/../..}/tests/harness/user.sh")
-  # Debian's udev makes /dev/fuse 0666; some VMs leave it 0600. Remember and restore.
-  export FUSE_MODE
-  FUSE_MODE=$(stat -c %a /dev/fuse)
-  chmod 0666 /dev/fuse
+  gantry_open_fuse
 
   # Root-owned, world-readable: readable by the test user, trusted for the kernel backend.
   export IMGDIR
@@ -50,7 +49,7 @@ teardown() {
 }
 
 teardown_file() {
-  chmod "$FUSE_MODE" /dev/fuse
+  gantry_restore_fuse
   rm -rf "$IMGDIR" "$SHARE"
 }
 

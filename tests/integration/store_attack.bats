@@ -11,14 +11,11 @@ setup_file() {
   export VICTIM ATTACKER
   VICTIM=$("$GANTRY_SOURCE_DIR/tests/harness/user.sh")
   ATTACKER=$(GANTRY_TEST_USER=gantry-attacker GANTRY_TEST_UID=4243 "$GANTRY_SOURCE_DIR/tests/harness/user.sh")
-  # Debian's udev makes /dev/fuse 0666; some VMs leave it 0600 (the victim's run uses fuse).
-  export FUSE_MODE
-  FUSE_MODE=$(stat -c %a /dev/fuse)
-  chmod 0666 /dev/fuse
+  gantry_open_fuse
 }
 
 teardown_file() {
-  chmod "$FUSE_MODE" /dev/fuse
+  gantry_restore_fuse
 }
 
 setup() {
