@@ -10,6 +10,7 @@ struct open_how;
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gantry/fd.hpp"
@@ -72,6 +73,9 @@ struct RegularFile {
 // `flags`: O_RDONLY, O_WRONLY or O_RDWR, optionally O_CREAT (with `mode`) or O_EXCL.
 Result<RegularFile> open_regular_at(const Directory& dir, const std::string& name, int flags, mode_t mode = 0644);
 
+// Writes all of `data` to `fd` (a file or pipe), retrying short writes and EINTR; an error names `what`
+// ("writing PATH").
+Status write_all(int fd, std::string_view data, const std::string& what);
 // Reads at most `max_bytes` from `fd` (from offset 0); a longer file is an error naming `what`.
 Result<std::string> read_capped(int fd, size_t max_bytes, const std::string& what);
 // open_regular_at + read_capped; `st` receives the file's status when given.

@@ -15,6 +15,7 @@
 #include "common.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull.hpp"
@@ -124,12 +125,7 @@ Result<CredentialLookup> credentials_from_json(const std::string& text) {
 int credentials_only(const ImageReference& ref, int out_fd) {
     std::optional<Credentials> found = default_credential_lookup()(ref);
     std::string payload = credentials_to_json(ref, found).dump();
-    for (size_t off = 0; off < payload.size();) {
-        ssize_t n = ::write(out_fd, payload.data() + off, payload.size() - off);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return fail(system_error("handing over the credentials"));
-        off += static_cast<size_t>(n);
-    }
+    if (auto sent = write_all(out_fd, payload, "handing over the credentials"); !sent) return fail(sent.error());
     ::close(out_fd);
     return 0;
 }

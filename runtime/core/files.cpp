@@ -174,6 +174,16 @@ Result<RegularFile> open_regular_at(const Directory& dir, const std::string& nam
     return f;
 }
 
+Status write_all(int fd, std::string_view data, const std::string& what) {
+    while (!data.empty()) {
+        ssize_t n = ::write(fd, data.data(), data.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return system_error(what);
+        data.remove_prefix(static_cast<size_t>(n));
+    }
+    return {};
+}
+
 Result<std::string> read_capped(int fd, size_t max_bytes, const std::string& what) {
     std::string out;
     char buf[65536];
@@ -208,15 +218,7 @@ Status write_file_atomic_at(const Directory& dir, const std::string& name, const
     UniqueFd fd(::openat(dir.fd(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
     if (!fd) return system_error("writing " + dir.path_of(tmp));
     Defer cleanup([&] { ::unlinkat(dir.fd(), tmp.c_str(), 0); });
-    size_t off = 0;
-    while (off < content.size()) {
-        ssize_t n = ::write(fd.get(), content.data() + off, content.size() - off);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return system_error("writing " + dir.path_of(tmp));
-        }
-        off += static_cast<size_t>(n);
-    }
+    GANTRY_TRY(write_all(fd.get(), content, "writing " + dir.path_of(tmp)));
     if (::fchmod(fd.get(), mode) != 0) return system_error("setting mode of " + dir.path_of(tmp));
     if (::fsync(fd.get()) != 0) return system_error("flushing " + dir.path_of(tmp));
     if (::close(fd.release()) != 0) return system_error("closing " + dir.path_of(tmp));

@@ -13,6 +13,7 @@
 
 #include "gantry/digest.hpp"
 #include "gantry/fd.hpp"
+#include "gantry/files.hpp"
 #include "gantry/local_image.hpp"
 #include "gantry/strings.hpp"
 
@@ -22,17 +23,6 @@ namespace {
 struct ArchiveFree {
     void operator()(archive* a) const { archive_read_free(a); }
 };
-
-Status write_all(int fd, const char* data, size_t size, const std::string& path) {
-    while (size > 0) {
-        ssize_t n = ::write(fd, data, size);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return system_error("writing " + path);
-        data += n;
-        size -= static_cast<size_t>(n);
-    }
-    return {};
-}
 
 // The member a link target names: relative to the link's directory for a symlink, from the archive
 // root for a hard link (tar's convention).
@@ -152,8 +142,9 @@ Result<ExtractedArchive> extract_archive(int fd, const std::string& what, const 
                 return make_error("reading " + what + ": more than " + std::to_string(max_bytes) + " bytes (" +
                                   format_bytes(max_bytes) + ", gantry.conf's max_image_bytes) of members");
             }
-            h.update(buf.data(), static_cast<size_t>(n));
-            if (auto st = write_all(f.get(), buf.data(), static_cast<size_t>(n), tmp); !st) {
+            const std::string_view chunk(buf.data(), static_cast<size_t>(n));
+            h.update(chunk);
+            if (auto st = write_all(f.get(), chunk, "writing " + tmp); !st) {
                 ::unlink(tmp.c_str());
                 return st.error();
             }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "gantry/digest.hpp"
+#include "gantry/files.hpp"
 
 namespace gantry {
 namespace {
@@ -66,13 +67,8 @@ Result<PullReport> decode_pull_report(std::string_view text) {
 }
 
 void send_pull_report(int fd, const PullReport& report) {
-    std::string text = encode_pull_report(report);
-    for (size_t off = 0; off < text.size();) {
-        ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        off += static_cast<size_t>(n);
-    }
+    // Best effort: a reader that stopped reading has nothing to be told; it sees a short report.
+    (void)write_all(fd, encode_pull_report(report), "sending the pull report");
     ::close(fd);
 }
 
