@@ -6,7 +6,6 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
-#include <cstdlib>
 #include <memory>
 
 #include "auth/internal.hpp"
@@ -17,11 +16,6 @@
 
 namespace gantry::auth::http {
 namespace {
-
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr ? v : "";
-}
 
 size_t on_body(char* data, size_t size, size_t n, void* user) {
     auto* r = static_cast<Response*>(user);
