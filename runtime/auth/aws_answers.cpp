@@ -8,7 +8,6 @@
 #include <libxml/parser.h>
 #include <libxml/tree.h>
 
-#include <climits>
 #include <cmath>
 #include <cstring>
 #include <ctime>
