@@ -36,6 +36,20 @@ teardown() {
   rm -rf "$T"
 }
 
+# flip_byte_in_largest_member TAR: inverts one byte in the middle of the largest file member's data
+# (member offsets from Python's tarfile), so that its digest no longer matches.
+flip_byte_in_largest_member() {
+  python3 - "$1" <<'PY'
+import sys, tarfile
+path = sys.argv[1]
+with tarfile.open(path) as t:
+    m = max((m for m in t.getmembers() if m.isfile()), key=lambda m: m.size)
+    off = m.offset_data + m.size // 2
+with open(path, "r+b") as f:
+    f.seek(off); b = f.read(1); f.seek(off); f.write(bytes([b[0] ^ 0xff]))
+PY
+}
+
 # skopeo_to DEST: the image $1 from the open registry into skopeo's destination $2.
 skopeo_to() { skopeo copy -q --src-tls-verify=false "docker://$REG/$1" "$2"; }
 
@@ -148,15 +162,7 @@ imported() {
 @test "a corrupted layer is refused: no image, no work area left in the store" {
   skopeo_to "$GANTRY_TEST_IMAGE_LAYERS" "docker-archive:$T/d.tar"
   # Flip one byte inside the largest layer's data (tar member offsets from Python's tarfile).
-  python3 - "$T/d.tar" <<'PY'
-import sys, tarfile
-path = sys.argv[1]
-with tarfile.open(path) as t:
-    m = max((m for m in t.getmembers() if m.isfile()), key=lambda m: m.size)
-    off = m.offset_data + m.size // 2
-with open(path, "r+b") as f:
-    f.seek(off); b = f.read(1); f.seek(off); f.write(bytes([b[0] ^ 0xff]))
-PY
+  flip_byte_in_largest_member "$T/d.tar"
   run "$GANTRY" import --store "$T/imported" "docker-archive:$T/d.tar"
   echo "$output"
   [ "$status" -eq 1 ]
@@ -167,15 +173,7 @@ PY
 
   # An oci-archive whose gzip blob was altered: its sha256 no longer matches the manifest's digest.
   skopeo_to "$GANTRY_TEST_IMAGE_TINY" "oci-archive:$T/o.tar:latest"
-  python3 - "$T/o.tar" <<'PY'
-import sys, tarfile
-path = sys.argv[1]
-with tarfile.open(path) as t:
-    m = max((m for m in t.getmembers() if m.isfile()), key=lambda m: m.size)
-    off = m.offset_data + m.size // 2
-with open(path, "r+b") as f:
-    f.seek(off); b = f.read(1); f.seek(off); f.write(bytes([b[0] ^ 0xff]))
-PY
+  flip_byte_in_largest_member "$T/o.tar"
   run "$GANTRY" import --store "$T/imported" "oci-archive:$T/o.tar:latest"
   echo "$output"
   [ "$status" -eq 1 ]
@@ -189,6 +187,29 @@ PY
   [ "$status" -eq 1 ]
   [[ "$output" == *"not a valid tar archive"* ]]
   [ -z "$(ls -A "$T/imported/staging")" ]
+}
+
+@test "root imports only where root may write: a user's store is refused, a planted staging symlink is never followed" {
+  skopeo_to "$GANTRY_TEST_IMAGE_TINY" "docker-archive:$T/t.tar"
+  chmod 0644 "$T/t.tar"
+  local store=$T/user/store
+  mkdir -p "$T/user" && chown "$TUSER" "$T/user"
+  # The user's own store takes the user's import.
+  runuser -u "$TUSER" -- "$GANTRY" import -q --store "$store" "docker-archive:$T/t.tar"
+  [ -n "$(ls -A "$store/images")" ]
+  # Root into that store: refused, as gantry pull is (the user could plant what root would act on).
+  run "$GANTRY" import --store "$store" "docker-archive:$T/t.tar"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"modifying image store $store as root: $store is owned by uid $(id -u "$TUSER"), neither root nor store_owner"* ]]
+  # The user swaps staging for a symlink to a directory only root may write: never followed.
+  mkdir -m 0700 "$T/root-only"
+  runuser -u "$TUSER" -- sh -c 'mv "$1/staging" "$1/staging.away" && ln -s "$2" "$1/staging"' sh "$store" "$T/root-only"
+  run "$GANTRY" import --store "$store" "docker-archive:$T/t.tar"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  [[ "$output" == *"$store/staging: is a symbolic link, which is never followed here"* ]]
+  [ -z "$(ls -A "$T/root-only")" ]
 }
 
 @test "dockerd:// and podman:// run the tool's save; a missing tool is a one-line error naming it" {
