@@ -4,6 +4,10 @@
 # directory (-merge=1: only inputs with new features are kept), so the next CI run replays them.
 # A crash leaves its input in build-fuzz/artifacts/; fix the bug, then copy the input into the corpus
 # as regression-<what> (see docs/testing.md, "Fuzzing").
+# SECONDS is wall-clock time; with GANTRY_FUZZ_CLOCK=cpu it is the fuzzer's own CPU time (user+sys,
+# read from /proc), so a campaign run niced beside other work still gets its full share: the fuzzer is
+# stopped with SIGINT (libFuzzer prints its final stats) once it has used that much CPU.
+# Prints a summary line: execs, execs/s, cov, ft, CPU and wall seconds, corpus growth.
 # Usage: bench/fuzz.sh TARGET [SECONDS] [extra libFuzzer flags, e.g. -jobs=2 -workers=2]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,11 +27,38 @@ maxlen=16384; [ "$target" = layer ] && maxlen=131072
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 log=$build/artifacts/$target-campaign.log
+clock=${GANTRY_FUZZ_CLOCK:-wall}
+limit=$seconds
+# Under the CPU clock the wall limit is only a backstop; the watcher below stops the run.
+[ "$clock" = cpu ] && limit=$((seconds * 50))
+tick=$(getconf CLK_TCK)
+cpu_of() {  # user+sys seconds of a running process (fields 14 and 15 of /proc/PID/stat)
+  local f; f=$(cut -d')' -f2- "/proc/$1/stat" 2>/dev/null) || return 1
+  set -- $f
+  echo $(( (${12} + ${13}) / tick ))
+}
 rc=0
-"$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 \
-  -artifact_prefix="$build/artifacts/$target-" "$@" "$work" >"$log" 2>&1 || rc=$?
+t0=$SECONDS
+"$bin" -max_total_time="$limit" -timeout=10 -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 \
+  -artifact_prefix="$build/artifacts/$target-" "$@" "$work" >"$log" 2>&1 &
+pid=$!
+cpu=0
+while kill -0 "$pid" 2>/dev/null; do
+  cpu=$(cpu_of "$pid") || break
+  if [ "$clock" = cpu ] && [ "$cpu" -ge "$seconds" ]; then kill -INT "$pid"; break; fi
+  sleep 5
+done
+wait "$pid" || rc=$?
+wall=$((SECONDS - t0))
+# libFuzzer exits 72 after a SIGINT it asked for; that is the end of a CPU-clock run, not a finding.
+if [ "$clock" = cpu ] && [ "$rc" -eq 72 ] && ! grep -qE 'ERROR: |runtime error|invariant' "$log"; then rc=0; fi
 grep -E '^#[0-9]+ *DONE|ERROR|runtime error|invariant|Test unit written|stat::' "$log" || true
+execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
 before=$(ls "$seeds" | wc -l)
 "$bin" -merge=1 -max_len=$maxlen "$seeds" "$work" >/dev/null 2>&1
-echo "bench/fuzz.sh: $target: corpus $before -> $(ls "$seeds" | wc -l) files (rc $rc)"
+echo "bench/fuzz.sh: $target: execs ${execs:-?} execs/s ${speed:-?} cov ${cov:-?} ft ${ft:-?}" \
+  "cpu ${cpu}s wall ${wall}s corpus $before -> $(ls "$seeds" | wc -l) files (rc $rc)"
 exit "$rc"

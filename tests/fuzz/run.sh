@@ -40,7 +40,10 @@ for t in "${targets[@]}"; do
   # -max_len: parsers see small inputs in practice; layers get room for a few tar blocks.
   maxlen=16384; [ "$t" = layer ] && maxlen=131072
   rc=0
-  "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 \
+  # SECONDS=0 replays the corpus only: libFuzzer reads -max_total_time=0 as "no limit", -runs=0 as
+  # "execute the loaded inputs, then stop".
+  limit=(-max_total_time="$seconds"); [ "$seconds" -eq 0 ] && limit=(-runs=0)
+  "$bin" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 \
     -artifact_prefix="$artifacts/$t-" "$work" >"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
