@@ -68,7 +68,7 @@ image_blobs() {
 }
 
 # blob_gets DIGEST: GETs of one blob in the open registry's access log.
-blob_gets() { gantry_registry_blob_gets "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$1"; }
+blob_gets() { "$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$1"; }
 
 @test "a cold multi-node step: one GET per blob, every rank in the image, one container per node" {
   local name digest blobs b n ranks node ns node_ns
@@ -95,10 +95,10 @@ blob_gets() { gantry_registry_blob_gets "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$1"; }
     n=$((n + 1))
   done
   echo "# cold step on $SCALE_NODES nodes: $n blob GETs for $n blobs" >&3
-  # One container per node: its ranks share one mount and one user namespace, which is neither the
-  # node's own nor any other node's.
+  # One container per node: its ranks share one mount and one user namespace, not the node's own.
+  # (Namespace inode numbers are reused once a container has gone, so two nodes whose containers did
+  # not overlap in time may show the same number: only the per-node view is checked.)
   [ "$(echo "$ranks" | awk '{print $2, $3, $4}' | sort -u | wc -l)" -eq "$SCALE_NODES" ]
-  [ "$(echo "$ranks" | awk '{print $3}' | sort -u | wc -l)" -eq "$SCALE_NODES" ]
   for node in $GANTRY_TEST_NODES; do
     ns=$(echo "$ranks" | awk -v n="$node" '$2 == n {print $3}' | sort -u)
     node_ns=$("$GANTRY_SLURM_HARNESS" exec "$node" -- readlink /proc/self/ns/mnt 3>&-)
