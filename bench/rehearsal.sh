@@ -25,6 +25,8 @@
 # blob count on the cold step, a rank outside the image, a takeover that does not complete).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+# Before lib.sh, which defaults it to the shared /tmp/gantry-harness.
+export GANTRY_HARNESS_DIR=${GANTRY_HARNESS_DIR:-/tmp/gantry-rehearsal}
 # shellcheck source=../tests/harness/lib.sh
 . "$here/tests/harness/lib.sh"
 
@@ -36,7 +38,6 @@ gantry_require_root "bench/rehearsal.sh (it starts the Slurm harness)"
 image_name=${REHEARSAL_IMAGE:-debian}
 runs=${REHEARSAL_RUNS:-3}
 rate=${REHEARSAL_RATE:-40mbit}
-export GANTRY_HARNESS_DIR=${GANTRY_HARNESS_DIR:-/tmp/gantry-rehearsal}
 export GANTRY_BUILD_DIR=${GANTRY_BUILD_DIR:-$here/build}
 export GANTRY_SOURCE_DIR=$here
 export GANTRY_PLUGSTACK_ARGS=config=$GANTRY_HARNESS_DIR/gantry.conf
@@ -100,7 +101,7 @@ gets() {
 # fresh_store NAME: a new, empty shared store for the next steps (the plugin rereads gantry.conf on
 # every step).
 fresh_store() {
-  store=$work/$1
+  store=$work/store-$1
   install -d -m 1777 "$store"
   printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\n' "$store" "$reg" >"$H/gantry.conf"
 }
@@ -109,10 +110,21 @@ as_user() { runuser -u "$GANTRY_TEST_USER" -- env -C "$work" "$@"; }
 # The rank's command: a time stamp first, then who it is and which image it runs in.
 stamp_cmd=(sh -c 'echo "$(date +%s%N) $SLURMD_NODENAME ${GANTRY_CONTAINER_IMAGE_DIGEST:-host}"')
 
+# settle: wait (up to 60 s) until no node is still completing the previous step, so that no step of
+# the rehearsal waits in the queue for the one before.
+settle() {
+  local i
+  for ((i = 0; i < 300; i++)); do
+    [ -z "$(sinfo -h -N -o %t | grep -Ev '^idle$')" ] && return 0
+    sleep 0.2
+  done
+}
+
 # step OUT SRUN_ARGS...: one srun of the stamp command, its output in OUT; sets WALL_MS and LAUNCH_NS.
 step() {
   local out=$1
   shift
+  settle
   LAUNCH_NS=$(date +%s%N)
   as_user timeout 900 srun "$@" "${stamp_cmd[@]}" >"$out" 2>"$out.err" || { echo "  srun $* failed: $(tail -3 "$out.err" | tr '\n' ' ')"; failed=1; }
   WALL_MS=$((($(date +%s%N) - LAUNCH_NS) / 1000000))
@@ -136,6 +148,7 @@ echo "  machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576
 # --- baseline ----------------------------------------------------------------------------------------
 true_ms=()
 for ((i = 0; i < runs; i++)); do
+  settle
   t=$(date +%s%N)
   as_user srun -N"$N" -n$((N * T)) true || { echo "  FAIL: srun -N$N -n$((N * T)) true"; failed=1; }
   true_ms+=($((($(date +%s%N) - t) / 1000000)))
@@ -200,6 +213,7 @@ check "warm steps: no blob GETs ($warm_gets), $warm_ranks of $((runs * N * T)) r
 echo
 fresh_store takeover
 before=$(gets)
+settle
 tc qdisc replace dev "$GANTRY_SLURM_HOST_LINK" root tbf rate "$rate" burst 32kb latency 500ms
 shaped=$GANTRY_SLURM_HOST_LINK
 LAUNCH_NS=$(date +%s%N)
