@@ -16,7 +16,10 @@
 # integration-test lock around it (flock /tmp/gantry-itest.lock bench/rehearsal.sh).
 # Settings: REHEARSAL_IMAGE (default debian, a test image name), REHEARSAL_RUNS (baseline and warm
 # repetitions, default 3), REHEARSAL_RATE (the host link's rate during the takeover, default 40mbit,
-# so that the crash lands mid-download).
+# so that the crash lands mid-download), REHEARSAL_STORE: `open` (default: a 1777 store every user
+# fills, images served by squashfuse_ll per container) or `trusted` (owned by the system account
+# gantry-store, named as store_owner: pulls run as that account, the kernel backend loop-mounts each
+# image once per node; docs/store.md, "Trusted shared store").
 #
 # Per-node container start: every rank's command prints `date +%s%N` first thing; a node's start is
 # its earliest rank's stamp minus the moment srun was started on the login node. That covers the
@@ -38,6 +41,9 @@ gantry_require_root "bench/rehearsal.sh (it starts the Slurm harness)"
 image_name=${REHEARSAL_IMAGE:-debian}
 runs=${REHEARSAL_RUNS:-3}
 rate=${REHEARSAL_RATE:-40mbit}
+store_kind=${REHEARSAL_STORE:-open}
+case $store_kind in open | trusted) ;; *) gantry_die "rehearsal: REHEARSAL_STORE must be open or trusted, got '$store_kind'" ;; esac
+owner=gantry-store
 export GANTRY_BUILD_DIR=${GANTRY_BUILD_DIR:-$here/build}
 export GANTRY_SOURCE_DIR=$here
 export GANTRY_PLUGSTACK_ARGS=config=$GANTRY_HARNESS_DIR/gantry.conf
@@ -63,6 +69,9 @@ reg=$GANTRY_TEST_LOGIN_ADDR:${GANTRY_TEST_REGISTRY_HTTP##*:}
 image="$reg#gantry-test/$image_name"
 log=$GANTRY_TEST_REGISTRY_HTTP_LOG
 work=$(mktemp -d "$GANTRY_TEST_FSX/rehearsal.XXXXXX")
+# Trusted stores live below /var/lib: the kernel backend wants every directory above an image owned
+# by root or the store account and not writable by others (the harness dir need not be).
+tstores=/var/lib/gantry-rehearsal.$$
 chmod 755 "$work"
 shaped=
 crashed=
@@ -72,8 +81,23 @@ cleanup() {
     "$GANTRY_SLURM_HARNESS" start-node "$crashed" >/dev/null 2>&1 || true
     scontrol update nodename="$crashed" state=resume 2>/dev/null || true
   fi
+  release_kernel_mounts
   if [ "${REHEARSAL_KEEP:-0}" != 1 ]; then "$here/tests/harness/slurm.sh" stop >/dev/null 2>&1 || true; fi
-  rm -rf "$work"
+  rm -rf "$work" "$tstores"
+}
+
+# release_kernel_mounts: the trusted stores' node-wide image mounts (kernel backend), unmounted in
+# every node's mount namespace, and their loop devices detached.
+release_kernel_mounts() {
+  local node f
+  [ "$store_kind" = trusted ] && [ -d "$tstores" ] || return 0
+  for node in $GANTRY_TEST_NODES; do
+    "$GANTRY_SLURM_HARNESS" exec "$node" -- sh -c 'grep -o " /run/gantry/images/[^ ]*" /proc/self/mountinfo | while read -r m; do umount -l "$m"; done' 2>/dev/null || true
+  done
+  for f in "$tstores"/*/images/*.sqsh; do
+    [ -e "$f" ] || continue
+    losetup -j "$f" | cut -d: -f1 | while read -r l; do losetup -d "$l" 2>/dev/null || true; done
+  done
 }
 trap cleanup EXIT
 
@@ -101,9 +125,18 @@ gets() {
 # fresh_store NAME: a new, empty shared store for the next steps (the plugin rereads gantry.conf on
 # every step).
 fresh_store() {
-  store=$work/store-$1
-  install -d -m 1777 "$store"
-  printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\n' "$store" "$reg" >"$H/gantry.conf"
+  local d
+  if [ "$store_kind" = open ]; then
+    store=$work/store-$1
+    install -d -m 1777 "$store"
+    printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\n' "$store" "$reg" >"$H/gantry.conf"
+  else
+    id -u "$owner" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$owner"
+    store=$tstores/store-$1
+    install -d -m 0755 "$tstores"
+    for d in "" images refs used locks staging; do install -d -o "$owner" -g "$owner" -m 0755 "$store/$d"; done
+    printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nimport_messages = 0\n' "$store" "$owner" "$reg" >"$H/gantry.conf"
+  fi
 }
 
 as_user() { runuser -u "$GANTRY_TEST_USER" -- env -C "$work" "$@"; }
@@ -141,7 +174,7 @@ pct() { sort -n | awk -v p="$1" '{a[NR] = $1} END { if (!NR) { print "-"; exit }
 median() { pct 50; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }'; }
 
-echo "bench/rehearsal: N=$N nodes x $T tasks = $((N * T)) ranks; image $image ($nblobs blobs, $((blob_bytes / 1048576)) MiB compressed)"
+echo "bench/rehearsal: N=$N nodes x $T tasks = $((N * T)) ranks; image $image ($nblobs blobs, $((blob_bytes / 1048576)) MiB compressed); $store_kind store"
 echo "  harness: registry+image $(((t1 - t0) / 1000000)) ms, $N-node cluster start $(((t2 - t1) / 1000000)) ms; slurmd RSS total $(ps -o rss= -C slurmd | awk '{s += $1} END {printf "%d MiB", s / 1024}')"
 echo "  machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576}' /proc/meminfo), $(uname -r)"
 
