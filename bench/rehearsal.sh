@@ -122,6 +122,10 @@ gets() {
   echo "$n"
 }
 
+# manifests: manifest requests (GET and HEAD) for the image in the registry's log so far: with the
+# default pull_policy=always every node asks once per step (a tag may have moved).
+manifests() { grep -cE "\"(GET|HEAD) /v2/gantry-test/$image_name/manifests/" "$log" || true; }
+
 # fresh_store NAME: a new, empty shared store for the next steps (the plugin rereads gantry.conf on
 # every step).
 fresh_store() {
@@ -200,9 +204,11 @@ base_p99=$(pct 99 <"$work/base.starts")
 # --- cold --------------------------------------------------------------------------------------------
 fresh_store cold
 before=$(gets)
+mbefore=$(manifests)
 step "$work/cold" -N"$N" --ntasks-per-node="$T" --container-image="$image"
 cold_ms=$WALL_MS
 cold_gets=$(($(gets) - before))
+cold_manifests=$(($(manifests) - mbefore))
 mapfile -t cold_starts < <(node_starts "$work/cold" "$LAUNCH_NS")
 cold_p50=$(printf '%s\n' "${cold_starts[@]}" | pct 50)
 cold_p99=$(printf '%s\n' "${cold_starts[@]}" | pct 99)
@@ -211,6 +217,7 @@ cold_nodes=$(awk -v d="$digest" '$3 == d {print $2}' "$work/cold" | sort -u | wc
 
 # --- warm --------------------------------------------------------------------------------------------
 before=$(gets)
+mbefore=$(manifests)
 warm_wall=()
 warm_ranks=0
 for ((i = 0; i < runs; i++)); do
@@ -220,6 +227,7 @@ for ((i = 0; i < runs; i++)); do
   warm_ranks=$((warm_ranks + $(grep -c " $digest$" "$work/warm.$i" || true)))
 done
 warm_gets=$(($(gets) - before))
+warm_manifests=$((($(manifests) - mbefore) / runs))
 warm_ms=$(printf '%s\n' "${warm_wall[@]}" | median)
 warm_p50=$(pct 50 <"$work/warm.starts")
 warm_p99=$(pct 99 <"$work/warm.starts")
@@ -231,7 +239,7 @@ printf '%-58s %10s %10s %10s\n' "srun stamp, --container-image, cold (fresh stor
 printf '%-58s %10s %10s %10s\n' "srun stamp, --container-image, warm (median of $runs)" "$warm_ms" "$warm_p50" "$warm_p99"
 echo "ratios to srun true:      cold $(ratio "$cold_ms" "$base_true"), warm $(ratio "$warm_ms" "$base_true")"
 echo "ratios to the stamp step: cold $(ratio "$cold_ms" "$base_stamp"), warm $(ratio "$warm_ms" "$base_stamp"); node p50 cold $(ratio "$cold_p50" "$base_p50"), warm $(ratio "$warm_p50" "$base_p50")"
-echo "blob GETs: cold $cold_gets for $nblobs blobs; warm $warm_gets over $runs steps"
+echo "blob GETs: cold $cold_gets for $nblobs blobs; warm $warm_gets over $runs steps. Manifest requests: cold $cold_manifests, warm $warm_manifests per step"
 check "cold step: blob GETs ($cold_gets) = the image's blob count ($nblobs)" [ "$cold_gets" -eq "$nblobs" ]
 check "cold step: $cold_ranks of $((N * T)) ranks ran in the image, on $cold_nodes of $N nodes" [ "$cold_ranks" -eq $((N * T)) ]
 check "warm steps: no blob GETs ($warm_gets), $warm_ranks of $((runs * N * T)) ranks in the image" \
