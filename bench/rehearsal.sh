@@ -12,7 +12,7 @@
 #
 # It starts what is missing in $GANTRY_HARNESS_DIR (default /tmp/gantry-rehearsal): the registries,
 # the image (tests/images/build.sh --only, cached) and an N-node cluster loading $GANTRY_BUILD_DIR's
-# plugin (default ./build); REHEARSAL_KEEP=1 leaves the cluster running afterwards. Hold the machine's
+# plugin (default ./build); REHEARSAL_KEEP=1 leaves the cluster (and registries it started) running afterwards. Hold the machine's
 # integration-test lock around it (flock /tmp/gantry-itest.lock bench/rehearsal.sh).
 # Settings: REHEARSAL_IMAGE (default debian, a test image name), REHEARSAL_RUNS (baseline and warm
 # repetitions, default 3), REHEARSAL_RATE (the host link's rate during the takeover, default 40mbit,
@@ -55,6 +55,9 @@ chmod 755 "$H"
 
 # --- the harness: registries, the image, the cluster -------------------------------------------------
 t0=$(date +%s%N)
+# Registries this run starts are stopped again at the end; ones already running are left alone.
+registry_was_up=0
+"$here/tests/harness/registry.sh" status >/dev/null 2>&1 && registry_was_up=1
 "$here/tests/harness/registry.sh" start >/dev/null
 "$here/tests/images/build.sh" --only "$image_name" >/dev/null
 t1=$(date +%s%N)
@@ -82,7 +85,10 @@ cleanup() {
     scontrol update nodename="$crashed" state=resume 2>/dev/null || true
   fi
   release_kernel_mounts
-  if [ "${REHEARSAL_KEEP:-0}" != 1 ]; then "$here/tests/harness/slurm.sh" stop >/dev/null 2>&1 || true; fi
+  if [ "${REHEARSAL_KEEP:-0}" != 1 ]; then
+    "$here/tests/harness/slurm.sh" stop >/dev/null 2>&1 || true
+    [ "$registry_was_up" = 1 ] || "$here/tests/harness/registry.sh" stop >/dev/null 2>&1 || true
+  fi
   rm -rf "$work" "$tstores"
 }
 
