@@ -42,6 +42,7 @@ setup() {
   install -d -m 1777 "$STORE"
   printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\n' "$STORE" "$REG" >"$SCALE_DIR/gantry.conf"
   CRASHED_NODE=
+  # shellcheck disable=SC2034 # read by shape_link/unshape_link (helpers.bash)
   SHAPED_DEV=
 }
 
