@@ -479,11 +479,13 @@ setup_network() {
   done
 }
 
-# start_holder NODE: a sleeping process that owns NODE's UTS and mount namespace (its network
-# namespace is the named one). slurmd is started inside it, so a test can kill and restart slurmd
-# without losing the node. Not `ip netns exec`: that remounts /sys and hides the cgroup tree.
-start_holder() {
-  local node=$1 dir=$state/nodes/$1 pid
+# spawn_holder NODE: start a sleeping process that owns NODE's UTS and mount namespace (its network
+# namespace is the named one); await_holder NODE waits for it. slurmd is started inside it, so a test
+# can kill and restart slurmd without losing the node. Not `ip netns exec`: that remounts /sys and
+# hides the cgroup tree. Split in two so that all nodes' holders start at once (80 nodes: 80 waits).
+declare -A spawned_of=()
+spawn_holder() {
+  local node=$1 dir=$state/nodes/$1
   rm -f "$dir/holder.pid"
   spawn nsenter --net="/run/netns/$node_ns_prefix$node" -- \
     unshare --uts --mount --propagation slave -- /bin/sh -ec '
@@ -492,14 +494,20 @@ start_holder() {
       mount --bind "$2/scratch" "$3"
       echo $$ > "$2/holder.pid"
       exec sleep infinity' holder "$node" "$dir" "$scratch" >>"$dir/holder.log" 2>&1
-  pid=$(wait_for_pidfile "$dir/holder.pid" 10 "$spawned_pid") || die "namespaces of $node could not be set up; see $dir/holder.log: $(tail -3 "$dir/holder.log" | tr '\n' ' ')"
+  spawned_of[$node.holder]=$spawned_pid
+}
+
+await_holder() {
+  local node=$1 dir=$state/nodes/$1 pid
+  pid=$(wait_for_pidfile "$dir/holder.pid" 30 "${spawned_of[$node.holder]}") || die "namespaces of $node could not be set up; see $dir/holder.log: $(tail -3 "$dir/holder.log" | tr '\n' ' ')"
   record_pid "$node.holder" "$pid"
 }
 
-# start_slurmd NODE: start NODE's slurmd (inside its namespaces unless single-node) and wait for
-# its pid file.
-start_slurmd() {
-  local node=$1 dir=$state/nodes/$1 pid
+# spawn_slurmd NODE: start NODE's slurmd (inside its namespaces unless single-node); await_slurmd NODE
+# waits for its pid file. start_slurmd NODE does both (start-node); cmd_start spawns every node's
+# slurmd before waiting for the first, so that 80 nodes start in the time of a few.
+spawn_slurmd() {
+  local node=$1 dir=$state/nodes/$1
   rm -f "$dir/slurmd.pid"
   if [ "$mode" = single ]; then
     spawn slurmd -D -f "$conf" -N "$node" >>"$dir/slurmd.out" 2>&1
@@ -507,9 +515,20 @@ start_slurmd() {
     spawn nsenter --target "$(pid_of "$node.holder")" --net --uts --mount -- \
       slurmd -D -f "$conf" -N "$node" >>"$dir/slurmd.out" 2>&1
   fi
-  pid=$(wait_for_pidfile "$dir/slurmd.pid" 20 "$spawned_pid") ||
+  spawned_of[$node.slurmd]=$spawned_pid
+}
+
+await_slurmd() {
+  local node=$1 dir=$state/nodes/$1 pid
+  # 60 s: on 2 cores, 80 slurmds initialising at once take a while before the last writes its pid.
+  pid=$(wait_for_pidfile "$dir/slurmd.pid" 60 "${spawned_of[$node.slurmd]}") ||
     die "slurmd of $node did not start; see $dir/slurmd.log and $dir/slurmd.out. Last errors: $(last_errors "$dir/slurmd.out" "$dir/slurmd.log")"
   record_pid "$node.slurmd" "$pid"
+}
+
+start_slurmd() {
+  spawn_slurmd "$1"
+  await_slurmd "$1"
 }
 
 write_plugstack() {
@@ -731,7 +750,8 @@ EOF
   if [ "$mode" = multi ]; then
     setup_network
     write_hosts_files
-    for node in $node_list; do start_holder "$node"; done
+    for node in $node_list; do spawn_holder "$node"; done
+    for node in $node_list; do await_holder "$node"; done
   fi
   write_slurm_conf
 
@@ -743,7 +763,8 @@ EOF
   record_pid slurmctld "$pid"
   note "slurmctld running (pid $pid, $ctl_host $ctl_addr:$ctld_port)"
 
-  for node in $node_list; do start_slurmd "$node"; done
+  for node in $node_list; do spawn_slurmd "$node"; done
+  for node in $node_list; do await_slurmd "$node"; done
   wait_for_idle "${GANTRY_SLURM_START_TIMEOUT:-60}"
   write_env
   trap - EXIT
