@@ -140,10 +140,14 @@ setup_file() {
   [ "$output" = "tiny work dir" ]
 }
 
-@test "deployment scripts and YAML pass shellcheck and yamllint" {
+@test "deployment scripts, the bash completion and YAML pass shellcheck and yamllint" {
   run shellcheck -x "$SRC/packaging/build-packages.sh" "$SRC/packaging/test-install.sh" \
     "$SRC/packaging/parallelcluster/gantry-node.sh" "$SRC/packaging/slinky/build-gantry.sh" \
     "$SRC/tests/harness/deploy_roots.sh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  # The bash completion has no #! line (bash-completion sources it): checked as bash.
+  run shellcheck -s bash "$SRC/packaging/completion/gantry"
   echo "$output"
   [ "$status" -eq 0 ]
   run yamllint -d '{extends: default, rules: {line-length: {max: 110}}}' \
