@@ -77,8 +77,8 @@ std::string CommandLine::overview() const {
     for (const auto& t : shown) out += "  " + t.synopsis + "\n";
     out +=
         "\n`gantry <command> --help` lists the options of one command.\n"
-        "exit status: 0 success; 1 failure; 2 usage error (image verbs and doctor); run and exec: 125\n"
-        "gantry failed, 126 command not executable, 127 command not found, else the command's status\n";
+        "exit status: 0 success; 1 failure; 2 usage error. run, exec, stop, ps: 125 usage error or gantry\n"
+        "failed; run and exec: 126 command not executable, 127 command not found, else the command's status\n";
     return out;
 }
 
@@ -156,8 +156,25 @@ ParseOutcome CommandLine::usage_error(const CLI::App* verb, const CLI::ParseErro
     return out;
 }
 
+namespace {
+
+// "-w=/x" means "-w /x" (docker's flag library reads it so); CLI11 would take "=/x". No option value
+// of ours starts with '=', so one leading '=' is dropped from the values of options with a short name.
+void drop_short_equals(CLI::App& root) {
+    for (CLI::App* verb : root.get_subcommands([](CLI::App*) { return true; }))
+        for (CLI::Option* opt : verb->get_options([](CLI::Option* o) { return !o->get_snames().empty(); }))
+            if (!is_flag(*opt))
+                opt->transform([](std::string v) { return !v.empty() && v[0] == '=' ? v.substr(1) : v; });
+}
+
+}  // namespace
+
 ParseOutcome CommandLine::parse(std::vector<std::string> args) {
     version_ = false;
+    if (!prepared_) {
+        drop_short_equals(app_);
+        prepared_ = true;
+    }
     // CLI11 takes the words last first.
     std::reverse(args.begin(), args.end());
     auto parsed_verb = [&]() -> CLI::App* {

@@ -61,6 +61,7 @@ private:
     CLI::App app_;
     std::vector<VerbText> texts_;
     bool version_ = false;
+    bool prepared_ = false;
 };
 
 // The verb named `name`, hidden ones included; nullptr when there is none.
