@@ -156,25 +156,8 @@ ParseOutcome CommandLine::usage_error(const CLI::App* verb, const CLI::ParseErro
     return out;
 }
 
-namespace {
-
-// "-w=/x" means "-w /x" (docker's flag library reads it so); CLI11 would take "=/x". No option value
-// of ours starts with '=', so one leading '=' is dropped from the values of options with a short name.
-void drop_short_equals(CLI::App& root) {
-    for (CLI::App* verb : root.get_subcommands([](CLI::App*) { return true; }))
-        for (CLI::Option* opt : verb->get_options([](CLI::Option* o) { return !o->get_snames().empty(); }))
-            if (!is_flag(*opt))
-                opt->transform([](std::string v) { return !v.empty() && v[0] == '=' ? v.substr(1) : v; });
-}
-
-}  // namespace
-
 ParseOutcome CommandLine::parse(std::vector<std::string> args) {
     version_ = false;
-    if (!prepared_) {
-        drop_short_equals(app_);
-        prepared_ = true;
-    }
     // CLI11 takes the words last first.
     std::reverse(args.begin(), args.end());
     auto parsed_verb = [&]() -> CLI::App* {

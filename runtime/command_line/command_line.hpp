@@ -61,7 +61,6 @@ private:
     CLI::App app_;
     std::vector<VerbText> texts_;
     bool version_ = false;
-    bool prepared_ = false;
 };
 
 // The verb named `name`, hidden ones included; nullptr when there is none.

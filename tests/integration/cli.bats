@@ -120,6 +120,10 @@ as_user() { runuser -u "$TUSER" -- env -C "$T" HOME="$T/home" GANTRY_CONFIG="$GA
   [ "$output" = "gantry: run: unknown option '--no-such-option' (see gantry run --help)" ]
   run "$GANTRY" run -e =x "$REG/$GANTRY_TEST_IMAGE_TINY" true
   [ "$status" -eq 125 ]
+  # "-e=FOO=bar" is not docker's "-e FOO=bar": the value keeps its '=' and is refused, not misread.
+  run "$GANTRY" run -e=FOO=bar "$REG/$GANTRY_TEST_IMAGE_TINY" true
+  [ "$status" -eq 125 ]
+  [ "$output" = "gantry: run: --env '=FOO=bar': no variable name before '='" ]
   run "$GANTRY" run -e
   [ "$status" -eq 125 ]
   [ "$output" = "gantry: run: --env needs a value (see gantry run --help)" ]

@@ -63,10 +63,10 @@ TEST_CASE("run-like verbs: options before the first operand, every word after it
     CHECK(o.verb == "run");
     CHECK(f.env == std::vector<std::string>{"A=x,y=z", "B=2", "C"});
     CHECK(f.operands == std::vector<std::string>{"img", "ls", "--help", "-e", "X", "--", "-la"});
-    // "-e=A=1" as docker reads it: the value A=1.
+    // "-eVALUE" attaches a value to a short option; "-e=VALUE" keeps the '=' (the verb rejects it).
     Fixture e;
     CHECK(e.parse({"run", "-e=A=1", "img"}).verb == "run");
-    CHECK(e.env == std::vector<std::string>{"A=1"});
+    CHECK(e.env == std::vector<std::string>{"=A=1"});
     Fixture g;
     CHECK(g.parse({"run", "--", "img", "-x"}).verb == "run");
     CHECK(g.operands == std::vector<std::string>{"img", "-x"});
