@@ -55,6 +55,10 @@ install(FILES ${_pkg_out}/plugstack.conf DESTINATION ${GANTRY_INSTALL_SYSCONFDIR
 install(FILES ${_pkg}/tmpfiles/gantry.conf DESTINATION lib/tmpfiles.d
         PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 
+# bash completion (verbs, options, stored images), where bash-completion loads it on first use.
+install(FILES ${_pkg}/completion/gantry DESTINATION share/bash-completion/completions
+        PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+
 # Man pages and package docs, gzipped reproducibly (-n: no name or time stamp) as Debian policy asks.
 set(_gz_files)
 foreach(pair "man/gantry.1:share/man/man1" "man/gantry.conf.5:share/man/man5"

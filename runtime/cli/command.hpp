@@ -1,29 +1,29 @@
-// The CLI's verb table. Each runtime/cli/<verb>.cpp registers its verbs with a static Registration,
-// so main.cpp stays a dispatcher and each verb lives in the file named after it.
+// The CLI's verb table. Each runtime/cli/<verb>.cpp registers its verbs with a static Registration:
+// the texts of the verb's help and a function that declares its options and operands on the verb's
+// CLI11 subcommand (runtime/command_line) and returns what runs it, so main.cpp stays a dispatcher and
+// each verb lives in the file named after it.
 #pragma once
 
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "command_line.hpp"
+
 namespace gantry::cli {
 
-// Gets the arguments after the verb (args[0] is the first option or operand). Returns the exit status.
-using CommandFn = std::function<int(const std::vector<std::string>& args)>;
+struct VerbRunner {
+    std::function<int()> run{};  // after a successful parse; returns the exit status
+    // Optional: told the one-line message of a wrong command line before gantry exits (pull's report).
+    std::function<void(const std::string& message)> on_usage_error{};
+};
 
 struct Command {
-    std::string name;
-    std::string synopsis;  // one line for `gantry --help`: "pull IMAGE    fetch an image ..."
-    // `gantry <verb> --help`: the usage line and the options, one per line. The only copy: error
-    // messages point here ("see gantry <verb> --help") rather than repeat it.
-    std::string usage;
-    CommandFn run;
+    VerbText text{};
+    std::function<VerbRunner(CLI::App& verb)> define{};
 };
 
 std::vector<Command>& commands();
-
-// Prints the verb's usage text to stdout (`gantry <verb> --help`); returns exit status 0.
-int print_usage(const std::string& verb);
 
 struct Registration {
     explicit Registration(Command c) { commands().push_back(std::move(c)); }

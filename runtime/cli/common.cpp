@@ -14,52 +14,6 @@
 
 namespace gantry::cli {
 
-std::optional<std::string> take_option(std::vector<std::string>& args, const std::string& name) {
-    std::optional<std::string> value;
-    for (size_t i = 0; i < args.size();) {
-        if (args[i] == "--") break;
-        if (args[i] == name && i + 1 < args.size()) {
-            value = args[i + 1];
-            args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
-        } else if (starts_with(args[i], name + "=")) {
-            value = args[i].substr(name.size() + 1);
-            args.erase(args.begin() + static_cast<long>(i));
-        } else {
-            ++i;
-        }
-    }
-    return value;
-}
-
-bool take_flag(std::vector<std::string>& args, const std::string& name) {
-    bool found = false;
-    for (size_t i = 0; i < args.size();) {
-        if (args[i] == "--") break;
-        if (args[i] == name) {
-            found = true;
-            args.erase(args.begin() + static_cast<long>(i));
-        } else {
-            ++i;
-        }
-    }
-    return found;
-}
-
-bool take_help(std::vector<std::string>& args) {
-    bool long_form = take_flag(args, "--help");
-    bool short_form = take_flag(args, "-h");
-    return long_form || short_form;
-}
-
-Status reject_unknown_options(const std::vector<std::string>& args, const std::string& verb) {
-    for (const auto& a : args) {
-        if (a == "--") break;
-        if (a.size() > 1 && a[0] == '-')
-            return make_error(verb + ": unknown option '" + a + "' (see gantry " + verb + " --help)");
-    }
-    return {};
-}
-
 Result<long long> parse_duration(const std::string& text) {
     if (text.empty()) return make_error("empty duration");
     size_t pos = 0;

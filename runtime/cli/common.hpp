@@ -1,4 +1,4 @@
-// Pieces shared by the CLI verbs: option scanning, configuration and store opening, and resolving an
+// Pieces shared by the CLI verbs: option values, configuration and store opening, and resolving an
 // IMAGE operand (a registry reference or a local squashfs path) to a squashfs file plus its config.
 #pragma once
 
@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "command_line.hpp"
 #include "gantry/config.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/pull.hpp"
@@ -14,15 +15,10 @@
 
 namespace gantry::cli {
 
-// Scans `args` for "--name VALUE" / "--name=VALUE". Returns the value and removes it from args.
-std::optional<std::string> take_option(std::vector<std::string>& args, const std::string& name);
-// Scans `args` for a "--name" flag and removes it.
-bool take_flag(std::vector<std::string>& args, const std::string& name);
-// Scans `args` for "--help" or "-h" and removes them; true when one was there.
-bool take_help(std::vector<std::string>& args);
-// Fails on any remaining "--option" in args (before a "--" separator):
-// "<verb>: unknown option '--x' (see gantry <verb> --help)".
-Status reject_unknown_options(const std::vector<std::string>& args, const std::string& verb);
+// The value of an option when the command line gave it.
+inline std::optional<std::string> given(const CLI::Option* opt, const std::string& value) {
+    return opt->count() > 0 ? std::optional<std::string>(value) : std::nullopt;
+}
 
 // Parses "30d", "12h", "15m", "90s" or plain seconds.
 Result<long long> parse_duration(const std::string& text);
@@ -53,10 +49,10 @@ Result<PullPolicy> pull_policy(const Config& config, const std::optional<std::st
 // reference whose tag the store has recorded.
 Result<StoredImage> find_stored(const ImageStore& store, const std::string& image);
 
-// Exit statuses of the image verbs and doctor (gantry(1), EXIT STATUS): 1 the operation failed, 2 the
-// command line is wrong (unknown option, missing or extra operand, malformed option value).
+// Exit statuses of the image verbs and doctor (gantry(1), EXIT STATUS): 1 the operation failed,
+// kUsageError (2, command_line.hpp) the command line is wrong (unknown option, missing or extra operand,
+// malformed option value).
 constexpr int kFailed = 1;
-constexpr int kUsageError = 2;
 
 // Prints one error line ("gantry: ...") and returns exit status 1.
 int fail(const Error& error);

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -327,13 +328,8 @@ Check store_filesystem(const Config& config) {
     return c;
 }
 
-int doctor_verb(const std::vector<std::string>& args_in) {
-    std::vector<std::string> args = args_in;
-    if (take_help(args)) return print_usage("doctor");
-    auto plugstack = take_option(args, "--plugstack");
+int doctor_verb(const std::optional<std::string>& plugstack) {
     const char* slurm_conf_env = std::getenv("SLURM_CONF");
-    if (auto st = reject_unknown_options(args, "doctor"); !st) return usage_error(st.error());
-    if (!args.empty()) return usage_error(make_error("doctor: takes no operands (see gantry doctor --help)"));
     auto config = load_config();
     if (!config) return fail(config.error());
 
@@ -365,17 +361,21 @@ int doctor_verb(const std::vector<std::string>& args_in) {
     return failed == 0 ? 0 : 1;
 }
 
+VerbRunner define_doctor(CLI::App& app) {
+    auto plugstack = std::make_shared<std::string>();
+    CLI::Option* opt = app.add_option("--plugstack", *plugstack, "the plugstack.conf to check (default: the one slurm.conf names)")
+                           ->type_name("FILE");
+    return {[plugstack, opt] { return doctor_verb(given(opt, *plugstack)); }, {}};
+}
+
 const Registration doctor_registration(
-    {"doctor",
-     "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, flock, "
-     "GPUs, EFA, memlock, plugin, Slurm version",
-     "usage: gantry doctor [--plugstack FILE]\n"
-     "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).\n"
-     "Exit status 1 when a check fails, 2 on a usage error.\n\n"
-     "options:\n"
-     "  --plugstack FILE   the plugstack.conf to check (default: the one slurm.conf names)\n"
-     "  -h, --help         print this help\n",
-     doctor_verb});
+    {{"doctor",
+      "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, flock, "
+      "GPUs, EFA, memlock, plugin, Slurm version",
+      "[--plugstack FILE]",
+      "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).",
+      "exit status: 0 every check passed, 1 a check failed, 2 a usage error\n"},
+     define_doctor});
 
 }  // namespace
 }  // namespace gantry::cli

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "command.hpp"
@@ -130,18 +131,29 @@ int credentials_only(const ImageReference& ref, int out_fd) {
     return 0;
 }
 
-int cmd_pull(std::vector<std::string> args) {
-    if (take_help(args)) return print_usage("pull");
-    auto store_opt = take_option(args, "--store");
-    auto platform_opt = take_option(args, "--platform");
-    bool quiet = take_flag(args, "--quiet") || take_flag(args, "-q");
-    auto pull_opt = take_option(args, "--pull");
-    // Hidden: the plugin's side of a pull (plugin/step.cpp): the typed report (include/gantry/pull_report.hpp)
-    // and the two halves of a pull into a trusted store (see credentials_to_json).
-    auto report_opt = take_option(args, "--report-fd");
-    bool credentials_only_flag = take_flag(args, "--credentials-only");
-    auto creds_out_opt = take_option(args, "--credentials-out-fd");
-    auto creds_in_opt = take_option(args, "--credentials-fd");
+struct PullArgs {
+    std::string image, store, platform, pull, report_fd, creds_out, creds_in;
+    bool quiet = false, credentials_only = false;
+    CLI::Option *store_opt, *platform_opt, *pull_opt, *report_opt, *creds_out_opt, *creds_in_opt;
+};
+
+// A wrong command line with --report-fd: the plugin reads why from the report as from any failure.
+void report_usage_error(const PullArgs& a, const std::string& message) {
+    if (a.report_opt->count() == 0) return;
+    if (auto fd = parse_fd("--report-fd", a.report_fd))
+        send_pull_report(*fd, PullReport{{}, {}, {}, PullErrorKind::usage, message});
+}
+
+int cmd_pull(const PullArgs& a) {
+    auto store_opt = given(a.store_opt, a.store);
+    auto platform_opt = given(a.platform_opt, a.platform);
+    bool quiet = a.quiet;
+    auto pull_opt = given(a.pull_opt, a.pull);
+    auto report_opt = given(a.report_opt, a.report_fd);
+    bool credentials_only_flag = a.credentials_only;
+    auto creds_out_opt = given(a.creds_out_opt, a.creds_out);
+    auto creds_in_opt = given(a.creds_in_opt, a.creds_in);
+    const std::vector<std::string> args = {a.image};
     int report_fd = -1;
     // Every outcome goes to stderr (people) and, with --report-fd, into the report (the plugin).
     auto finish = [&](PullErrorKind kind, const Error& error) {
@@ -158,8 +170,6 @@ int cmd_pull(std::vector<std::string> args) {
         if (!fd) return usage_error(fd.error());
         report_fd = *fd;
     }
-    if (auto st = reject_unknown_options(args, "pull"); !st) return finish_usage(st.error());
-    if (args.size() != 1) return finish_usage(make_error("pull: takes exactly one IMAGE (see gantry pull --help)"));
     if (credentials_only_flag != creds_out_opt.has_value())
         return finish_usage(make_error("pull: --credentials-only and --credentials-out-fd go together"));
     auto ref = parse_reference(args[0]);
@@ -220,15 +230,16 @@ int cmd_pull(std::vector<std::string> args) {
     return 0;
 }
 
-int cmd_images(std::vector<std::string> args) {
-    if (take_help(args)) return print_usage("images");
-    auto store_opt = take_option(args, "--store");
-    auto format_opt = take_option(args, "--format");
-    bool digests = take_flag(args, "--digests");
-    bool quiet_long = take_flag(args, "--quiet");
-    bool quiet = take_flag(args, "-q") || quiet_long;
-    if (auto st = reject_unknown_options(args, "images"); !st) return usage_error(st.error());
-    if (!args.empty()) return usage_error(make_error("images: takes no operands (see gantry images --help)"));
+struct ImagesArgs {
+    std::string store, format;
+    bool digests = false, quiet = false;
+    CLI::Option *store_opt, *format_opt;
+};
+
+int cmd_images(const ImagesArgs& a) {
+    auto store_opt = given(a.store_opt, a.store);
+    auto format_opt = given(a.format_opt, a.format);
+    bool digests = a.digests, quiet = a.quiet;
     if (format_opt && *format_opt != "json" && *format_opt != "table")
         return usage_error(make_error("images: unknown --format '" + *format_opt + "' (json or table)"));
     bool json = format_opt && *format_opt == "json";
@@ -280,12 +291,16 @@ int cmd_images(std::vector<std::string> args) {
     return 0;
 }
 
-int cmd_inspect(std::vector<std::string> args) {
-    if (take_help(args)) return print_usage("inspect");
-    auto store_opt = take_option(args, "--store");
-    if (auto st = reject_unknown_options(args, "inspect"); !st) return usage_error(st.error());
-    if (args.size() != 1)
-        return usage_error(make_error("inspect: takes exactly one IMAGE (see gantry inspect --help)"));
+// inspect and rm: IMAGE operands and --store.
+struct StoredArgs {
+    std::vector<std::string> images;
+    std::string store;
+    CLI::Option* store_opt;
+};
+
+int cmd_inspect(const StoredArgs& a) {
+    auto store_opt = given(a.store_opt, a.store);
+    const auto& args = a.images;
     auto config = load_config();
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
@@ -314,25 +329,23 @@ int cmd_inspect(std::vector<std::string> args) {
     return 0;
 }
 
-int cmd_rm(std::vector<std::string> args) {
-    if (take_help(args)) return print_usage("rm");
-    auto store_opt = take_option(args, "--store");
-    if (auto st = reject_unknown_options(args, "rm"); !st) return usage_error(st.error());
-    if (args.empty()) return usage_error(make_error("rm: takes one or more IMAGEs (see gantry rm --help)"));
+int cmd_rm(const StoredArgs& a) {
+    auto store_opt = given(a.store_opt, a.store);
+    const auto& args = a.images;
     auto config = load_config();
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), false);
     if (!store) return fail(store.error());
     if (auto st = act_as_store_owner(*store); !st) return fail(st.error().wrap("removing images"));
     int status = 0;
-    for (const auto& a : args) {
-        auto img = find_stored(*store, a);
+    for (const auto& name : args) {
+        auto img = find_stored(*store, name);
         if (!img) {
             status = fail(img.error());
             continue;
         }
         if (auto st = store->remove(img->digest); !st) {
-            status = fail(st.error().wrap("removing " + a));
+            status = fail(st.error().wrap("removing " + name));
             continue;
         }
         std::printf("removed %s\n", img->digest.c_str());
@@ -340,13 +353,15 @@ int cmd_rm(std::vector<std::string> args) {
     return status;
 }
 
-int cmd_gc(std::vector<std::string> args) {
-    if (take_help(args)) return print_usage("gc");
-    auto store_opt = take_option(args, "--store");
-    auto max_bytes_opt = take_option(args, "--max-bytes");
-    auto unused_opt = take_option(args, "--unused-for");
-    if (auto st = reject_unknown_options(args, "gc"); !st) return usage_error(st.error());
-    if (!args.empty()) return usage_error(make_error("gc: takes no operands (see gantry gc --help)"));
+struct GcArgs {
+    std::string store, max_bytes, unused_for;
+    CLI::Option *store_opt, *max_bytes_opt, *unused_opt;
+};
+
+int cmd_gc(const GcArgs& a) {
+    auto store_opt = given(a.store_opt, a.store);
+    auto max_bytes_opt = given(a.max_bytes_opt, a.max_bytes);
+    auto unused_opt = given(a.unused_opt, a.unused_for);
     unsigned long long max_bytes = 0;
     long long unused = 0;
     if (max_bytes_opt) {
@@ -375,58 +390,94 @@ int cmd_gc(std::vector<std::string> args) {
     return status;
 }
 
-const Registration reg_pull({"pull",
-                             "pull [--store DIR] [--platform OS/ARCH] [--pull POLICY] [--quiet] IMAGE   fetch an image into the store",
-                             "usage: gantry pull [OPTIONS] IMAGE\n"
-                             "Fetches IMAGE (a registry reference) into the store as one squashfs file and prints\n"
-                             "'<digest> <squashfs path>'.\n\n"
-                             "options:\n"
-                             "  --store DIR                     the image store (default: gantry.conf's store_path)\n"
-                             "  --platform OS/ARCH[/VARIANT]    the platform to pick from a multi-platform image\n"
-                             "  --pull always|missing|never     when to ask the registry what a tag names (default:\n"
-                             "                                  GANTRY_PULL_POLICY, else gantry.conf's pull_policy)\n"
-                             "  -q, --quiet                     no progress\n"
-                             "  -h, --help                      print this help\n",
-                             cmd_pull});
-const Registration reg_images({"images",
-                               "images [--store DIR] [-q] [--digests] [--format json]   list the images in the store",
-                               "usage: gantry images [OPTIONS]\n"
-                               "Lists the images in the store: reference, digest, size, last use, whether in use.\n\n"
-                               "options:\n"
-                               "  --store DIR      the image store (default: gantry.conf's store_path)\n"
-                               "  --digests        full digests in the DIGEST column\n"
-                               "  -q, --quiet      only the digests, one per line\n"
-                               "  --format json    a JSON array of {digest, references, size, pulled_at, last_used,\n"
-                               "                   in_use}; times in RFC 3339 UTC, null when unknown\n"
-                               "  --format table   the columns (the default)\n"
-                               "  -h, --help       print this help\n",
-                               cmd_images});
+constexpr const char* kStoreHelp = "the image store (default: gantry.conf's store_path)";
+
+CLI::Option* add_store(CLI::App& app, std::string& store) {
+    return app.add_option("--store", store, kStoreHelp)->type_name("DIR");
+}
+
+VerbRunner define_pull(CLI::App& app) {
+    auto a = std::make_shared<PullArgs>();
+    a->store_opt = add_store(app, a->store);
+    a->platform_opt = app.add_option("--platform", a->platform, "the platform to pick from a multi-platform image")
+                          ->type_name("OS/ARCH[/VARIANT]");
+    a->pull_opt = app.add_option("--pull", a->pull,
+                                 "when to ask the registry what a tag names (default:\n"
+                                 "GANTRY_PULL_POLICY, else gantry.conf's pull_policy)")
+                      ->type_name("always|missing|never");
+    app.add_flag("-q,--quiet", a->quiet, "no progress");
+    // Hidden (group ""): the plugin's side of a pull (plugin/pull.cpp): the typed report
+    // (include/gantry/pull_report.hpp) and the two halves of a pull into a trusted store (see
+    // credentials_to_json).
+    a->report_opt = app.add_option("--report-fd", a->report_fd)->group("");
+    app.add_flag("--credentials-only", a->credentials_only)->group("");
+    a->creds_out_opt = app.add_option("--credentials-out-fd", a->creds_out)->group("");
+    a->creds_in_opt = app.add_option("--credentials-fd", a->creds_in)->group("");
+    app.add_option("IMAGE", a->image, "a registry reference")->required();
+    return {[a] { return cmd_pull(*a); }, [a](const std::string& message) { report_usage_error(*a, message); }};
+}
+
+VerbRunner define_images(CLI::App& app) {
+    auto a = std::make_shared<ImagesArgs>();
+    a->store_opt = add_store(app, a->store);
+    app.add_flag("--digests", a->digests, "full digests in the DIGEST column");
+    app.add_flag("-q,--quiet", a->quiet, "only the digests, one per line");
+    a->format_opt = app.add_option("--format", a->format,
+                                   "json: a JSON array of {digest, references, size, pulled_at,\n"
+                                   "last_used, in_use}; times in RFC 3339 UTC, null when unknown;\n"
+                                   "table: the columns (the default)")
+                        ->type_name("json|table");
+    return {[a] { return cmd_images(*a); }, {}};
+}
+
+VerbRunner define_inspect(CLI::App& app) {
+    auto a = std::make_shared<StoredArgs>();
+    a->store_opt = add_store(app, a->store);
+    app.add_option("IMAGE", a->images, "a digest, a prefix of 12+ hex digits, or a pulled reference")
+        ->required()
+        ->expected(1);
+    return {[a] { return cmd_inspect(*a); }, {}};
+}
+
+VerbRunner define_rm(CLI::App& app) {
+    auto a = std::make_shared<StoredArgs>();
+    a->store_opt = add_store(app, a->store);
+    app.add_option("IMAGE", a->images, "as for gantry inspect")->required();
+    return {[a] { return cmd_rm(*a); }, {}};
+}
+
+VerbRunner define_gc(CLI::App& app) {
+    auto a = std::make_shared<GcArgs>();
+    a->store_opt = add_store(app, a->store);
+    a->max_bytes_opt = app.add_option("--max-bytes", a->max_bytes, "remove until the store holds at most SIZE (500G, 2T, 4096)")
+                           ->type_name("SIZE");
+    a->unused_opt = app.add_option("--unused-for", a->unused_for, "remove images unused for DURATION (90s, 15m, 12h, 30d)")
+                        ->type_name("DURATION");
+    return {[a] { return cmd_gc(*a); }, {}};
+}
+
+const Registration reg_pull({{"pull", "pull [--store DIR] [--platform OS/ARCH] [--pull POLICY] [--quiet] IMAGE   fetch an image into the store",
+                              "[OPTIONS] IMAGE",
+                              "Fetches IMAGE (a registry reference) into the store as one squashfs file and prints\n"
+                              "'<digest> <squashfs path>'."},
+                             define_pull});
+const Registration reg_images({{"images", "images [--store DIR] [-q] [--digests] [--format json]   list the images in the store",
+                                "[OPTIONS]",
+                                "Lists the images in the store: reference, digest, size, last use, whether in use."},
+                               define_images});
 const Registration reg_inspect(
-    {"inspect", "inspect [--store DIR] IMAGE   show an image's digest, size, layers and config",
-     "usage: gantry inspect [--store DIR] IMAGE\n"
-     "Prints one stored image as JSON: digest, references, platform, squashfs, size, layers,\n"
-     "config, pulled, last_used, in_use. IMAGE: a digest, a prefix of 12+ hex digits, or a\n"
-     "reference the store has pulled.\n\n"
-     "options:\n"
-     "  --store DIR   the image store (default: gantry.conf's store_path)\n"
-     "  -h, --help    print this help\n",
-     cmd_inspect});
-const Registration reg_rm({"rm", "rm [--store DIR] IMAGE...   remove images from the store (not while in use)",
-                           "usage: gantry rm [--store DIR] IMAGE...\n"
-                           "Removes images from the store; an image in use stays. IMAGE as for gantry inspect.\n\n"
-                           "options:\n"
-                           "  --store DIR   the image store (default: gantry.conf's store_path)\n"
-                           "  -h, --help    print this help\n",
-                           cmd_rm});
-const Registration reg_gc({"gc", "gc [--max-bytes N] [--unused-for DURATION]   remove least recently used images",
-                           "usage: gantry gc [OPTIONS]\n"
-                           "Removes images not in use, least recently used first, and prints what it freed.\n\n"
-                           "options:\n"
-                           "  --store DIR              the image store (default: gantry.conf's store_path)\n"
-                           "  --max-bytes SIZE         remove until the store holds at most SIZE (500G, 2T, 4096)\n"
-                           "  --unused-for DURATION    remove images unused for DURATION (90s, 15m, 12h, 30d)\n"
-                           "  -h, --help               print this help\n",
-                           cmd_gc});
+    {{"inspect", "inspect [--store DIR] IMAGE   show an image's digest, size, layers and config", "[--store DIR] IMAGE",
+      "Prints one stored image as JSON: digest, references, platform, squashfs, size, layers,\n"
+      "config, pulled, last_used, in_use. IMAGE: a digest, a prefix of 12+ hex digits, or a\n"
+      "reference the store has pulled."},
+     define_inspect});
+const Registration reg_rm({{"rm", "rm [--store DIR] IMAGE...   remove images from the store (not while in use)",
+                            "[--store DIR] IMAGE...",
+                            "Removes images from the store; an image in use stays. IMAGE as for gantry inspect."},
+                           define_rm});
+const Registration reg_gc({{"gc", "gc [--max-bytes N] [--unused-for DURATION]   remove least recently used images", "[OPTIONS]",
+                            "Removes images not in use, least recently used first, and prints what it freed."},
+                           define_gc});
 
 }  // namespace
 }  // namespace gantry::cli

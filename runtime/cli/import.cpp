@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 
 #include "command.hpp"
 #include "common.hpp"
@@ -16,14 +17,18 @@
 namespace gantry::cli {
 namespace {
 
-int cmd_import(std::vector<std::string> args) {
-    if (take_help(args)) return print_usage("import");
-    auto store_opt = take_option(args, "--store");
-    auto platform_opt = take_option(args, "--platform");
-    auto tag_opt = take_option(args, "--tag");
-    bool quiet = take_flag(args, "--quiet") || take_flag(args, "-q");
-    if (auto st = reject_unknown_options(args, "import"); !st) return usage_error(st.error());
-    if (args.size() != 1) return usage_error(make_error("import: takes exactly one SOURCE (see gantry import --help)"));
+struct ImportArgs {
+    std::string source, store, platform, tag;
+    bool quiet = false;
+    CLI::Option *store_opt, *platform_opt, *tag_opt;
+};
+
+int cmd_import(const ImportArgs& a) {
+    auto store_opt = given(a.store_opt, a.store);
+    auto platform_opt = given(a.platform_opt, a.platform);
+    auto tag_opt = given(a.tag_opt, a.tag);
+    bool quiet = a.quiet;
+    const std::vector<std::string> args = {a.source};
     auto source = parse_local_source(args[0]);
     if (!source) return usage_error(source.error());
     ImportOptions opts;
@@ -62,15 +67,17 @@ int cmd_import(std::vector<std::string> args) {
     return 0;
 }
 
-int cmd_export(std::vector<std::string> args) {
-    if (take_help(args)) return print_usage("export");
-    auto store_opt = take_option(args, "--store");
-    auto output_long = take_option(args, "--output");
-    auto output_short = take_option(args, "-o");
-    bool force = take_flag(args, "--force") || take_flag(args, "-f");
-    if (auto st = reject_unknown_options(args, "export"); !st) return usage_error(st.error());
-    if (args.size() != 1) return usage_error(make_error("export: takes exactly one IMAGE (see gantry export --help)"));
-    auto output = output_short ? output_short : output_long;
+struct ExportArgs {
+    std::string image, store, output;
+    bool force = false;
+    CLI::Option *store_opt, *output_opt;
+};
+
+int cmd_export(const ExportArgs& a) {
+    auto store_opt = given(a.store_opt, a.store);
+    auto output = given(a.output_opt, a.output);
+    bool force = a.force;
+    const std::vector<std::string> args = {a.image};
     if (!output || output->empty())
         return usage_error(make_error("export: names no output file; add -o FILE.sqsh (see gantry export --help)"));
     auto config = load_config();
@@ -85,35 +92,47 @@ int cmd_export(std::vector<std::string> args) {
     return 0;
 }
 
+constexpr const char* kStoreHelp = "the image store (default: gantry.conf's store_path)";
+
+VerbRunner define_import(CLI::App& app) {
+    auto a = std::make_shared<ImportArgs>();
+    a->store_opt = app.add_option("--store", a->store, kStoreHelp)->type_name("DIR");
+    a->tag_opt = app.add_option("--tag", a->tag, "record NAME (a reference) for the image, like a pulled tag")->type_name("NAME");
+    a->platform_opt = app.add_option("--platform", a->platform, "the platform to pick from a multi-platform OCI layout")
+                          ->type_name("OS/ARCH[/VARIANT]");
+    app.add_flag("-q,--quiet", a->quiet, "no summary line");
+    app.add_option("SOURCE", a->source, "the local image")->required();
+    return {[a] { return cmd_import(*a); }, {}};
+}
+
+VerbRunner define_export(CLI::App& app) {
+    auto a = std::make_shared<ExportArgs>();
+    a->output_opt = app.add_option("-o,--output", a->output, "the file to write (it appears complete or not at all)")
+                        ->type_name("FILE");
+    app.add_flag("-f,--force", a->force, "replace FILE if it exists");
+    a->store_opt = app.add_option("--store", a->store, kStoreHelp)->type_name("DIR");
+    app.add_option("IMAGE", a->image, "a stored image")->required();
+    return {[a] { return cmd_export(*a); }, {}};
+}
+
 const Registration reg_import(
-    {"import", "import [--store DIR] [--tag NAME] SOURCE   import a local image (OCI layout, archive, docker/podman)",
-     "usage: gantry import [OPTIONS] SOURCE\n"
-     "Converts a local image into the store, as `gantry pull` does a registry's, and prints\n"
-     "'<digest> <squashfs path>'. SOURCE is one of\n"
-     "  oci:DIR[:TAG]                  an OCI layout directory (skopeo copy ... oci:DIR:TAG)\n"
-     "  oci-archive:FILE[:TAG]         a tar of an OCI layout\n"
-     "  docker-archive:FILE[:IMAGE]    `docker save` output (IMAGE picks one of several)\n"
-     "  dockerd://IMAGE                runs `docker save IMAGE` and imports its output\n"
-     "  podman://IMAGE                 runs `podman save IMAGE` and imports its output\n\n"
-     "options:\n"
-     "  --store DIR                     the image store (default: gantry.conf's store_path)\n"
-     "  --tag NAME                      record NAME (a reference) for the image, like a pulled tag\n"
-     "  --platform OS/ARCH[/VARIANT]    the platform to pick from a multi-platform OCI layout\n"
-     "  -q, --quiet                     no summary line\n"
-     "  -h, --help                      print this help\n",
-     cmd_import});
+    {{"import", "import [--store DIR] [--tag NAME] SOURCE   import a local image (OCI layout, archive, docker/podman)",
+      "[OPTIONS] SOURCE",
+      "Converts a local image into the store, as `gantry pull` does a registry's, and prints\n"
+      "'<digest> <squashfs path>'. SOURCE is one of\n"
+      "  oci:DIR[:TAG]                  an OCI layout directory (skopeo copy ... oci:DIR:TAG)\n"
+      "  oci-archive:FILE[:TAG]         a tar of an OCI layout\n"
+      "  docker-archive:FILE[:IMAGE]    `docker save` output (IMAGE picks one of several)\n"
+      "  dockerd://IMAGE                runs `docker save IMAGE` and imports its output\n"
+      "  podman://IMAGE                 runs `podman save IMAGE` and imports its output"},
+     define_import});
 const Registration reg_export(
-    {"export", "export [--store DIR] [--force] IMAGE -o FILE.sqsh   write an image as an Enroot squashfs file",
-     "usage: gantry export [OPTIONS] IMAGE -o FILE.sqsh\n"
-     "Writes a stored image as a squashfs file that Enroot (enroot create/start) and `gantry run\n"
-     "FILE.sqsh` can start: the image's tree plus /etc/environment (its Env) and /etc/rc (its\n"
-     "WorkingDir, entrypoint and command). IMAGE as for gantry inspect. Prints FILE.\n\n"
-     "options:\n"
-     "  -o, --output FILE    the file to write (it appears complete or not at all)\n"
-     "  -f, --force          replace FILE if it exists\n"
-     "  --store DIR          the image store (default: gantry.conf's store_path)\n"
-     "  -h, --help           print this help\n",
-     cmd_export});
+    {{"export", "export [--store DIR] [--force] IMAGE -o FILE.sqsh   write an image as an Enroot squashfs file",
+      "[OPTIONS] IMAGE -o FILE.sqsh",
+      "Writes a stored image as a squashfs file that Enroot (enroot create/start) and `gantry run\n"
+      "FILE.sqsh` can start: the image's tree plus /etc/environment (its Env) and /etc/rc (its\n"
+      "WorkingDir, entrypoint and command). IMAGE as for gantry inspect. Prints FILE."},
+     define_export});
 
 }  // namespace
 }  // namespace gantry::cli

@@ -1,7 +1,8 @@
-// The `gantry` command: a thin dispatcher over the verbs registered in runtime/cli/*.cpp.
-#include <algorithm>
+// The `gantry` command: a thin dispatcher over the verbs registered in runtime/cli/*.cpp; the command
+// line itself (help, usage errors, exit statuses) is runtime/command_line's.
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,64 +17,50 @@ std::vector<Command>& commands() {
     return table;
 }
 
-int print_usage(const std::string& verb) {
-    for (const auto& c : commands()) {
-        if (c.name == verb) {
-            std::fputs(c.usage.c_str(), stdout);
-            return 0;
-        }
-    }
-    return 0;
-}
-
 }  // namespace gantry::cli
 
-namespace {
-
-void usage(FILE* out) {
-    auto cmds = gantry::cli::commands();
-    std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-    std::fputs("usage: gantry <command> [options]\n\ncommands:\n", out);
-    for (const auto& c : cmds) std::fprintf(out, "  %s\n", c.synopsis.c_str());
-    std::fputs(
-        "  version                 print the version\n\n"
-        "`gantry <command> --help` lists the options of one command.\n"
-        "exit status: 0 success; 1 failure; 2 usage error (image verbs and doctor); run and exec: 125\n"
-        "gantry failed, 126 command not executable, 127 command not found, else the command's status\n",
-        out);
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
+    using namespace gantry::cli;
+    CommandLine line;
+    std::map<std::string, VerbRunner> runners;
+    for (const auto& c : commands()) runners[c.text.name] = c.define(line.add_verb(c.text));
+
+    // `gantry help VERB` and `gantry version`: the command line's own verbs.
+    std::string help_for;
+    CLI::App& help = line.add_verb({"help", "help COMMAND            print the options of COMMAND", "COMMAND",
+                                    "Prints the help of COMMAND, as `gantry COMMAND --help` does.", "", kUsageError});
+    help.add_option("COMMAND", help_for, "the command");
+    line.add_verb(
+        {"version", "version                 print the version", "", "Prints Gantry's version.", "", kUsageError});
+
+    auto outcome = line.parse(std::vector<std::string>(argv + 1, argv + argc));
+    if (!outcome.error.empty()) {
+        gantry::log::error(outcome.error);
+        if (auto r = runners.find(outcome.wrong_verb); r != runners.end() && r->second.on_usage_error)
+            r->second.on_usage_error(outcome.error);
     }
-    std::string verb = argv[1];
-    if (verb == "--version" || verb == "version") {
+    if (!outcome.out.empty()) std::fputs(outcome.out.c_str(), outcome.status == 0 ? stdout : stderr);
+    if (outcome.verb.empty()) return outcome.status;
+    if (outcome.verb == "version") {
         std::printf("gantry %s\n", gantry::kVersion);
         return 0;
     }
-    if (verb == "--help" || verb == "-h" || verb == "help") {
-        if (argc > 2 && verb == "help") {
-            for (const auto& c : gantry::cli::commands())
-                if (c.name == argv[2]) return gantry::cli::print_usage(c.name);
-            gantry::log::error("help: unknown command '" + std::string(argv[2]) + "' (see gantry --help)");
-            return 2;
+    if (outcome.verb == "help") {
+        if (help_for.empty() || help_for == "help" || find_verb(line.app(), help_for) == nullptr) {
+            if (help_for.empty()) {
+                std::fputs(line.overview().c_str(), stdout);
+                return 0;
+            }
+            gantry::log::error("help: unknown command '" + help_for + "' (see gantry --help)");
+            return kUsageError;
         }
-        usage(stdout);
+        std::fputs(line.help(help_for).c_str(), stdout);
         return 0;
     }
-    for (const auto& c : gantry::cli::commands()) {
-        if (c.name != verb) continue;
-        try {
-            return c.run(std::vector<std::string>(argv + 2, argv + argc));
-        } catch (const std::exception& e) {
-            gantry::log::error(verb + ": internal error: " + e.what());
-            return 1;
-        }
+    try {
+        return runners.at(outcome.verb).run();
+    } catch (const std::exception& e) {
+        gantry::log::error(outcome.verb + ": internal error: " + e.what());
+        return 1;
     }
-    gantry::log::error("unknown command '" + verb + "' (see gantry --help)");
-    return 2;
 }

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -32,40 +33,6 @@ int setup_failed(const Error& e) {
     return kSetupFailed;
 }
 
-// Walks options of the form --name, --name VALUE and --name=VALUE up to the first operand or "--".
-class OptionReader {
-public:
-    explicit OptionReader(const std::vector<std::string>& args) : args_(args) {}
-    bool done() const { return i_ >= args_.size() || args_[i_] == "--" || args_[i_].empty() || args_[i_][0] != '-'; }
-    // Returns the option name ("--mount") of the current argument and moves past it.
-    std::string next() {
-        std::string a = args_[i_++];
-        auto eq = a.find('=');
-        inline_value_.reset();
-        if (eq != std::string::npos) {
-            inline_value_ = a.substr(eq + 1);
-            a.resize(eq);
-        }
-        return a;
-    }
-    Result<std::string> value(const std::string& opt) {
-        if (inline_value_) return *std::exchange(inline_value_, std::nullopt);
-        if (i_ >= args_.size()) return make_error(opt + " needs a value");
-        return args_[i_++];
-    }
-    bool has_inline_value() const { return inline_value_.has_value(); }
-    // The remaining operands, with a leading "--" dropped.
-    std::vector<std::string> rest() {
-        if (i_ < args_.size() && args_[i_] == "--") ++i_;
-        return {args_.begin() + static_cast<long>(std::min(i_, args_.size())), args_.end()};
-    }
-
-private:
-    const std::vector<std::string>& args_;
-    size_t i_ = 0;
-    std::optional<std::string> inline_value_;
-};
-
 // --env/-e VALUE: "NAME=VALUE" sets that value (one variable: the value may hold commas); "NAME" or
 // "NAME1,NAME2" takes the caller's value of each name, as before.
 Status add_env(const std::string& verb, const std::string& v, std::vector<std::string>& names,
@@ -88,7 +55,16 @@ Result<std::string> read_text(const std::string& path) {
     return ss.str();
 }
 
-int run_verb(const std::vector<std::string>& args) {
+// What `gantry run` was given; the options of RunRequest's optional settings apply only when given.
+struct RunArgs {
+    std::vector<std::string> mounts, env, operands;  // operands: IMAGE, then the command verbatim
+    std::string workdir, unshare, backend, name, store, pull, image_file, config_file;
+    bool writable = false, remap_root = false, entrypoint = false, mount_home = false, detach = false;
+    CLI::Option *workdir_opt, *writable_opt, *remap_root_opt, *entrypoint_opt, *mount_home_opt, *unshare_opt,
+        *backend_opt, *pull_opt;
+};
+
+int run_verb(const RunArgs& a) {
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
     // What we ask for; container_spec_for (include/gantry/run_request.hpp) makes the spec, as the plugin's.
@@ -96,63 +72,31 @@ int run_verb(const std::vector<std::string>& args) {
     req.config = *config;
     req.single_task = true;
     ProcessSpec process;
-    std::string image_file, config_file, store_option;
-    std::optional<std::string> pull_option;
-    OptionReader opts(args);
-    while (!opts.done()) {
-        std::string o = opts.next();
-        if (o == "--help" || o == "-h") return print_usage("run");
-        Status st;
-        auto take = [&](auto&& apply) -> Status {
-            auto v = opts.value(o);
-            if (!v) return v.error();
-            return apply(*v);
-        };
-        if (o == "--mount" || o == "-m")
-            st = take([&](const std::string& v) { return parse_mounts(v, req.mounts); });
-        else if (o == "--workdir" || o == "-w")
-            st = take([&](const std::string& v) -> Status { req.workdir = v; return {}; });
-        else if (o == "--env" || o == "-e")
-            st = take([&](const std::string& v) { return add_env("run", v, req.env_names, req.env_values); });
-        else if (o == "--writable") req.writable = true;
-        else if (o == "--readonly") req.writable = false;
-        else if (o == "--remap-root") req.remap_root = true;
-        else if (o == "--no-remap-root") req.remap_root = false;
-        else if (o == "--entrypoint") process.use_entrypoint = true;
-        else if (o == "--no-entrypoint") process.use_entrypoint = false;
-        else if (o == "--mount-home") req.mount_home = true;
-        else if (o == "--no-mount-home") req.mount_home = false;
-        else if (o == "--unshare")
-            st = take([&](const std::string& v) -> Status {
-                auto ns = parse_unshare(v);
-                if (!ns) return ns.error();
-                req.unshare = *ns;
-                return {};
-            });
-        else if (o == "--backend")
-            st = take([&](const std::string& v) -> Status {
-                auto b = parse_mount_backend(v);
-                if (!b) return b.error();
-                req.backend = *b;
-                return {};
-            });
-        else if (o == "--name")
-            st = take([&](const std::string& v) -> Status { req.name = v; return {}; });
-        else if (o == "--detach" || o == "-d") req.detach = true;
-        else if (o == "--store")
-            st = take([&](const std::string& v) -> Status { store_option = v; return {}; });
-        else if (o == "--pull")
-            st = take([&](const std::string& v) -> Status { pull_option = v; return {}; });
-        else if (o == "--image-file")
-            st = take([&](const std::string& v) -> Status { image_file = v; return {}; });
-        else if (o == "--config-file")
-            st = take([&](const std::string& v) -> Status { config_file = v; return {}; });
-        else
-            st = make_error("run: unknown option '" + o + "' (see gantry run --help)");
-        if (!st) return setup_failed(st.error());
+    for (const auto& m : a.mounts)
+        if (auto st = parse_mounts(m, req.mounts); !st) return setup_failed(st.error());
+    if (a.workdir_opt->count() > 0) req.workdir = a.workdir;
+    for (const auto& e : a.env)
+        if (auto st = add_env("run", e, req.env_names, req.env_values); !st) return setup_failed(st.error());
+    if (a.writable_opt->count() > 0) req.writable = a.writable;
+    if (a.remap_root_opt->count() > 0) req.remap_root = a.remap_root;
+    if (a.entrypoint_opt->count() > 0) process.use_entrypoint = a.entrypoint;
+    if (a.mount_home_opt->count() > 0) req.mount_home = a.mount_home;
+    if (a.unshare_opt->count() > 0) {
+        auto ns = parse_unshare(a.unshare);
+        if (!ns) return setup_failed(ns.error());
+        req.unshare = *ns;
     }
-    auto rest = opts.rest();
-    std::string image = image_file;
+    if (a.backend_opt->count() > 0) {
+        auto b = parse_mount_backend(a.backend);
+        if (!b) return setup_failed(b.error());
+        req.backend = *b;
+    }
+    req.name = a.name;
+    req.detach = a.detach;
+    std::string store_option = a.store, config_file = a.config_file;
+    auto pull_option = given(a.pull_opt, a.pull);
+    auto rest = a.operands;
+    std::string image = a.image_file;
     if (image.empty()) {
         if (rest.empty()) return setup_failed(make_error("run: no image given (see gantry run --help)"));
         image = rest.front();
@@ -204,24 +148,19 @@ int run_verb(const std::vector<std::string>& args) {
     return *status;
 }
 
-int exec_verb(const std::vector<std::string>& args) {
+struct ExecArgs {
+    std::vector<std::string> env, operands;  // operands: NAME, then the command verbatim
+    std::string workdir;
+};
+
+int exec_verb(const ExecArgs& a) {
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
-    std::string workdir;
+    std::string workdir = a.workdir;
     std::vector<std::string> env_names, env_values;
-    OptionReader opts(args);
-    while (!opts.done()) {
-        std::string o = opts.next();
-        if (o == "--help" || o == "-h") return print_usage("exec");
-        auto v = (o == "--workdir" || o == "-w" || o == "--env" || o == "-e")
-                     ? opts.value(o)
-                     : Result<std::string>(make_error("exec: unknown option " + o + " (see gantry exec --help)"));
-        if (!v) return setup_failed(v.error());
-        if (o == "--workdir" || o == "-w") workdir = *v;
-        else if (auto st = add_env("exec", *v, env_names, env_values); !st)
-            return setup_failed(st.error());
-    }
-    auto rest = opts.rest();
+    for (const auto& e : a.env)
+        if (auto st = add_env("exec", e, env_names, env_values); !st) return setup_failed(st.error());
+    auto rest = a.operands;
     if (rest.empty()) return setup_failed(make_error("exec: no container name (see gantry exec --help)"));
     auto container = Container::open(rest.front(), *config);
     if (!container) return setup_failed(container.error());
@@ -243,23 +182,7 @@ int exec_verb(const std::vector<std::string>& args) {
     return *status;
 }
 
-// stop and ps take no options but --help: anything else that looks like one is a usage error (125).
-Result<bool> help_or_no_options(const std::string& verb, const std::vector<std::string>& args) {
-    for (const auto& a : args) {
-        if (a == "--") break;
-        if (a == "--help" || a == "-h") return true;
-        if (a.size() > 1 && a[0] == '-')
-            return make_error(verb + ": unknown option '" + a + "' (see gantry " + verb + " --help)");
-    }
-    return false;
-}
-
-int stop_verb(const std::vector<std::string>& args_in) {
-    auto help = help_or_no_options("stop", args_in);
-    if (!help) return setup_failed(help.error());
-    if (*help) return print_usage("stop");
-    std::vector<std::string> args = args_in;
-    if (!args.empty() && args.front() == "--") args.erase(args.begin());
+int stop_verb(const std::vector<std::string>& args) {
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
     if (args.empty()) return setup_failed(make_error("stop: no container name (see gantry stop --help)"));
@@ -280,11 +203,7 @@ int stop_verb(const std::vector<std::string>& args_in) {
     return rc;
 }
 
-int ps_verb(const std::vector<std::string>& args) {
-    auto help = help_or_no_options("ps", args);
-    if (!help) return setup_failed(help.error());
-    if (*help) return print_usage("ps");
-    if (!args.empty()) return setup_failed(make_error("ps: takes no operands (see gantry ps --help)"));
+int ps_verb() {
     auto config = load_default_config();
     if (!config) return setup_failed(config.error());
     // Tab-separated, a header first: `cut -f1` (or `tail -n +2`) gives the names.
@@ -296,61 +215,97 @@ int ps_verb(const std::vector<std::string>& args) {
     return 0;
 }
 
+// The environment options of run and exec.
+void add_env_option(CLI::App& app, std::vector<std::string>& env) {
+    app.add_option("-e,--env", env,
+                   "NAME=VALUE sets NAME to VALUE inside; NAME or NAME,NAME passes\n"
+                   "the caller's value of each (repeatable)")
+        ->type_name("NAME=VALUE|NAME[,NAME]")
+        ->allow_extra_args(false);
+}
+
+// Docker's rule for run and exec: options come before the first operand; from there on every word,
+// options included, is an operand (the command and its arguments, passed on verbatim).
+void take_operands_verbatim(CLI::App& app, std::vector<std::string>& operands, const std::string& what) {
+    app.positionals_at_end();
+    app.add_option("OPERANDS", operands, what)->take_all();
+}
+
+VerbRunner define_run(CLI::App& app) {
+    auto a = std::make_shared<RunArgs>();
+    add_env_option(app, a->env);
+    app.add_option("-m,--mount", a->mounts, "bind-mount SRC[:DST[:FLAGS]] (comma-separated list; repeatable)")
+        ->type_name("SPEC")
+        ->allow_extra_args(false);
+    a->workdir_opt = app.add_option("-w,--workdir", a->workdir, "working directory inside (default: the image's, else /)")
+                         ->type_name("DIR");
+    a->writable_opt = app.add_flag("--writable,!--readonly", a->writable,
+                                   "writes to / land in scratch_path (gantry.conf) and vanish with the container");
+    a->remap_root_opt = app.add_flag("--remap-root,!--no-remap-root", a->remap_root, "run as uid/gid 0 inside");
+    a->entrypoint_opt =
+        app.add_flag("--entrypoint,!--no-entrypoint", a->entrypoint, "prefix the image's Entrypoint to the command");
+    a->mount_home_opt = app.add_flag("--mount-home,!--no-mount-home", a->mount_home,
+                                     "bind-mount your home directory (default: on)");
+    a->unshare_opt =
+        app.add_option("--unshare", a->unshare, "also unshare these namespaces: net, ipc, uts")->type_name("LIST");
+    a->backend_opt = app.add_option("--backend", a->backend, "how to mount the image")->type_name("auto|kernel|fuse|extract");
+    app.add_option("--name", a->name, "name the container, so gantry exec/stop/ps find it")->type_name("NAME");
+    app.add_flag("-d,--detach", a->detach, "keep the container running (needs --name; stop it with gantry stop)");
+    app.add_option("--store", a->store, "the image store (default: gantry.conf's store_path)")->type_name("DIR");
+    a->pull_opt = app.add_option("--pull", a->pull,
+                                 "always (resolve the tag at the registry), missing (only if never\n"
+                                 "resolved), never (the store only); default: GANTRY_PULL_POLICY, else\n"
+                                 "gantry.conf's pull_policy (always). A stored digest needs no registry")
+                      ->type_name("always|missing|never");
+    app.add_option("--image-file", a->image_file, "run this squashfs file (instead of the IMAGE operand)")->type_name("FILE");
+    app.add_option("--config-file", a->config_file, "the image config (JSON) for a squashfs file")->type_name("FILE");
+    take_operands_verbatim(app, a->operands, "IMAGE, then the command and its arguments");
+    return {[a] { return run_verb(*a); }, {}};
+}
+
+VerbRunner define_exec(CLI::App& app) {
+    auto a = std::make_shared<ExecArgs>();
+    add_env_option(app, a->env);
+    app.add_option("-w,--workdir", a->workdir, "working directory inside")->type_name("DIR");
+    take_operands_verbatim(app, a->operands, "NAME, then the command and its arguments");
+    return {[a] { return exec_verb(*a); }, {}};
+}
+
+VerbRunner define_stop(CLI::App& app) {
+    auto names = std::make_shared<std::vector<std::string>>();
+    app.add_option("NAME", *names, "a named container");
+    return {[names] { return stop_verb(*names); }, {}};
+}
+
+VerbRunner define_ps(CLI::App&) { return {[] { return ps_verb(); }, {}}; }
+
+const std::string kRunExitStatus =
+    "exit status: the command's; 125 gantry failed, 126 command not executable, 127 command not found\n";
+
 const Registration run_registration(
-    {"run", "run [OPTIONS] IMAGE [--] [CMD...]  run a command in a new container",
-     "usage: gantry run [OPTIONS] IMAGE [--] [COMMAND [ARG...]]\n"
-     "Runs COMMAND (default: the image's Cmd) in a new container of IMAGE: a registry reference (pulled\n"
-     "into the store unless there) or a squashfs file ('/...' or './...').\n\n"
-     "options:\n"
-     "  -e, --env NAME=VALUE     set NAME to VALUE inside (repeatable)\n"
-     "  -e, --env NAME[,NAME]    pass the caller's value of NAME (repeatable)\n"
-     "  -m, --mount SPEC         bind-mount SRC[:DST[:FLAGS]] (comma-separated list; repeatable)\n"
-     "  -w, --workdir DIR        working directory inside (default: the image's, else /)\n"
-     "  --writable, --readonly   writes to / land in scratch_path (gantry.conf) and vanish with the container\n"
-     "  --remap-root, --no-remap-root   run as uid/gid 0 inside\n"
-     "  --entrypoint, --no-entrypoint   prefix the image's Entrypoint to the command\n"
-     "  --mount-home, --no-mount-home   bind-mount your home directory (default: on)\n"
-     "  --unshare LIST           also unshare these namespaces: net, ipc, uts\n"
-     "  --backend NAME           how to mount the image: auto, kernel, fuse, extract\n"
-     "  --name NAME              name the container, so gantry exec/stop/ps find it\n"
-     "  -d, --detach             keep the container running (needs --name; stop it with gantry stop)\n"
-     "  --store DIR              the image store (default: gantry.conf's store_path)\n"
-     "  --pull POLICY            always (resolve the tag at the registry), missing (only if never\n"
-     "                           resolved), never (the store only); default: GANTRY_PULL_POLICY, else\n"
-     "                           gantry.conf's pull_policy (always). A stored digest needs no registry\n"
-     "  --image-file FILE        run this squashfs file (instead of the IMAGE operand)\n"
-     "  --config-file FILE       the image config (JSON) for a squashfs file\n"
-     "  -h, --help               print this help\n\n"
-     "exit status: the command's; 125 gantry failed, 126 command not executable, 127 command not found\n",
-     run_verb});
-const Registration exec_registration({"exec",
-                                      "exec [OPTIONS] NAME [CMD...]  run a command in a running named container",
-                                      "usage: gantry exec [OPTIONS] NAME [--] [COMMAND [ARG...]]\n"
-                                      "Runs COMMAND (default: /bin/sh) in the running container NAME.\n\n"
-                                      "options:\n"
-                                      "  -e, --env NAME=VALUE     set NAME to VALUE inside (repeatable)\n"
-                                      "  -e, --env NAME[,NAME]    pass the caller's value of NAME (repeatable)\n"
-                                      "  -w, --workdir DIR        working directory inside\n"
-                                      "  -h, --help               print this help\n\n"
-                                      "exit status: the command's; 125 gantry failed, 126 command not executable,\n"
-                                      "127 command not found\n",
-                                      exec_verb});
-const Registration stop_registration(
-    {"stop", "stop NAME...            stop named containers",
-     "usage: gantry stop NAME...\n"
-     "Stops the named containers. Exit status 1 when one could not be stopped, 125 on a\n"
-     "usage error.\n\n"
-     "options:\n"
-     "  -h, --help   print this help\n",
-     stop_verb});
-const Registration ps_registration(
-    {"ps", "ps                      list named containers",
-     "usage: gantry ps\n"
-     "Lists your named containers, tab-separated under a header: NAME, PID (of the holder),\n"
-     "BACKEND.\n\n"
-     "options:\n"
-     "  -h, --help   print this help\n",
-     ps_verb});
+    {{"run", "run [OPTIONS] IMAGE [--] [CMD...]  run a command in a new container",
+      "[OPTIONS] IMAGE [--] [COMMAND [ARG...]]",
+      "Runs COMMAND (default: the image's Cmd) in a new container of IMAGE: a registry reference (pulled\n"
+      "into the store unless there) or a squashfs file ('/...' or './...'). Options go before IMAGE:\n"
+      "every word after it belongs to COMMAND.",
+      kRunExitStatus, kRunUsageError},
+     define_run});
+const Registration exec_registration(
+    {{"exec", "exec [OPTIONS] NAME [CMD...]  run a command in a running named container",
+      "[OPTIONS] NAME [--] [COMMAND [ARG...]]",
+      "Runs COMMAND (default: /bin/sh) in the running container NAME. Options go before NAME.", kRunExitStatus,
+      kRunUsageError},
+     define_exec});
+const Registration stop_registration({{"stop", "stop NAME...            stop named containers", "NAME...",
+                                       "Stops the named containers.",
+                                       "exit status: 1 when one could not be stopped, 125 on a usage error\n",
+                                       kRunUsageError},
+                                      define_stop});
+const Registration ps_registration({{"ps", "ps                      list named containers", "",
+                                     "Lists your named containers, tab-separated under a header: NAME, PID (of the\n"
+                                     "holder), BACKEND.",
+                                     "exit status: 0; 125 on a usage error\n", kRunUsageError},
+                                    define_ps});
 
 }  // namespace
 }  // namespace gantry::cli

@@ -1,7 +1,8 @@
 # fixtures: registry images
 # The CLI's conventions (gantry(1)): --help on every verb, exit status 2 for a usage error of the image
-# verbs, `run -e NAME=VALUE` next to `-e NAME`, `images -q` / `--format json` / `--digests`, and the
-# header of `ps`. Containers run as the unprivileged test user, from the tiny test image pulled from the
+# verbs, `run -e NAME=VALUE` next to `-e NAME`, the words after run's IMAGE passed on verbatim,
+# `images -q` / `--format json` / `--digests`, the header of `ps`, and the bash completion
+# (packaging/completion/gantry) driven as bash drives it. Containers run as the unprivileged test user, from the tiny test image pulled from the
 # loopback registry into a store of that user's (the tiny image's busybox has no printenv: sh -c echo).
 
 bats_require_minimum_version 1.5.0
@@ -48,8 +49,20 @@ as_user() { runuser -u "$TUSER" -- env -C "$T" HOME="$T/home" GANTRY_CONFIG="$GA
       [ "$status" -eq 0 ]
       [ -z "$stderr" ]
       [[ "${lines[0]}" == "usage: gantry $verb"* ]]
+      echo "$output" | grep -q -- '^  -h, --help  *print this help$'
     done
   done
+  # Each verb's help lists its own options (generated from the definitions the parser uses).
+  for pair in run:--workdir run:--readonly pull:--platform import:--tag export:--output images:--format \
+    inspect:--store rm:--store gc:--max-bytes exec:--workdir doctor:--plugstack; do
+    run "$GANTRY" "${pair%%:*}" --help
+    echo "$output" | grep -q -- "${pair#*:}" || { echo "${pair%%:*} --help lacks ${pair#*:}"; return 1; }
+  done
+  # Hidden options and verbs stay out of the help.
+  run "$GANTRY" pull --help
+  ! echo "$output" | grep -q -- '--report-fd\|--credentials' || false
+  run "$GANTRY" --help
+  ! echo "$output" | grep -q -- '__complete' || false
   # After options too, and `gantry help VERB`.
   run "$GANTRY" images --store "$STORE" --help
   [ "$status" -eq 0 ]
@@ -73,13 +86,25 @@ as_user() { runuser -u "$TUSER" -- env -C "$T" HOME="$T/home" GANTRY_CONFIG="$GA
     [ "${#lines[@]}" -eq 1 ]
     [ "$output" = "gantry: $verb: unknown option '--no-such-option' (see gantry $verb --help)" ]
   done
-  # A missing operand.
+  # A missing operand, an extra one, an option without its value, an unknown verb.
   for verb in pull inspect rm; do
     run "$GANTRY" "$verb" --store "$STORE"
     echo "$verb: $status: $output"
     [ "$status" -eq 2 ]
-    [ "${#lines[@]}" -eq 1 ]
+    [ "$output" = "gantry: $verb: no IMAGE given (see gantry $verb --help)" ]
   done
+  run "$GANTRY" pull --store "$STORE" one two
+  [ "$status" -eq 2 ]
+  [ "$output" = "gantry: pull: unexpected operand 'two' (see gantry pull --help)" ]
+  run "$GANTRY" gc --store "$STORE" --max-bytes
+  [ "$status" -eq 2 ]
+  [ "$output" = "gantry: gc: --max-bytes needs a value (see gantry gc --help)" ]
+  run "$GANTRY" frobnicate
+  [ "$status" -eq 2 ]
+  [ "$output" = "gantry: unknown command 'frobnicate' (see gantry --help)" ]
+  run --separate-stderr "$GANTRY"
+  [ "$status" -eq 2 ]
+  [[ "$stderr" == "usage: gantry <command>"* ]]
   run "$GANTRY" gc --store "$STORE" --max-bytes lots
   [ "$status" -eq 2 ]
   run "$GANTRY" images --store "$STORE" --format yaml
@@ -95,8 +120,50 @@ as_user() { runuser -u "$TUSER" -- env -C "$T" HOME="$T/home" GANTRY_CONFIG="$GA
   [ "$output" = "gantry: run: unknown option '--no-such-option' (see gantry run --help)" ]
   run "$GANTRY" run -e =x "$REG/$GANTRY_TEST_IMAGE_TINY" true
   [ "$status" -eq 125 ]
+  # "-e=FOO=bar" is not docker's "-e FOO=bar": the value keeps its '=' and is refused, not misread.
+  run "$GANTRY" run -e=FOO=bar "$REG/$GANTRY_TEST_IMAGE_TINY" true
+  [ "$status" -eq 125 ]
+  [ "$output" = "gantry: run: --env '=FOO=bar': no variable name before '='" ]
+  run "$GANTRY" run -e
+  [ "$status" -eq 125 ]
+  [ "$output" = "gantry: run: --env needs a value (see gantry run --help)" ]
+  run "$GANTRY" exec --bogus x
+  [ "$status" -eq 125 ]
+  [ "$output" = "gantry: exec: unknown option '--bogus' (see gantry exec --help)" ]
   run "$GANTRY" ps --bogus
   [ "$status" -eq 125 ]
+  [ "$output" = "gantry: ps: unknown option '--bogus' (see gantry ps --help)" ]
+  run "$GANTRY" ps extra
+  [ "$status" -eq 125 ]
+}
+
+@test "run: every word after IMAGE is the command's (--help, -e, -x, --); -- before IMAGE is dropped" {
+  img=$REG/$GANTRY_TEST_IMAGE_TINY
+  run as_user "$GANTRY" run --store "$STORE" "$img" sh -c 'echo -x'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "${lines[-1]}" = "-x" ]
+  # gantry's own option names after IMAGE reach the command untouched.
+  run --separate-stderr as_user "$GANTRY" run --store "$STORE" "$img" sh -c 'echo "$*"' sh --help -e X=1 -w /x -- -d
+  echo "$output / $stderr"
+  [ "$status" -eq 0 ]
+  [ "${lines[-1]}" = "--help -e X=1 -w /x -- -d" ]
+  # `ls --help` is ls's help (busybox's), not gantry's.
+  run --separate-stderr as_user "$GANTRY" run --store "$STORE" "$img" ls --help
+  echo "$output / $stderr"
+  [[ "$output$stderr" != *"usage: gantry"* ]]
+  [[ "$output$stderr" == *"ls"* ]]
+  # A -- right after IMAGE, or before it, is not part of the command.
+  run as_user "$GANTRY" run --store "$STORE" "$img" -- sh -c 'echo after'
+  [ "$status" -eq 0 ]
+  [ "${lines[-1]}" = "after" ]
+  run as_user "$GANTRY" run --store "$STORE" -e V=before -- "$img" sh -c 'echo "$V"'
+  [ "$status" -eq 0 ]
+  [ "${lines[-1]}" = "before" ]
+  # Options given twice: the last wins, as with docker.
+  run as_user "$GANTRY" run --store "$STORE" -w /tmp -w / "$img" sh -c pwd
+  [ "$status" -eq 0 ]
+  [ "${lines[-1]}" = "/" ]
 }
 
 @test "run -e NAME=VALUE sets the value, -e NAME passes the host's, --env the same, repeatable" {
@@ -185,4 +252,70 @@ as_user() { runuser -u "$TUSER" -- env -C "$T" HOME="$T/home" GANTRY_CONFIG="$GA
   for l in "${lines[@]:1}"; do
     [[ "${l:$((used - 1)):1}" =~ [0-9-] ]]
   done
+}
+
+# complete [--bash-completion] WORD...: what the completion offers for the last WORD (the word under the
+# cursor) after `gantry` WORD..., one per line, as bash calls _gantry on TAB; with --bash-completion,
+# through bash-completion's word splitting (keeps "registry:port/image:tag" whole).
+complete() {
+  local with=''
+  if [ "$1" = --bash-completion ]; then with=/usr/share/bash-completion/bash_completion; shift; fi
+  bash -c '
+    [ -z "$1" ] || source "$1"
+    source "$2"; shift 2
+    COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1))
+    COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
+    _gantry gantry "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"
+    printf "%s\n" "${COMPREPLY[@]}"' _ "$with" "$GANTRY_SOURCE_DIR/packaging/completion/gantry" "$GANTRY" "$@"
+}
+
+@test "bash completion: verbs, each verb's options and their values, stored images, not after IMAGE" {
+  run complete ru
+  [ "$output" = "run" ]
+  run complete ''
+  echo "$output"
+  for verb in run pull import export images inspect rm gc exec stop ps doctor help version; do
+    echo "$output" | grep -qx "$verb" || { echo "no $verb"; return 1; }
+  done
+  ! echo "$output" | grep -q __complete || false
+  run complete run --wo
+  [ "$output" = "--workdir" ]
+  run complete run --re
+  echo "$output" | grep -qx -- --readonly
+  echo "$output" | grep -qx -- --remap-root
+  run complete run --pull ''
+  [ "$(echo "$output" | sort | tr '\n' ' ')" = "always missing never " ]
+  run complete images --format j
+  [ "$output" = "json" ]
+  run complete export -
+  echo "$output" | grep -qx -- --output
+  echo "$output" | grep -qx -- -f
+  # A verb's completion lists only options that verb has: exec has no --mount.
+  run complete exec --m
+  [ -z "$output" ]
+
+  # Stored images, from the store --store names, for the verbs that take one.
+  S=$T/root-store
+  "$GANTRY" pull --quiet --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY" >/dev/null
+  ref=$("$GANTRY" images --store "$S" --format json | jq -r '.[0].references[0]')
+  [ -n "$ref" ]
+  for verb in run export rm inspect; do
+    run complete "$verb" --store "$S" ''
+    echo "$verb: $output"
+    [ "$output" = "$ref" ]
+  done
+  run complete export --store="$S" "${ref:0:3}"
+  [ "$output" = "$ref" ]
+  # After IMAGE the words are the command's: no gantry options, no images.
+  run complete run --store "$S" "$ref" --
+  [ -z "$output" ]
+  run complete run --store "$S" "$ref" ''
+  ! echo "$output" | grep -qxF "$ref" || false
+  # With bash-completion loaded, as on a user's shell: the same words.
+  if [ -f /usr/share/bash-completion/bash_completion ]; then
+    run complete --bash-completion run --wo
+    [ "$output" = "--workdir" ]
+    run complete --bash-completion export --store "$S" ''
+    [ "$output" = "$ref" ]
+  fi
 }

@@ -85,7 +85,7 @@ in_pc() { "$ROOTS" run "$PC_ROOT" "$PC" -- "$@"; }
 }
 
 @test "ParallelCluster: install-deps --build-only --without-slurm-dev installed the build tools, no daemons, no libslurm-dev" {
-  for p in build-essential cmake pkg-config libsquashfs-dev libcurl4-openssl-dev libyaml-dev nlohmann-json3-dev; do
+  for p in build-essential cmake pkg-config libsquashfs-dev libcurl4-openssl-dev libyaml-dev nlohmann-json3-dev libcli11-dev; do
     run in_pc dpkg-query -W -f='${Status}' "$p"
     [ "$output" = "install ok installed" ] || { echo "$p: $output"; false; }
   done

@@ -22,14 +22,14 @@ setup_file() {
   export SLURM_RELEASE SLURM_NEXT
 }
 
-@test "the .deb holds the plugin, the CLI, the helper, configuration, man pages and the tmpfiles entry" {
+@test "the .deb holds the plugin, the CLI, the helper, configuration, man pages, bash completion and the tmpfiles entry" {
   [ -f "$DEB" ]
   run dpkg-deb -c "$DEB"
   [ "$status" -eq 0 ]
   for f in ./usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so ./usr/bin/gantry ./usr/libexec/gantry/gantry-entry \
     ./etc/gantry/gantry.conf ./etc/slurm/plugstack.conf.d/gantry.conf ./usr/lib/tmpfiles.d/gantry.conf \
     ./usr/share/man/man1/gantry.1.gz ./usr/share/man/man5/gantry.conf.5.gz ./usr/share/doc/gantry/copyright \
-    ./usr/share/doc/gantry/changelog.gz ./usr/share/doc/gantry/admin.md; do
+    ./usr/share/doc/gantry/changelog.gz ./usr/share/doc/gantry/admin.md ./usr/share/bash-completion/completions/gantry; do
     echo "$output" | grep -q " $f\$" || { echo "missing $f"; return 1; }
   done
   # Nothing under /usr/local, nothing outside the paths above.
@@ -140,10 +140,14 @@ setup_file() {
   [ "$output" = "tiny work dir" ]
 }
 
-@test "deployment scripts and YAML pass shellcheck and yamllint" {
+@test "deployment scripts, the bash completion and YAML pass shellcheck and yamllint" {
   run shellcheck -x "$SRC/packaging/build-packages.sh" "$SRC/packaging/test-install.sh" \
     "$SRC/packaging/parallelcluster/gantry-node.sh" "$SRC/packaging/slinky/build-gantry.sh" \
     "$SRC/tests/harness/deploy_roots.sh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  # The bash completion has no #! line (bash-completion sources it): checked as bash.
+  run shellcheck -s bash "$SRC/packaging/completion/gantry"
   echo "$output"
   [ "$status" -eq 0 ]
   run yamllint -d '{extends: default, rules: {line-length: {max: 110}}}' \
