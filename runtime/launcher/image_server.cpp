@@ -13,7 +13,8 @@
 // detached clone of the mount, which it attaches at its image directory. The connection stays open
 // for the container's life: it is the reference. The kernel closes it however the holder ends, so a
 // SIGKILLed container never leaks one; the server exits when it has had no connection for
-// gantry.conf's mount_idle_seconds, and its mount namespace, the mount and the daemon go with it.
+// gantry.conf's mount_idle_seconds (at once, once unused, when the image file was deleted or
+// rebuilt), and its mount namespace, the mount and the daemon go with it.
 //
 // Layout, all the user's own (nothing here is root's; every step runs with the user's rights):
 //   <base>                 /run/user/UID/gantry-fuse when /run/user/UID is the user's, else
@@ -241,6 +242,8 @@ namespace {
 Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, int idle_seconds, int dir, int ready) {
     using namespace launcher;
     ::umask(077);
+    auto served = image_key(image);
+    if (!served) return served.error();
     Identity id;
     id.uid = ::getuid();
     id.gid = ::getgid();
@@ -283,7 +286,9 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         std::vector<pollfd> polled = {{listener.get(), POLLIN, 0}, {watch.get(), POLLIN, 0}};
         for (const auto& c : clients) polled.push_back({c.get(), POLLIN, 0});
         int timeout = -1;
-        if (clients.empty()) timeout = static_cast<int>(std::max<time_t>(0, idle_since + idle_seconds - ::time(nullptr))) * 1000;
+        // Idle, look again every 2 s whether the image file is still the one we serve.
+        if (clients.empty())
+            timeout = static_cast<int>(std::min<time_t>(2, std::max<time_t>(0, idle_since + idle_seconds - ::time(nullptr)))) * 1000;
         if (::poll(polled.data(), polled.size(), timeout) < 0 && errno != EINTR) break;
         bool was_used = !clients.empty();
         if (polled[1].revents != 0) break;  // the daemon died: the mount is of no use any more
@@ -316,7 +321,11 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         }
         if (!clients.empty()) continue;
         if (was_used) idle_since = ::time(nullptr);  // the last container just left: the clock starts
-        if (::time(nullptr) < idle_since + idle_seconds) continue;
+        // An image deleted (gantry rm, a test's clean-up) or rebuilt since we started can never be asked
+        // for again under our key: leave at once instead of after the idle time.
+        auto current = image_key(image);
+        bool stale = !current || *current != *served;
+        if (!stale && ::time(nullptr) < idle_since + idle_seconds) continue;
         // Idle long enough. Leave only under the lock: a holder looking for us holds it from before
         // it connects until it has our answer, so nobody is left connecting to a server that exits.
         if (::flock(mutex.get(), LOCK_EX | LOCK_NB) != 0) continue;
