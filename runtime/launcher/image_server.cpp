@@ -205,7 +205,9 @@ Status attach_image_server(Setup& s) {
     if (!mutex) return system_error("opening " + path + "/lock");
     GANTRY_TRY(lock(mutex.get(), LOCK_EX, path + "/lock"));
     auto conn = connect_server(dir->get(), path);
-    if (!conn && conn.error().message.find("refusing") != std::string::npos) return conn.error();
+    // Nobody listening (no socket yet, or a dead server's): start one. Anything else is an error.
+    bool absent = !conn && (conn.error().errnum == ENOENT || conn.error().errnum == ECONNREFUSED);
+    if (!conn && !absent) return conn.error();
     if (!conn) {
         GANTRY_TRY(start_server(s, dir->get(), path));
         conn = connect_server(dir->get(), path);
@@ -239,7 +241,8 @@ namespace gantry {
 
 namespace {
 
-Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, int idle_seconds, int dir, int ready) {
+// `ready` is closed (and set to -1) once the server listens: a later error has nobody to go to.
+Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, int idle_seconds, int dir, int& ready) {
     using namespace launcher;
     ::umask(077);
     auto served = image_key(image);
@@ -279,6 +282,7 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         return system_error("listening on the image server's socket");
     (void)!::write(ready, "ready\n", 6);
     ::close(ready);
+    ready = -1;
 
     std::vector<UniqueFd> clients;
     time_t idle_since = ::time(nullptr);
@@ -348,7 +352,8 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
 
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
                      const std::string& idle_seconds) {
-    constexpr int ready = 3, dir = 4;
+    int ready = 3;
+    constexpr int dir = 4;
     if (::fcntl(ready, F_SETFD, FD_CLOEXEC) != 0 || ::fcntl(dir, F_SETFD, FD_CLOEXEC) != 0) {
         std::fputs("gantry: gantry-holder --serve-image is started by gantry, not by hand\n", stderr);
         return 2;
@@ -356,12 +361,11 @@ int run_image_server(const std::string& image, const std::string& inner_uid, con
     auto number = [](const std::string& text) { return std::strtol(text.c_str(), nullptr, 10); };
     auto st = serve_image(image, static_cast<uid_t>(number(inner_uid)), static_cast<gid_t>(number(inner_gid)),
                           static_cast<int>(number(idle_seconds)), dir, ready);
-    if (!st) {
+    if (!st && ready >= 0) {
         std::string line = "error " + st.error().message + "\n";
         (void)!::write(ready, line.data(), line.size());
-        return 1;
     }
-    return 0;
+    return st ? 0 : 1;
 }
 
 }  // namespace gantry
