@@ -41,11 +41,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <csignal>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -99,7 +99,7 @@ Status lock(int fd, int how, const std::string& what) {
 
 // The socket's address through the directory's descriptor: short whatever the directory's path.
 sockaddr_un socket_address(int dir) {
-    sockaddr_un addr {};
+    sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::string path = fd_path(dir) + "/socket";
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
@@ -107,7 +107,7 @@ sockaddr_un socket_address(int dir) {
 }
 
 uid_t peer_uid(int sock) {
-    ucred cred {};
+    ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return static_cast<uid_t>(-1);
     return cred.uid;
@@ -122,7 +122,7 @@ Result<UniqueFd> connect_server(int dir, const std::string& path) {
     // Only a server of our own: the directory is ours alone, and the peer must run as us too.
     if (uid_t peer = peer_uid(sock.get()); peer != ::geteuid())
         return make_error("refusing the image server at " + path + ": it runs as uid " + std::to_string(peer));
-    timeval limit {30, 0};  // a server that stopped answering must not hang the container's start
+    timeval limit{30, 0};  // a server that stopped answering must not hang the container's start
     ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     return sock;
 }
@@ -130,9 +130,9 @@ Result<UniqueFd> connect_server(int dir, const std::string& path) {
 // Reads the server's answer: one byte and two descriptors (its user namespace, a clone of its mount).
 Status receive_image(int sock, Setup& s, const std::string& path) {
     char byte = 0;
-    iovec iov {&byte, 1};
+    iovec iov{&byte, 1};
     alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-    msghdr msg {};
+    msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
@@ -172,7 +172,7 @@ Status start_server(const Setup& s, int dir, const std::string& path) {
     auto started = start_process(serve);
     if (!started) return started.error().wrap("starting the image server for " + path);
     theirs.reset();
-    timeval limit {30, 0};
+    timeval limit{30, 0};
     ::setsockopt(ours.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     std::string reply;
     char chunk[256];
@@ -221,7 +221,8 @@ Status attach_image_server(Setup& s) {
 Status enter_server_user_namespace(Setup& s) {
     // The server's user namespace is the user's own (they made it, through the server): joining it
     // gives this holder no right the user lacks.
-    if (::setns(s.server_userns.get(), CLONE_NEWUSER) != 0) return system_error("joining the image server's user namespace");
+    if (::setns(s.server_userns.get(), CLONE_NEWUSER) != 0)
+        return system_error("joining the image server's user namespace");
     s.server_userns.reset();
     if (::unshare(namespace_flags(s.spec->unshare) & ~CLONE_NEWUSER) != 0)
         return system_error("creating the container namespaces");
@@ -278,7 +279,8 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
     UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!root || !userns || !watch || !mutex || !listener) return system_error("preparing the image server");
     sockaddr_un addr = socket_address(dir);
-    if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listener.get(), 64) != 0)
+    if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(listener.get(), 64) != 0)
         return system_error("listening on the image server's socket");
     (void)!::write(ready, "ready\n", 6);
     ::close(ready);
@@ -292,24 +294,28 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         int timeout = -1;
         // Idle, look again every 2 s whether the image file is still the one we serve.
         if (clients.empty())
-            timeout = static_cast<int>(std::min<time_t>(2, std::max<time_t>(0, idle_since + idle_seconds - ::time(nullptr)))) * 1000;
+            timeout = static_cast<int>(
+                          std::min<time_t>(2, std::max<time_t>(0, idle_since + idle_seconds - ::time(nullptr)))) *
+                      1000;
         if (::poll(polled.data(), polled.size(), timeout) < 0 && errno != EINTR) break;
         bool was_used = !clients.empty();
         if (polled[1].revents != 0) break;  // the daemon died: the mount is of no use any more
         for (size_t i = polled.size(); i-- > 2;) {
             if (polled[i].revents == 0) continue;
             char b;
-            if (::recv(clients[i - 2].get(), &b, 1, MSG_DONTWAIT) <= 0) clients.erase(clients.begin() + static_cast<long>(i - 2));
+            if (::recv(clients[i - 2].get(), &b, 1, MSG_DONTWAIT) <= 0)
+                clients.erase(clients.begin() + static_cast<long>(i - 2));
         }
         if (polled[0].revents != 0) {
             UniqueFd c(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
             // The peer's uid as our namespace sees it: ours only (another user's shows as unmapped).
             if (c && peer_uid(c.get()) == ::getuid()) {
-                UniqueFd clone(static_cast<int>(::open_tree(root.get(), "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)));
+                UniqueFd clone(
+                    static_cast<int>(::open_tree(root.get(), "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)));
                 char byte = 'k';
-                iovec iov {&byte, 1};
+                iovec iov{&byte, 1};
                 alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-                msghdr msg {};
+                msghdr msg{};
                 msg.msg_iov = &iov;
                 msg.msg_iovlen = 1;
                 msg.msg_control = control;
@@ -333,7 +339,7 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         // Idle long enough. Leave only under the lock: a holder looking for us holds it from before
         // it connects until it has our answer, so nobody is left connecting to a server that exits.
         if (::flock(mutex.get(), LOCK_EX | LOCK_NB) != 0) continue;
-        pollfd pending {listener.get(), POLLIN, 0};
+        pollfd pending{listener.get(), POLLIN, 0};
         if (::poll(&pending, 1, 0) > 0) {
             ::flock(mutex.get(), LOCK_UN);
             continue;
