@@ -51,6 +51,9 @@ struct Config {
     // Kernel backend: seconds a node-wide image mount stays after its last container left (reused
     // by later steps and jobs meanwhile); 0 releases it as soon as it is idle.
     int mount_idle_seconds = 300;
+    // fuse backend: serve an image to all of a user's containers from one squashfuse_ll per node
+    // (runtime/launcher/image_server.cpp), which lives mount_idle_seconds after its last container.
+    bool fuse_shared = true;
     // Squashfs compressor for new images: zstd | lz4 | gzip | xz | lzo | none, and block size.
     std::string compressor = "lz4";  // fastest to convert and to read (docs/squashfs.md)
     int compression_level = 0;       // 0: the compressor's default

@@ -127,6 +127,7 @@ const std::map<std::string, Setter>& setters() {
              c.mount_idle_seconds = static_cast<int>(*n);
              return {};
          }},
+        {"fuse_shared", bool_key(&Config::fuse_shared)},
         {"compressor",
          [](Config& c, const std::string& v) -> Status {
              GANTRY_TRY(one_of(v, {"zstd", "lz4", "gzip", "xz", "lzo", "none"}));

@@ -47,16 +47,41 @@ std::string default_holder_program() {
 
 namespace launcher {
 
+namespace {
+
+// The fuse backend's image comes from the user's shared image server (image_server.cpp) when
+// gantry.conf's fuse_shared allows it and the holder acts for itself. Not for a holder root
+// started for a job user (the plugin): the server would live in the step's cgroup and its user
+// namespace would need maps that only the user can write (docs/runtime.md). A server that cannot
+// be used is said on stderr, and the container gets a daemon of its own.
+void share_fuse_image(Setup& s) {
+    if (!s.spec->config.fuse_shared || s.creator_writes_maps) return;
+    // The admin's word on /dev/fuse holds for every container, even where a live server could serve
+    // it without opening the device again: without access, mount_image_fuse says why.
+    if (!fuse_accessible()) return;
+    auto st = attach_image_server(s);
+    if (st) return;
+    s.image_lease.reset();
+    s.server_userns.reset();
+    s.image_tree.reset();
+    std::string line = "gantry: warning: " + st.error().message + "; serving the image to this container alone\n";
+    (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
+
+}  // namespace
+
 // The launch sequence, run by the holder. Each step is one verb; see rootfs.cpp for the mounts.
 Status set_up_container(Setup& s) {
     const ContainerSpec& spec = *s.spec;
     if (s.backend == MountBackend::kernel) GANTRY_TRY(mount_image_kernel(s));  // privileged: see privileged.cpp
     GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
     if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
-    GANTRY_TRY(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
+    if (s.backend == MountBackend::fuse) share_fuse_image(s);  // image_server.cpp; else a daemon of our own
+    if (s.image_tree) GANTRY_TRY(enter_server_user_namespace(s));
+    else GANTRY_TRY(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
     GANTRY_TRY(make_mounts_private());
     GANTRY_TRY(mount_staging_area(s));
-    if (s.backend == MountBackend::fuse) GANTRY_TRY(mount_image_fuse(s));
+    if (s.backend == MountBackend::fuse) GANTRY_TRY(s.image_tree ? attach_served_image(s) : mount_image_fuse(s));
     if (s.backend == MountBackend::extract) GANTRY_TRY(bind_extracted_image(s));
     GANTRY_TRY(prepare_writable_layer(s));
     GANTRY_TRY(write_identity_files(s));

@@ -59,7 +59,7 @@ Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_o
     return MountBackend::extract;
 }
 
-Status mount_image_fuse(Setup& s) {
+Result<pid_t> serve_with_squashfuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid) {
     GANTRY_TRY(fuse_accessible());
     std::string daemon = find_program("squashfuse_ll");
     // We mount the FUSE filesystem ourselves (allowed with the user namespace's CAP_SYS_ADMIN) and
@@ -69,36 +69,41 @@ Status mount_image_fuse(Setup& s) {
     if (!fuse)
         return make_error(std::string("/dev/fuse not accessible: ") + std::strerror(errno) +
                           " (use the kernel backend from Slurm, or ask the admin for fuse access)");
-    std::string opts = "fd=" + std::to_string(fuse.get()) + ",rootmode=40000,user_id=" +
-                       std::to_string(s.id.inner_uid) + ",group_id=" + std::to_string(s.id.inner_gid) +
-                       ",allow_other";
-    if (::mount(s.spec->image_path.c_str(), s.image_dir.c_str(), "fuse.squashfuse_ll",
-                MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
-        return system_error("mounting " + s.spec->image_path + " with fuse");
+    std::string opts = "fd=" + std::to_string(fuse.get()) + ",rootmode=40000,user_id=" + std::to_string(uid) +
+                       ",group_id=" + std::to_string(gid) + ",allow_other";
+    if (::mount(image.c_str(), target.c_str(), "fuse.squashfuse_ll", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+        return system_error("mounting " + image + " with fuse");
     // The daemon gets the /dev/fuse descriptor under its own number, our stderr (its errors are the
-    // user's to see, or /dev/null), and dies with the holder.
+    // user's to see, or /dev/null), and dies with us. squashfuse_ll answers lookups and attributes
+    // with an unlimited timeout and opens files with keep_cache itself (the image is immutable), so
+    // the kernel keeps dentries, inodes and pages for as long as this mount lives.
     ProcessRequest serve;
-    serve.argv = {daemon, "-f", s.spec->image_path, "/dev/fd/" + std::to_string(fuse.get())};
+    serve.argv = {daemon, "-f", image, "/dev/fd/" + std::to_string(fuse.get())};
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     serve.inputs = {{fuse.get(), fuse.get()}, {STDERR_FILENO, STDERR_FILENO}};
     serve.death_signal = SIGKILL;
     auto pid = start_process(serve);
     if (!pid) return pid.error();
-    s.fuse_daemon = *pid;
     // Our copy must go: if the daemon dies, the connection then aborts and the probe below fails
     // with ENOTCONN instead of hanging.
     fuse.reset();
     // The first stat waits for the daemon's INIT and GETATTR answers: once it returns, the daemon
     // has opened the image and serves it, and we may pivot away from the host paths it used.
     struct stat st {};
-    if (::stat(s.image_dir.c_str(), &st) != 0) {
+    if (::stat(target.c_str(), &st) != 0) {
         int err = errno;
         int status = 0;
-        ::waitpid(s.fuse_daemon, &status, 0);
-        s.fuse_daemon = -1;
-        return make_error("mounting " + s.spec->image_path + " with squashfuse_ll: " + std::strerror(err) +
-                          " (daemon exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) + ")");
+        ::waitpid(*pid, &status, 0);
+        return make_error("mounting " + image + " with squashfuse_ll: " + std::strerror(err) + " (daemon exit status " +
+                          std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) + ")");
     }
+    return *pid;
+}
+
+Status mount_image_fuse(Setup& s) {
+    auto pid = serve_with_squashfuse(s.spec->image_path, s.image_dir, s.id.inner_uid, s.id.inner_gid);
+    if (!pid) return pid.error();
+    s.fuse_daemon = *pid;
     return {};
 }
 

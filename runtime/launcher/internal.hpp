@@ -53,7 +53,10 @@ struct Setup {
     std::string home;            // HOME inside
     std::string workdir;         // working directory inside
     pid_t fuse_daemon = -1;
-    UniqueFd image_lease;        // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp)
+    UniqueFd image_lease;        // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp);
+                                 // fuse: the connection to the user's image server (image_server.cpp)
+    UniqueFd server_userns;      // fuse, shared: the image server's user namespace, which the container joins
+    UniqueFd image_tree;         // fuse, shared: a detached clone of the server's mount, attached at image_dir
     UniqueFd scratch_dir;        // extract backend: directory holding the unpacked tree
     std::string scratch_name;    // its entry in scratch_dir, removed when the holder exits
     UniqueFd rw_scratch_dir;     // --writable: scratch_path, holding the overlay's upper layer
@@ -97,8 +100,21 @@ Status check_squashfs(const std::string& path);
 Status check_paths_here(const ContainerSpec& spec);
 Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok);
 Status fuse_accessible();
-Status mount_image_fuse(Setup& s);
+// Mounts `image` with FUSE on `target` (ids `uid`/`gid` as the mounting namespace sees them) and
+// starts squashfuse_ll on it; returns the daemon's pid once it serves. Needs CAP_SYS_ADMIN in the
+// user namespace owning the current mount namespace.
+Result<pid_t> serve_with_squashfuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid);
+Status mount_image_fuse(Setup& s);  // a private daemon for this container (the holder's child)
 Status extract_image(Setup& s);
+
+// image_server.cpp: one squashfuse_ll per (user, image, inner ids, cgroup), shared by that user's containers.
+// Finds (or starts) the server as the user, before any namespace change; fills image_lease,
+// server_userns and image_tree. An error means "serve this container privately" (the caller says so).
+Status attach_image_server(Setup& s);
+// Joins the server's user namespace, then unshares the container's mount (and extra) namespaces.
+Status enter_server_user_namespace(Setup& s);
+// Attaches the server's mount (image_tree) at image_dir, in the container's mount namespace.
+Status attach_served_image(Setup& s);
 Status bind_extracted_image(Setup& s);
 void remove_tree(int dirfd, const std::string& name);
 
@@ -119,6 +135,9 @@ struct SharedImageMount {
     UniqueFd tree;            // detached clone of the mount, to attach in the container's namespace
     std::string mount_point;  // <runtime_path>/images/<key>/root on the host
 };
+// The image file's identity as a directory name: 32 hex digits of sha256(real path, device, inode,
+// size, mtime), so a file rebuilt in place gets a new name (node-wide mounts, image servers).
+Result<std::string> image_key(const std::string& image);
 // Mounts `image` once per node (or reuses that mount) and takes a reference on it. Root only; the
 // caller has checked the image is trusted. Runs in the host mount namespace.
 Result<SharedImageMount> acquire_shared_mount(const std::string& image, const Config& config);

@@ -44,6 +44,18 @@
 #include "internal.hpp"
 
 namespace gantry::launcher {
+
+Result<std::string> image_key(const std::string& image) {
+    char real[PATH_MAX];
+    if (::realpath(image.c_str(), real) == nullptr) return system_error("resolving image " + image);
+    struct stat st {};
+    if (::stat(real, &st) != 0) return system_error("checking image " + image);
+    std::string id = std::string(real) + '\0' + std::to_string(st.st_dev) + ':' + std::to_string(st.st_ino) + ':' +
+                     std::to_string(st.st_size) + ':' + std::to_string(st.st_mtim.tv_sec) + '.' +
+                     std::to_string(st.st_mtim.tv_nsec);
+    return digest_hex(Sha256::of(id)).substr(0, 32);
+}
+
 namespace {
 
 constexpr long kSquashfsMagic = 0x73717368;
@@ -76,17 +88,6 @@ Result<UniqueFd> open_images_dir(const Config& config) {
     return open_root_dir(base.get(), "images", images_dir(config));
 }
 
-// The file's identity as a directory name (see the header).
-Result<std::string> image_key(const std::string& image) {
-    char real[PATH_MAX];
-    if (::realpath(image.c_str(), real) == nullptr) return system_error("resolving image " + image);
-    struct stat st {};
-    if (::stat(real, &st) != 0) return system_error("checking image " + image);
-    std::string id = std::string(real) + '\0' + std::to_string(st.st_dev) + ':' + std::to_string(st.st_ino) + ':' +
-                     std::to_string(st.st_size) + ':' + std::to_string(st.st_mtim.tv_sec) + '.' +
-                     std::to_string(st.st_mtim.tv_nsec);
-    return digest_hex(Sha256::of(id)).substr(0, 32);
-}
 
 // The squashfs is mounted on <key>/root when that directory sits on another filesystem than <key>/.
 bool is_mounted(int key_dir) {

@@ -37,6 +37,11 @@ TEST_CASE("gantry.conf: values, comments and defaults") {
     CHECK(c->insecure_registries == std::vector<std::string>{"reg.local:5000", "other:80"});
     CHECK(c->host_dev);
     CHECK(c->runtime_path == "/run/gantry");  // default kept
+    CHECK(c->fuse_shared);                    // the fuse backend's image servers: on by default
+    auto unshared = gantry::parse_config("fuse_shared = no\n", "c");
+    REQUIRE(unshared.ok());
+    CHECK_FALSE(unshared->fuse_shared);
+    CHECK_FALSE(gantry::parse_config("fuse_shared = sometimes\n", "c").ok());
 }
 
 TEST_CASE("gantry.conf: errors name file, line and key") {
