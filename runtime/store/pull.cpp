@@ -89,6 +89,26 @@ std::optional<std::string> stored_digest(const ImageStore& store, const ImageRef
     return std::nullopt;
 }
 
+// A tag the registry could not resolve (down, unreachable, a network outage) that the store resolved
+// before: says so, with what runs it without the registry, so that a user whose job died on a
+// registry outage learns the way round it from the error itself. Not where the registry is what
+// authorizes the pull (there `missing` still asks it), and not for the registry's own answers (a 404
+// or 401 says the tag or the user's access is gone, which the stored image does not change).
+Error with_stored_tag_hint(Error error, const ImageStore& store, const ImageReference& ref, bool registry_authorizes) {
+    if (registry_authorizes || error.http_status != 0 || !ref.digest.empty()) return error;
+    auto record = store.lookup_tag(ref);
+    if (!record || !validate_digest(record->digest) || !store.find(record->digest)) return error;
+    char when[32] = "an earlier pull";
+    const auto t = static_cast<std::time_t>(record->resolved_at);
+    std::tm tm{};
+    if (record->resolved_at > 0 && ::gmtime_r(&t, &tm) != nullptr)
+        std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", &tm);
+    error.message += "; the store has the image this tag named at " + std::string(when) + " (" +
+                     record->digest.substr(0, 19) +
+                     "...): --pull=missing (for srun: export GANTRY_PULL_POLICY=missing) runs it without the registry";
+    return error;
+}
+
 }  // namespace
 
 SquashfsOptions squashfs_options(const Config& config) {
@@ -161,7 +181,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // Only the manifest (never a blob) is fetched before the store and the producer lock are
     // consulted: waiters and cache hits cost the registry one manifest request each.
     auto resolved = client.resolve_digest(ref, options.platform);
-    if (!resolved) return resolved.error();
+    if (!resolved) return with_stored_tag_hint(resolved.error(), store, ref, registry_authorizes);
     const std::string digest = *resolved;
     (void)store.record_tag(ref, digest);  // best effort: the image itself is what matters
 

@@ -245,6 +245,56 @@ blob_gets() {
   nodes_healthy
 }
 
+@test "the registry down: a stored image runs by digest and under GANTRY_PULL_POLICY=missing; the default asks and fails" {
+  # A registry of our own that the test stops once the image is stored (the harness's keeps running).
+  name="offline-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name")
+  port=$(free_port)
+  private_registry "$WORK/gone" "$port"
+  skopeo copy -q --src-tls-verify=false --dest-tls-verify=false \
+    "docker://$GANTRY_TEST_REGISTRY_HTTP/gantry-test/$name:latest" "docker://127.0.0.1:$port/gantry-test/$name:latest"
+  gantry_plugin_conf "insecure_registries = $GANTRY_TEST_LOGIN_ADDR:$port"
+  image="$GANTRY_TEST_LOGIN_ADDR:$port#gantry-test/$name"
+  run as_user timeout 120 srun -N3 -n3 --container-image="$image" true
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ -e "$STORE/images/${digest#sha256:}.sqsh" ]
+
+  kill -9 "$(cat "$WORK/gone/pid")"
+  # Nothing answers on the port any more: a request would fail, so every success below ran from the store.
+  ! curl -fsS -o /dev/null "http://127.0.0.1:$port/v2/" 2>/dev/null || false
+
+  timed "digest-pinned, registry down" as_user timeout 120 srun -N3 -n3 --container-image="$image@$digest" \
+    sh -c 'echo "pinned $GANTRY_CONTAINER_IMAGE_DIGEST"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c "^pinned $digest$")" -eq 3 ]
+
+  timed "tag under GANTRY_PULL_POLICY=missing, registry down" as_user env GANTRY_PULL_POLICY=missing \
+    timeout 120 srun -N3 -n3 --container-image="$image" sh -c 'echo "missing $GANTRY_CONTAINER_IMAGE_DIGEST"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c "^missing $digest$")" -eq 3 ]
+
+  # The default policy (always) must ask the registry what the tag names now: a Pyxis-style failure.
+  timed "tag under the default policy, registry down" as_user timeout 120 srun -N3 -n3 --container-image="$image" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  echo "$output" | grep -q "$GANTRY_TEST_LOGIN_ADDR:$port"
+  # ... and says that the store has what the tag named, and how to run it without the registry.
+  echo "$output" | grep -q "the store has the image this tag named at .* (${digest:0:19}...): --pull=missing (for srun: export GANTRY_PULL_POLICY=missing)"
+
+  # never: an image the store lacks is refused without the network, saying what to do.
+  run as_user env GANTRY_PULL_POLICY=never timeout 120 srun -N1 -n1 \
+    --container-image="$GANTRY_TEST_LOGIN_ADDR:$port#gantry-test/not-stored-$RANDOM" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "the pull policy is 'never'"
+  nodes_healthy
+}
+
 @test "the producer killed mid-download: another node takes over, the next step runs from the image" {
   name="killprod-$RANDOM$RANDOM"
   digest=$(gantry_fresh_image "$WORK" "$name" 12000000)

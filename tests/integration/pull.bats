@@ -276,6 +276,8 @@ compare_with_reference() {
   # The default (always) asks the registry what the tag names now: offline, that fails.
   offline "$GANTRY" run --store "$STORE" "$tag" true
   [ "$status" -ne 0 ]
+  # ... naming the stored resolution and the way to run it offline.
+  [[ "$output" == *"the store has the image this tag named at "*" (${GANTRY_TEST_DIGEST_TINY:0:19}...): --pull=missing"* ]]
   # never: an image the store has not got is an error that says what to do, without trying the network.
   offline "$GANTRY" run --store "$STORE" --pull=never "$REG/gantry-test/not-there:1" true
   [ "$status" -ne 0 ]
