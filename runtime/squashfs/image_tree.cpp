@@ -28,6 +28,12 @@ Result<std::vector<std::string>> split_entry_path(std::string_view name, std::st
         std::string_view part = name.substr(pos, last ? std::string_view::npos : slash - pos);
         if (part == "..") return make_error("'..' component escapes the image root");
         if (part.empty()) return make_error("empty path component");
+        // ".wh." names mark deletions (OCI image spec, "Whiteouts"): no file system of an image can hold
+        // one, so one on the way to an entry (".wh.x/y") is a malformed layer, never a directory to make.
+        if (!last && part.rfind(".wh.", 0) == 0)
+            return make_error(
+                "a whiteout name (.wh.*) used as a directory; names starting with .wh. mark "
+                "deletions and cannot be directories (OCI image spec), so the layer is malformed");
         if (part != ".") {  // "./a" and "a/./b" are harmless spellings
             // A whiteout marker stands for the path it deletes: ".wh.NAME" for NAME, the opaque marker
             // for its directory; only that path has to fit.

@@ -282,6 +282,12 @@ TEST_CASE("entry paths: ./ prefixes are dropped, escapes are rejected") {
     CHECK(contains(split_entry_path("a/../../x").error().message, "escapes the image root"));
     CHECK(contains(split_entry_path("/etc/passwd").error().message, "absolute path"));
     CHECK_FALSE(split_entry_path("a//b").ok());
+    // A whiteout name is a marker, never a directory on the way to another entry (found by fuzzing).
+    CHECK(*split_entry_path("a/.wh.b") == std::vector<std::string>{"a", ".wh.b"});
+    CHECK(*split_entry_path("a/.wh..wh..opq") == std::vector<std::string>{"a", ".wh..wh..opq"});
+    CHECK(contains(split_entry_path(".wh.a/b").error().message, "whiteout name (.wh.*) used as a directory"));
+    CHECK(contains(split_entry_path("x/.wh..wh..opq/y").error().message, "used as a directory"));
+    CHECK(*split_entry_path("a.wh./b") == std::vector<std::string>{"a.wh.", "b"});
     CHECK_FALSE(split_entry_path("").ok());
 }
 
