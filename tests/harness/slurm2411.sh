@@ -302,9 +302,8 @@ holders() {
 # in_uts: the pids (other than the holders) in the holders' UTS namespaces, i.e. everything the
 # cluster started: daemons, slurmstepd, job tasks (containers keep the node's UTS namespace).
 in_uts() {
-  local h p u host_uts utss=" "
+  local h p u hs host_uts utss=" "
   host_uts=$(readlink /proc/1/ns/uts)
-  local hs
   hs=" $(holders | tr '\n' ' ') "
   for h in $hs; do
     u=$(readlink "/proc/$h/ns/uts" 2>/dev/null) || continue
