@@ -123,11 +123,6 @@ gantry_as_user() {
   ${GANTRY_SLURM_LOGIN_EXEC:-} runuser -u "$user" -- env -C "$dir" "$@"
 }
 
-# gantry_skip_on_slurm RELEASE REASON: skips the test, visibly with REASON, on the cluster of RELEASE.
-gantry_skip_on_slurm() {
-  if [ "${GANTRY_TEST_SLURM_RELEASE:-22.05}" = "$1" ]; then skip "on Slurm $1: $2"; fi
-}
-
 # gantry_plugin_conf [LINE...]: writes the gantry.conf the plugin reads in the harness (the shared store
 # in the FSx stand-in, and REG as an insecure registry: gantry allows plain HTTP only to registries
 # listed there), plus the given lines; creates the store.
