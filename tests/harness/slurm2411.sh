@@ -319,41 +319,13 @@ in_uts() {
   return 0
 }
 
-# choose_subnet: a /24 below 10.214/16 (the 22.05 harness takes 10.213/16) that no route of the host
-# covers, starting from one the harness id picks.
-choose_subnet() {
-  local i octet routes
-  routes=$(ip -4 route show)
-  for ((i = 0; i < 256; i++)); do
-    octet=$(((16#${hid:0:2} + i) % 256))
-    grep -q "^10\.214\.$octet\.0/24" <<<"$routes" || { echo "10.214.$octet"; return 0; }
-  done
-  die "every /24 in 10.214.0.0/16 is routed on this host"
-}
-
-# setup_network: bridge br0 in a namespace of its own, the host's end of it ($host_link, the login
-# node's address $subnet.1), and one namespace per node with eth0 at $subnet.(10+I). Nothing routes
-# beyond the bridge.
+# setup_network: bridge, host link ($subnet.1, the login node as the nodes see it) and one network
+# namespace per node, under this harness's names (lib.sh). The subnet is the first 10.214.X.0/24 that
+# no host route covers (the 22.05 harness takes 10.213/16).
 setup_network() {
-  local node ns
   ip route show | grep -q "^$subnet\.0/24" && die "subnet $subnet.0/24 is already routed on this host"
-  ip netns add "$br_ns"
-  ip -n "$br_ns" link set lo up
-  ip -n "$br_ns" link add br0 type bridge
-  ip -n "$br_ns" link set br0 up
-  ip link add "$host_link" type veth peer name host netns "$br_ns"
-  ip -n "$br_ns" link set host master br0 up
-  ip addr add "$subnet.1/24" dev "$host_link"
-  ip link set "$host_link" up
-  for node in $node_list; do
-    ns=$netns_prefix$node
-    ip netns add "$ns"
-    ip -n "$br_ns" link add "vn${node#"$node_prefix"}" type veth peer name eth0 netns "$ns"
-    ip -n "$br_ns" link set "vn${node#"$node_prefix"}" master br0 up
-    ip -n "$ns" link set lo up
-    ip -n "$ns" addr add "$(node_addr "$node")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-  done
+  # shellcheck disable=SC2086 # one argument per node
+  gantry_bridge_network "$br_ns" "$host_link" "$subnet" "$netns_prefix" "$node_prefix" $node_list
 }
 
 # remove_network: this harness dir's link and namespaces (their names carry its id and g2411-).
@@ -530,7 +502,7 @@ cmd_start() {
   chmod 1777 "$run/fsx"
   node_list=
   for ((i = 1; i <= nodes; i++)); do node_list+="$node_prefix$i "; done
-  subnet=$(choose_subnet)
+  subnet=$(gantry_choose_subnet 10.214 "$hid") || die "no free /24 for the nodes"
   cpus=32
   ctld_port=$(gantry_free_port)
   # Each slurmd listens inside its own network namespace, where nothing else runs.
@@ -661,7 +633,7 @@ cmd_node_exec() {
 # namespace, which this harness created and where only that node's daemons and jobs live (the holder
 # survives, keeping the node's namespaces for start). start: NODE's slurmd again, if it is not running.
 cmd_node() {
-  local action=$1 node=${2:-} holder net p pids i
+  local action=$1 node=${2:-} holder
   gantry_require_root "slurm2411.sh $action-node"
   load_cluster_state || die "the Slurm 24.11 harness is not running; start it: $self start"
   case " $node_list " in *" $node "*) ;; *) die "unknown node '$node' (nodes: $node_list)" ;; esac
@@ -674,22 +646,7 @@ cmd_node() {
     note "slurmd of $node running (pid $(cat "$run/nodes/$node/slurmd.pid"))"
     return 0
   fi
-  net=$(readlink "/proc/$holder/ns/net")
-  [ "$net" != "$(readlink /proc/1/ns/net)" ] || die "$node shares the host's network namespace; refusing to kill"
-  # Repeated: a slurmstepd may fork between the scan and the kill; what it forked is found next round.
-  for ((i = 0; i < 50; i++)); do
-    pids=
-    for p in /proc/[0-9]*; do
-      p=${p#/proc/}
-      [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" = "$net" ] && pids+=" $p"
-    done
-    [ -n "$pids" ] || break
-    [ "$i" -gt 0 ] || note "crashing $node: SIGKILL to$pids"
-    # shellcheck disable=SC2086 # one argument per pid
-    kill -KILL $pids 2>/dev/null || true
-    sleep 0.1
-  done
-  [ -z "$pids" ] || die "processes of $node survive SIGKILL:$pids"
+  gantry_crash_netns "$holder" "$node"
   rm -f "$run/nodes/$node/slurmd.pid"
 }
 
