@@ -27,7 +27,7 @@ teardown() {
 
 # in_trixie CMD...: CMD as root inside the trixie root. as_user CMD...: as the test user, from WORK.
 in_trixie() { $GANTRY_T2411_EXEC "$@"; }
-as_user() { $GANTRY_T2411_EXEC runuser -u "$U" -- env -C "$WORK" "$@"; }
+as_user() { gantry_as_user "$U" "$WORK" "$@"; }
 
 # slurmd_alive: every node's slurmd runs, and the controller answers.
 slurmd_alive() {
