@@ -160,6 +160,41 @@ slurmd_alive() {
   ! echo "$output" | grep "Slurm version" | grep -q "✗" || false
 }
 
+@test "24.11: crash-node kills that node's processes only (not a host process named slurmd, not another node's); start-node brings it back" {
+  local victim=${GANTRY_TEST_NODES##* } other=${GANTRY_TEST_NODES%% *} victim_pid other_pid decoy i
+  victim_pid=$(cat "${GANTRY_T2411_SLURMD_PID_PATTERN//%n/$victim}")
+  other_pid=$(cat "${GANTRY_T2411_SLURMD_PID_PATTERN//%n/$other}")
+  # A host process named slurmd that no harness started.
+  mkdir -p "$WORK/decoy" && cp "$(command -v sleep)" "$WORK/decoy/slurmd"
+  setsid "$WORK/decoy/slurmd" 300 </dev/null >/dev/null 2>&1 3>&- &
+  decoy=$!
+  run "$GANTRY_SLURM_HARNESS" crash-node "$victim"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "crashing $victim: SIGKILL to.* $victim_pid\b"
+  # The victim's slurmd is gone (or a zombie until init reaps it); the decoy and the other node live.
+  for ((i = 0; i < 50; i++)); do
+    grep -q '^State:.*Z' "/proc/$victim_pid/status" 2>/dev/null || [ ! -e "/proc/$victim_pid" ] && break
+    sleep 0.1
+  done
+  grep -q '^State:.*Z' "/proc/$victim_pid/status" 2>/dev/null || [ ! -e "/proc/$victim_pid" ]
+  kill -0 "$decoy"
+  [ "$(cat "/proc/$other_pid/comm")" = slurmd ]
+  kill "$decoy"
+  run "$GANTRY_SLURM_HARNESS" start-node "$victim"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  for ((i = 0; i < 100; i++)); do
+    [ "$(in_trixie sinfo -h -N -n "$victim" -o %t)" = idle ] && break
+    sleep 0.2
+  done
+  [ "$(in_trixie sinfo -h -N -n "$victim" -o %t)" = idle ]
+  slurmd_alive
+  run as_user srun -N"$GANTRY_TEST_NODE_COUNT" --ntasks-per-node=1 hostname
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | sort | tr '\n' ' ')" = "$GANTRY_TEST_NODES " ]
+}
+
 @test "24.11: slurmd and slurmctld are still up after the suite's steps" {
   slurmd_alive
   ctld=$(cat "$GANTRY_T2411_SLURMCTLD_PID")
