@@ -228,3 +228,74 @@ KillWait=5
 MinJobAge=300
 EOF
 }
+
+# The network of a multi-node harness cluster (slurm.sh for 22.05, slurm2411.sh for 24.11): nodes are
+# network namespaces on a bridge that lives in a namespace of its own, without uplink; the host joins
+# it through a veth of its own. Each harness passes names that carry its id, so two never share one.
+
+# gantry_choose_subnet BASE ID: the first BASE.X.0/24 (BASE: two octets, e.g. 10.213), X counting up
+# from the first byte of the hex ID, that no route of the host covers; prints BASE.X. Fails when every
+# one is routed.
+gantry_choose_subnet() {
+  local base=$1 id=$2 i octet routes
+  routes=$(ip -4 route show)
+  for ((i = 0; i < 256; i++)); do
+    octet=$(((16#${id:0:2} + i) % 256))
+    grep -q "^${base//./\\.}\\.$octet\\.0/24" <<<"$routes" || { echo "$base.$octet"; return 0; }
+  done
+  gantry_note "every /24 in $base.0.0/16 is routed on this host"
+  return 1
+}
+
+# gantry_bridge_network BR_NS HOST_LINK SUBNET NS_PREFIX NODE_PREFIX NODE...: bridge br0 in the new
+# namespace BR_NS, the host's end HOST_LINK at SUBNET.1/24, and for each NODE (NODE_PREFIX followed by
+# its number I) a new namespace NS_PREFIX<NODE> whose eth0 is at SUBNET.(10+I). The caller checks that
+# SUBNET is free, and removes all of it again by those names.
+gantry_bridge_network() {
+  local br_ns=$1 host_link=$2 subnet=$3 ns_prefix=$4 node_prefix=$5 node ns i
+  shift 5
+  ip netns add "$br_ns"
+  ip -n "$br_ns" link set lo up
+  ip -n "$br_ns" link add br0 type bridge
+  ip -n "$br_ns" link set br0 up
+  # The host (the login node: slurmctld, srun, sbatch) joins the bridge through its own veth.
+  ip link add "$host_link" type veth peer name host netns "$br_ns"
+  ip -n "$br_ns" link set host master br0 up
+  ip addr add "$subnet.1/24" dev "$host_link"
+  ip link set "$host_link" up
+  for node in "$@"; do
+    i=${node#"$node_prefix"}
+    ns=$ns_prefix$node
+    ip netns add "$ns"
+    # Named by the node's number: a node name with a long prefix would not fit in 15 characters.
+    ip -n "$br_ns" link add "vn$i" type veth peer name eth0 netns "$ns"
+    ip -n "$br_ns" link set "vn$i" master br0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "$subnet.$((10 + i))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+}
+
+# gantry_crash_netns HOLDER NAME: SIGKILL every process in the network namespace of HOLDER (a node's
+# namespace holder, which survives) at once, like a node that loses power: only that node's daemons
+# and jobs live there, so nothing of the host or another node is hit. Refuses the host's namespace;
+# fails naming NAME when a process survives.
+gantry_crash_netns() {
+  local holder=$1 name=$2 net p pids i
+  net=$(readlink "/proc/$holder/ns/net") || gantry_die "$name: its holder (pid $holder) is gone"
+  [ "$net" != "$(readlink /proc/1/ns/net)" ] || gantry_die "$name shares the host's network namespace; refusing to kill"
+  # Repeated: a slurmstepd may fork between the scan and the kill; what it forked is found next round.
+  for ((i = 0; i < 50; i++)); do
+    pids=
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" = "$net" ] && pids+=" $p"
+    done
+    [ -n "$pids" ] || return 0
+    [ "$i" -gt 0 ] || gantry_note "crashing $name: SIGKILL to$pids"
+    # shellcheck disable=SC2086 # one argument per pid
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.1
+  done
+  gantry_die "processes of $name survive SIGKILL:$pids"
+}

@@ -393,13 +393,7 @@ healthy_pids() {
 # choose_subnet: a /24 below 10.213/16 that no route of the host covers, starting from one the harness
 # id picks, so that harnesses of two dirs (and anything else on 10.213) stay apart.
 choose_subnet() {
-  local i octet routes
-  routes=$(ip -4 route show)
-  for ((i = 0; i < 256; i++)); do
-    octet=$(((16#${hid:0:2} + i) % 256))
-    grep -q "^10\.213\.$octet\.0/24" <<<"$routes" || { echo "10.213.$octet"; return 0; }
-  done
-  die "every /24 in 10.213.0.0/16 is routed on this host; set GANTRY_SLURM_SUBNET to a free private /24 prefix"
+  gantry_choose_subnet 10.213 "$hid" || die "set GANTRY_SLURM_SUBNET to a free private /24 prefix"
 }
 
 choose_port() {
@@ -455,28 +449,10 @@ write_hosts_files() {
 }
 
 setup_network() {
-  local node ns
   ip route show | grep -q "^$subnet\.0/24" &&
     die "subnet $subnet.0/24 is already routed on this host ($(ip route show | grep "^$subnet\.0/24")); set GANTRY_SLURM_SUBNET to another private /24 prefix, e.g. 10.213.78"
-  ip netns add "$br_ns"
-  ip -n "$br_ns" link set lo up
-  ip -n "$br_ns" link add br0 type bridge
-  ip -n "$br_ns" link set br0 up
-  # The host ("login node": slurmctld, srun, sbatch) joins the bridge through its own veth.
-  ip link add "$host_link" type veth peer name host netns "$br_ns"
-  ip -n "$br_ns" link set host master br0 up
-  ip addr add "$subnet.1/24" dev "$host_link"
-  ip link set "$host_link" up
-  for node in $node_list; do
-    ns=$node_ns_prefix$node
-    ip netns add "$ns"
-    # Named by the node's number: a node name with a long prefix would not fit in 15 characters.
-    ip -n "$br_ns" link add "vn${node#"$node_prefix"}" type veth peer name eth0 netns "$ns"
-    ip -n "$br_ns" link set "vn${node#"$node_prefix"}" master br0 up
-    ip -n "$ns" link set lo up
-    ip -n "$ns" addr add "$(node_addr "$node")/24" dev eth0
-    ip -n "$ns" link set eth0 up
-  done
+  # shellcheck disable=SC2086 # one argument per node
+  gantry_bridge_network "$br_ns" "$host_link" "$subnet" "$node_ns_prefix" "$node_prefix" $node_list
 }
 
 # spawn_holder NODE: start a sleeping process that owns NODE's UTS and mount namespace (its network
@@ -814,26 +790,10 @@ cmd_exec() {
 # keeps its hostname and mounts for start-node. Killing only what runs inside a namespace this harness
 # created is what keeps this root-level kill away from the host and the other nodes.
 crash_node() {
-  local node=$1 holder net p pids i
+  local node=$1
   [ "$mode" != single ] || die "crash-node needs the multi-node harness (one slurmd on the host would take the host's processes with it)"
-  holder=$(pid_of "$node.holder")
   alive "$node.holder" sleep || die "the namespaces of $node are gone (holder not running)"
-  net=$(readlink "/proc/$holder/ns/net")
-  [ "$net" != "$(readlink /proc/1/ns/net)" ] || die "$node shares the host's network namespace; refusing to kill"
-  # Repeated: a slurmstepd may fork between the scan and the kill; what it forked is found next round.
-  for ((i = 0; i < 50; i++)); do
-    pids=
-    for p in /proc/[0-9]*; do
-      p=${p#/proc/}
-      [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" = "$net" ] && pids+=" $p"
-    done
-    [ -n "$pids" ] || break
-    [ "$i" -gt 0 ] || note "crashing $node: SIGKILL to$pids"
-    # shellcheck disable=SC2086 # one argument per pid
-    kill -KILL $pids 2>/dev/null || true
-    sleep 0.1
-  done
-  [ -z "$pids" ] || die "processes of $node survive SIGKILL:$pids"
+  gantry_crash_netns "$(pid_of "$node.holder")" "$node"
   rm -f "$run_dir/$node.slurmd.pid"
 }
 

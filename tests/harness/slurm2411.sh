@@ -7,20 +7,30 @@
 #                          $GANTRY_HARNESS_DIR/cache/ keyed by a hash of the recipe below
 #   slurm2411.sh build     root, then configure and build gantry, gantry-entry and spank_gantry.so in
 #                          the root against its libslurm-dev 24.11 (build dir: <state>/build)
-#   slurm2411.sh start     build, then start munged, slurmctld and one slurmd ("gantry-trixie", 2+
-#                          CPUs) from the root with spank_gantry.so in its plugstack; writes
-#                          $GANTRY_HARNESS_DIR/slurm2411.env for the tests
-#   slurm2411.sh stop      stop every daemon and process of the cluster; logs stay in the state dir
+#   slurm2411.sh start     build, then start munged and slurmctld on the login node ("gantry-trixie")
+#                          and one slurmd per node (tnode1..tnodeN, default N=3, or
+#                          $GANTRY_SLURM2411_NODES, at least 2), all from the root with spank_gantry.so
+#                          in its plugstack; writes $GANTRY_HARNESS_DIR/slurm2411.env for the tests
+#   slurm2411.sh stop      stop every daemon and process of the cluster, remove its network
+#                          namespaces and link; logs stay in the state dir
 #   slurm2411.sh status    the daemons and sinfo; exit 1 unless all are up
-#   slurm2411.sh exec [--] CMD...   run CMD as root inside the trixie root (srun, sinfo, gantry ...)
+#   slurm2411.sh exec [--] CMD...   run CMD as root on the login node inside the trixie root (srun,
+#                          sinfo, gantry ...)
+#   slurm2411.sh node-exec NODE [--] CMD...   run CMD as root on node NODE (its hostname and network)
+#   slurm2411.sh crash-node NODE   SIGKILL NODE's slurmd and every process in its network namespace at
+#                          once, like a node that loses power; start-node NODE boots its slurmd again
 #
 # Not a chroot: the kernel refuses unshare(CLONE_NEWUSER) to a chrooted process, and the plugin makes
 # user namespaces. The root is entered with a mount namespace of its own and pivot_root, so that it is
 # the real root of everything the cluster runs. A "holder" process keeps that namespace (and a UTS
 # namespace with the hostname gantry-trixie) alive; daemons and commands join it with nsenter. The
-# network is the host's: loopback ports (gantry_free_port) for slurmctld and slurmd, and the harness
-# registry at its 127.0.0.1 address. $GANTRY_HARNESS_DIR and the source tree appear at their own paths
-# inside, so paths in env files and gantry.conf mean the same on both sides.
+# login node (munged, slurmctld, srun, sbatch) uses the host's network. Each node is a network
+# namespace of its own on a bridge (the way tests/harness/slurm.sh wires the 22.05 nodes, with names,
+# link and subnet of its own) plus a UTS namespace with the node's hostname, held by a sleeping process
+# that has joined the root's mount namespace; the node's slurmd is started inside those. The nodes
+# reach the login node, and the harness registry, at the host's end of the bridge. $GANTRY_HARNESS_DIR
+# and the source tree appear at their own paths inside, so paths in env files and gantry.conf mean the
+# same on both sides.
 #
 # State, logs and the build: $GANTRY_HARNESS_DIR/slurm2411 (never the 22.05 cluster's slurm/ or
 # /etc/slurm of the host: the daemons' -f /etc/slurm/slurm.conf and the clients' SLURM_CONF name the
@@ -43,8 +53,17 @@ bdir=$state/build         # kept between starts: the build is incremental
 envfile=$hdir/slurm2411.env
 holder_pid_file=$state/holder.pid
 mirror=${GANTRY_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-node=gantry-trixie
+login=gantry-trixie
+node_prefix=tnode
 partition=trixie
+# The harness dir's id (as in slurm.sh) in every host-global name: the network namespaces (prefix
+# g2411-, never the 22.05 harness's gantry-<id>-), the host's end of the bridge and the subnet.
+hid=$(printf '%s' "$hdir" | sha256sum | cut -c1-8)
+netns_prefix=g2411-$hid-
+br_ns=${netns_prefix}br
+host_link=gt$hid
+# Written by start: the subnet and the node list of the running cluster.
+cluster_state=$state/cluster.state
 
 # The root's recipe. Any change here (suite, packages) makes a new cache entry.
 suite=trixie
@@ -128,14 +147,18 @@ start_holder() {
   # keep their owners), so srun runs as gantry-test inside too.
   cp "$root/etc/passwd" "$etc/passwd"
   cp "$root/etc/group" "$etc/group"
-  local u
+  # Their home directories are the host's, bound at the same paths: a home shared by the login node
+  # and every node, as on a cluster with home on NFS (a test writes a file there from the host).
+  local u home homes=()
   for u in gantry-test gantry-attacker; do
     if getent passwd "$u" >/dev/null; then
       getent passwd "$u" >>"$etc/passwd"
       getent group "$u" >>"$etc/group" || true
+      home=$(getent passwd "$u" | cut -d: -f6)
+      if [ -d "$home" ] && [ "$home" != / ]; then homes+=("$home"); fi
     fi
   done
-  printf '127.0.0.1 localhost %s\n::1 localhost ip6-localhost ip6-loopback\n' "$node" >"$etc/hosts"
+  [ -e "$etc/hosts" ] || printf '127.0.0.1 localhost %s\n::1 localhost ip6-localhost ip6-loopback\n' "$login" >"$etc/hosts"
   [ -e "$etc/slurm/slurm.conf" ] || : >"$etc/slurm/slurm.conf"
   # Mount points for the binds (minbase has no /etc/hosts).
   mkdir -p "$root$hdir" "$root$src" "$root/etc/slurm"
@@ -148,6 +171,7 @@ start_holder() {
     done
     exec setsid unshare --mount --uts --propagation private -- /bin/sh -ec '
       R=$1 H=$2 SRC=$3 ETC=$4 TMP=$5 PIDF=$6 NODE=$7
+      shift 7
       hostname "$NODE"
       mount --bind "$R" "$R"
       mount -t proc proc "$R/proc"
@@ -163,12 +187,13 @@ start_holder() {
       mount --bind "$H" "$R$H"
       for f in passwd group hosts; do mount --bind "$ETC/$f" "$R/etc/$f"; done
       mount --bind "$ETC/slurm" "$R/etc/slurm"
+      for home in "$@"; do mkdir -p "$R$home" && mount --bind "$home" "$R$home"; done
       cd "$R"
       pivot_root . .
       umount -l .
       cd /
       echo $$ > "$PIDF"
-      exec sleep infinity' holder "$root" "$hdir" "$src" "$etc" "$state/tmp" "$holder_pid_file" "$node" \
+      exec sleep infinity' holder "$root" "$hdir" "$src" "$etc" "$state/tmp" "$holder_pid_file" "$login" "${homes[@]}" \
       >>"$state/holder.log" 2>&1 </dev/null
   ) &
   local i spawned=$!
@@ -214,8 +239,9 @@ cmd_build() {
 pid_in() { [ -s "$1" ] && cat "$1"; return 0; }
 
 # daemon_alive PIDFILE COMM: the pid in PIDFILE runs as COMM inside the holder's mount namespace, the
-# one this script made around the root. A pid the host reused for one of its own processes (a daemon of
-# the host's Slurm among them) fails the namespace check, so stop never signals it.
+# one this script made around the root (the login node's daemons and the nodes' slurmds all run in
+# it). A pid the host reused for one of its own processes (a daemon of the host's Slurm among them)
+# fails the namespace check, so stop never signals it.
 daemon_alive() {
   local pid mnt
   pid=$(pid_in "$1")
@@ -247,26 +273,129 @@ wait_pidfile() {
   return 1
 }
 
-# in_uts: the pids (other than the holder) in the holder's UTS namespace, i.e. everything the cluster
-# started: daemons, slurmstepd, job tasks.
+load_cluster_state() {
+  [ -r "$cluster_state" ] || return 1
+  # shellcheck disable=SC1090
+  . "$cluster_state"
+}
+
+node_addr() { echo "$subnet.$((10 + ${1#"$node_prefix"}))"; }
+
+# node_holder_alive NODE: NODE's holder runs (a sleep) inside the network namespace this harness made
+# for NODE: a reused pid of anything else is never taken for it.
+node_holder_alive() {
+  local pid ns=/run/netns/$netns_prefix$1
+  pid=$(pid_in "$run/nodes/$1/holder.pid")
+  [ -n "$pid" ] && [ -e "$ns" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] &&
+    [ "$(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null)" = "$(stat -c %i "$ns")" ]
+}
+
+# holders: the pids of the root's holder and of every node's holder that still run.
+holders() {
+  local node
+  holder_alive && cat "$holder_pid_file"
+  load_cluster_state 2>/dev/null || return 0
+  for node in $node_list; do node_holder_alive "$node" && pid_in "$run/nodes/$node/holder.pid"; done
+  return 0
+}
+
+# in_uts: the pids (other than the holders) in the holders' UTS namespaces, i.e. everything the
+# cluster started: daemons, slurmstepd, job tasks (containers keep the node's UTS namespace).
 in_uts() {
-  local holder uts p
-  holder=$(pid_in "$holder_pid_file")
-  [ -n "$holder" ] && uts=$(readlink "/proc/$holder/ns/uts" 2>/dev/null) || return 0
-  [ "$uts" != "$(readlink /proc/1/ns/uts)" ] || return 0
+  local h p u hs host_uts utss=" "
+  host_uts=$(readlink /proc/1/ns/uts)
+  hs=" $(holders | tr '\n' ' ') "
+  for h in $hs; do
+    u=$(readlink "/proc/$h/ns/uts" 2>/dev/null) || continue
+    [ "$u" != "$host_uts" ] && utss+="$u "
+  done
+  [ "$utss" != " " ] || return 0
   for p in /proc/[0-9]*; do
     p=${p#/proc/}
-    [ "$p" != "$holder" ] && [ "$(readlink "/proc/$p/ns/uts" 2>/dev/null)" = "$uts" ] && echo "$p"
+    case $hs in *" $p "*) continue ;; esac
+    u=$(readlink "/proc/$p/ns/uts" 2>/dev/null) || continue
+    case $utss in *" $u "*) echo "$p" ;; esac
   done
   return 0
 }
 
+# setup_network: bridge, host link ($subnet.1, the login node as the nodes see it) and one network
+# namespace per node, under this harness's names (lib.sh). The subnet is the first 10.214.X.0/24 that
+# no host route covers (the 22.05 harness takes 10.213/16).
+setup_network() {
+  ip route show | grep -q "^$subnet\.0/24" && die "subnet $subnet.0/24 is already routed on this host"
+  # shellcheck disable=SC2086 # one argument per node
+  gantry_bridge_network "$br_ns" "$host_link" "$subnet" "$netns_prefix" "$node_prefix" $node_list
+}
+
+# remove_network: this harness dir's link and namespaces (their names carry its id and g2411-).
+remove_network() {
+  local ns
+  if ip link show "$host_link" >/dev/null 2>&1; then
+    ip link delete "$host_link" 2>/dev/null || note "could not delete link $host_link"
+  fi
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    case $ns in
+      "$netns_prefix"*) ip netns delete "$ns" 2>/dev/null || note "could not delete network namespace $ns" ;;
+    esac
+  done
+}
+
+# spawn_node_holder NODE: a sleeping process in NODE's network namespace, a new UTS namespace with the
+# node's hostname, and the root's mount namespace (joined last, with the root's / as its root): the
+# node's slurmd and `node-exec` join all three. Its pid file is written before it joins the root;
+# await_node_holder waits until it is there.
+spawn_node_holder() {
+  local node=$1 dir=$run/nodes/$1
+  gantry_pid_start "$dir/holder.spawn" "$dir/holder.log" \
+    nsenter --net="/run/netns/$netns_prefix$node" -- unshare --uts -- /bin/sh -ec '
+      hostname "$1"
+      echo $$ > "$2"
+      exec nsenter --target "$3" --mount --root --wd -- sleep infinity' holder "$node" "$dir/holder.pid" "$(cat "$holder_pid_file")"
+}
+
+await_node_holder() {
+  local node=$1 i mnt
+  mnt=$(readlink "/proc/$(cat "$holder_pid_file")/ns/mnt")
+  for ((i = 0; i < 100; i++)); do
+    if node_holder_alive "$node" && [ "$(readlink "/proc/$(cat "$run/nodes/$node/holder.pid")/ns/mnt")" = "$mnt" ]; then return 0; fi
+    sleep 0.1
+  done
+  die "the namespaces of node $node could not be set up; see $run/nodes/$node/holder.log: $(tail -3 "$run/nodes/$node/holder.log" 2>/dev/null | tr '\n' ' ')"
+}
+
+in_node() {
+  local node=$1
+  shift
+  nsenter --target "$(cat "$run/nodes/$node/holder.pid")" --net --uts --mount --root --wd -- \
+    env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 HOME=/root \
+    SLURM_CONF=/etc/slurm/slurm.conf "$@"
+}
+
+# spawn_slurmd NODE: NODE's slurmd inside its holder's namespaces; await_slurmd NODE waits for its pid.
+spawn_slurmd() {
+  local node=$1
+  rm -f "$run/nodes/$node/slurmd.pid"
+  gantry_pid_start "$run/nodes/$node/slurmd.spawn" "$run/nodes/$node/slurmd.out" \
+    nsenter --target "$(cat "$run/nodes/$node/holder.pid")" --net --uts --mount --root --wd -- \
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmd -D -f /etc/slurm/slurm.conf -N "$node"
+}
+
+await_slurmd() {
+  local node=$1
+  wait_pidfile "$run/nodes/$node/slurmd.pid" 30 ||
+    die "slurmd 24.11 of $node did not start; see $run/nodes/$node/slurmd.log: $(grep -iE 'error|fatal' "$run/nodes/$node/slurmd.out" "$run/nodes/$node/slurmd.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
+}
+
 cmd_stop() {
   gantry_require_root "slurm2411.sh"
-  stop_daemon "$run/slurmd.pid" slurmd
+  local node
+  if load_cluster_state; then
+    for node in $node_list; do stop_daemon "$run/nodes/$node/slurmd.pid" slurmd; done
+  fi
   stop_daemon "$run/slurmctld.pid" slurmctld
   stop_daemon "$run/munged.pid" munged
-  # Only processes in the UTS namespace this harness created: nothing of the host's.
+  # Only processes in the UTS namespaces this harness created: nothing of the host's.
   local sig pids i
   for sig in TERM KILL; do
     pids=$(in_uts)
@@ -279,10 +408,12 @@ cmd_stop() {
       sleep 0.1
     done
   done
-  if holder_alive; then
-    kill -KILL "$(cat "$holder_pid_file")" 2>/dev/null || true
-  fi
-  rm -f "$holder_pid_file" "$envfile"
+  # The holders last: the root's (checked by holder_alive) and the nodes' (by their namespace).
+  pids=$(holders)
+  # shellcheck disable=SC2086
+  [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+  remove_network
+  rm -f "$holder_pid_file" "$envfile" "$cluster_state"
   note "Slurm 24.11 harness stopped (logs kept in $run)"
 }
 
@@ -295,16 +426,17 @@ start_failed() {
 }
 
 write_conf() {
-  local plugin=$bdir/plugin/spank_gantry.so
+  local plugin=$bdir/plugin/spank_gantry.so node
   cat >"$state/etc/slurm/plugstack.conf" <<EOF
 # SPANK plugins of the Gantry Slurm 24.11 harness (tests/harness/slurm2411.sh start).
 required $plugin config=$run/gantry.conf
 EOF
-  [ -e "$run/gantry.conf" ] || printf '# the 24.11 suite writes this\n' >"$run/gantry.conf"
-  cat >"$state/etc/slurm/slurm.conf" <<EOF
+  [ -e "$run/gantry.conf" ] || printf '# the 24.11 suites write this\n' >"$run/gantry.conf"
+  {
+    cat <<EOF
 # Written by Gantry's tests/harness/slurm2411.sh for $state.
 ClusterName=gantry2411
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$login($subnet.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 AuthInfo=socket=$run/munge/munge.socket
@@ -312,37 +444,77 @@ StateSaveLocation=$run/ctld
 SlurmctldPidFile=$run/slurmctld.pid
 SlurmctldLogFile=$run/slurmctld.log
 SlurmctldDebug=verbose
-SlurmdSpoolDir=$run/spool
-SlurmdPidFile=$run/slurmd.pid
-SlurmdLogFile=$run/slurmd.log
+SlurmdSpoolDir=$run/nodes/%n/spool
+SlurmdPidFile=$run/nodes/%n/slurmd.pid
+SlurmdLogFile=$run/nodes/%n/slurmd.log
 SlurmdDebug=verbose
 ProctrackType=proctrack/linuxproc
-SlurmdTimeout=60
+# How long a dead node goes unnoticed: 20 s, as in slurm.sh (plugin_failures.bats crashes a node).
+SlurmdTimeout=20
 PlugStackConfig=/etc/slurm/plugstack.conf
-NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=1024 State=UNKNOWN
-PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
-  gantry_slurm_conf_policy >>"$state/etc/slurm/slurm.conf"
+    for node in $node_list; do
+      echo "NodeName=$node NodeAddr=$(node_addr "$node") NodeHostname=$node CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=1024 State=UNKNOWN"
+    done
+    echo "PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    gantry_slurm_conf_policy
+  } >"$state/etc/slurm/slurm.conf"
   chmod 0644 "$state/etc/slurm/slurm.conf" "$state/etc/slurm/plugstack.conf"
+  # One /etc/hosts for the login node and every node (they share the root's mount namespace); written
+  # in place, since the holder has it bind-mounted.
+  {
+    printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s.1 %s\n' "$subnet" "$login"
+    for node in $node_list; do echo "$(node_addr "$node") $node"; done
+  } >"$state/etc/hosts"
+}
+
+# write_client_bin: $state/bin, put first on PATH by slurm2411.env: Slurm's client commands for root
+# on the host, each run on the login node inside the root (as `exec`, without the caller's
+# environment), so that a suite written for the 22.05 harness (sinfo, squeue, scontrol, scancel as
+# root) talks to this cluster.
+write_client_bin() {
+  local c
+  rm -rf "${state:?}/bin"
+  mkdir -p "$state/bin"
+  for c in srun sbatch salloc squeue sinfo scontrol scancel sacct; do
+    printf '#!/bin/sh\n# Written by tests/harness/slurm2411.sh start: %s of the Slurm 24.11 harness.\nexec env GANTRY_HARNESS_DIR=%s %s exec -- %s "$@"\n' \
+      "$c" "$hdir" "$self" "$c" >"$state/bin/$c"
+    chmod 0755 "$state/bin/$c"
+  done
 }
 
 cmd_start() {
   gantry_require_root "slurm2411.sh"
   gantry_require_cmd nsenter util-linux
   gantry_require_cmd unshare util-linux
-  "$here/user.sh" >/dev/null
+  gantry_require_cmd ip iproute2
+  local nodes=${GANTRY_SLURM2411_NODES:-3} node test_user i
+  if ! [[ $nodes =~ ^[1-9][0-9]?$ ]] || [ "$nodes" -lt 2 ]; then
+    die "GANTRY_SLURM2411_NODES must be a number from 2 to 99, got '$nodes'"
+  fi
+  test_user=$("$here/user.sh")
   cmd_build
   cmd_stop >/dev/null 2>&1 || true
   trap start_failed EXIT
   rm -rf "$run"
-  mkdir -p "$run/ctld" "$run/spool" "$run/munge" "$run/fsx"
+  mkdir -p "$run/ctld" "$run/munge" "$run/fsx"
   chmod 0755 "$hdir" "$state" "$run"
   chmod 1777 "$run/fsx"
-  start_holder
+  node_list=
+  for ((i = 1; i <= nodes; i++)); do node_list+="$node_prefix$i "; done
+  subnet=$(gantry_choose_subnet 10.214 "$hid") || die "no free /24 for the nodes"
+  cpus=32
   ctld_port=$(gantry_free_port)
-  slurmd_port=$(gantry_free_port)
-  while [ "$slurmd_port" = "$ctld_port" ]; do slurmd_port=$(gantry_free_port); done
+  # Each slurmd listens inside its own network namespace, where nothing else runs.
+  slurmd_port=6818
+  for node in $node_list; do mkdir -p "$run/nodes/$node/spool"; done
+  printf 'node_list="%s"\nsubnet=%s\n' "${node_list% }" "$subnet" >"$cluster_state"
+  start_holder
   write_conf
+  write_client_bin
+  setup_network
+  for node in $node_list; do spawn_node_holder "$node"; done
+  for node in $node_list; do await_node_holder "$node"; done
 
   # munged: its key and socket in the run dir, owned by the root's munge account.
   dd if=/dev/urandom of="$run/munge/munge.key" bs=1024 count=1 status=none
@@ -361,23 +533,20 @@ cmd_start() {
     env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmctld -D -i -f /etc/slurm/slurm.conf
   wait_pidfile "$run/slurmctld.pid" 20 ||
     die "slurmctld 24.11 did not start; see $run/slurmctld.log: $(grep -iE 'error|fatal' "$run/slurmctld.out" "$run/slurmctld.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
-  gantry_pid_start "$run/slurmd.spawn" "$run/slurmd.out" \
-    nsenter --target "$(cat "$holder_pid_file")" --mount --uts --root --wd -- \
-    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmd -D -f /etc/slurm/slurm.conf -N "$node"
-  wait_pidfile "$run/slurmd.pid" 20 ||
-    die "slurmd 24.11 did not start; see $run/slurmd.log: $(grep -iE 'error|fatal' "$run/slurmd.out" "$run/slurmd.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
-  local i st=
+  for node in $node_list; do spawn_slurmd "$node"; done
+  for node in $node_list; do await_slurmd "$node"; done
+  local st=
   for ((i = 0; i < 300; i++)); do
-    st=$(in_root sinfo -h -N -o %t 2>/dev/null || true)
-    [ "$st" = idle ] && break
+    st=$(in_root sinfo -h -N -o %t 2>/dev/null | sort | uniq -c | awk '{print $1, $2}' || true)
+    [ "$st" = "$nodes idle" ] && break
     sleep 0.2
   done
-  [ "$st" = idle ] || die "node $node not idle after 60 s (sinfo: ${st:-nothing}); see $run/slurmctld.log and $run/slurmd.log"
+  [ "$st" = "$nodes idle" ] || die "the $nodes nodes are not idle after 60 s (sinfo: ${st:-nothing}); see $run/slurmctld.log and $run/nodes/*/slurmd.log"
   cat >"$envfile" <<EOF
 # Written by tests/harness/slurm2411.sh start; source it to talk to the Slurm 24.11 cluster.
 export GANTRY_T2411_HARNESS=$self
-# Run a command as root in the trixie root: \$GANTRY_T2411_EXEC srun ...
-export GANTRY_T2411_EXEC="env GANTRY_HARNESS_DIR=$hdir $self exec"
+# Run a command as root on the login node in the trixie root: \$GANTRY_T2411_EXEC srun ...
+export GANTRY_T2411_EXEC="env GANTRY_HARNESS_DIR=$hdir $self exec --"
 export GANTRY_T2411_ROOT=$root
 export GANTRY_T2411_STATE=$state
 export GANTRY_T2411_RUN=$run
@@ -386,24 +555,54 @@ export GANTRY_T2411_PLUGIN=$bdir/plugin/spank_gantry.so
 export GANTRY_T2411_GANTRY=$bdir/runtime/gantry
 export GANTRY_T2411_CONF_DIR=$state/etc/slurm
 export GANTRY_T2411_GANTRY_CONF=$run/gantry.conf
-export GANTRY_T2411_NODE=$node
+export GANTRY_T2411_LOGIN=$login
 export GANTRY_T2411_PARTITION=$partition
 export GANTRY_T2411_FSX=$run/fsx
-export GANTRY_T2411_SLURMD_PID=$run/slurmd.pid
+export GANTRY_T2411_SLURMD_PID_PATTERN=$run/nodes/%n/slurmd.pid
 export GANTRY_T2411_SLURMCTLD_PID=$run/slurmctld.pid
-export GANTRY_T2411_SLURMD_LOG=$run/slurmd.log
 export GANTRY_T2411_SLURMCTLD_LOG=$run/slurmctld.log
+# The interface slurm.env gives the suites written for the 22.05 harness (tests/integration/helpers.bash,
+# gantry_load_env slurm with GANTRY_TEST_SLURM=24.11): the same names, this cluster's values.
+export GANTRY_TEST_SLURM_RELEASE=24.11
+export GANTRY_SLURM_HARNESS=$self
+# Slurm's clients for root on the host run on this cluster's login node (write_client_bin).
+export PATH=$state/bin:\$PATH
+# Prefix for a command on the login node, as root: \$GANTRY_SLURM_LOGIN_EXEC runuser -u USER -- srun ...
+export GANTRY_SLURM_LOGIN_EXEC="env GANTRY_HARNESS_DIR=$hdir $self exec --"
+export GANTRY_SLURM_EXEC="env GANTRY_HARNESS_DIR=$hdir $self node-exec"
+export GANTRY_SLURM_HOST_LINK=$host_link
+export GANTRY_SLURM_NETNS_PREFIX=$netns_prefix
+export GANTRY_TEST_LOGIN_ADDR=$subnet.1
+export GANTRY_TEST_MODE=multi
+export GANTRY_TEST_USER=$test_user
+export GANTRY_TEST_NODES="${node_list% }"
+export GANTRY_TEST_NODE_COUNT=$nodes
+export GANTRY_TEST_CPUS_PER_NODE=$cpus
+export GANTRY_TEST_PARTITION=$partition
+export GANTRY_TEST_PLUGIN=$bdir/plugin/spank_gantry.so
+export GANTRY_TEST_GANTRY_CONF=$run/gantry.conf
+# The gantry CLI built for this cluster's root (tests that run \`gantry\` on its login node).
+export GANTRY_TEST_GANTRY=$bdir/runtime/gantry
+export GANTRY_TEST_FSX=$run/fsx
+export GANTRY_SLURMCTLD_LOG=$run/slurmctld.log
+export GANTRY_SLURMD_LOG_PATTERN=$run/nodes/%n/slurmd.log
 EOF
   trap - EXIT
-  note "Slurm $(in_root slurmd -V | awk '{print $2}') harness up in the $suite root: node $node (127.0.0.1:$slurmd_port), slurmctld 127.0.0.1:$ctld_port; env in $envfile"
+  note "Slurm $(in_root slurmd -V | awk '{print $2}') harness up in the $suite root: login $login ($subnet.1, slurmctld port $ctld_port), nodes ${node_list% } on $subnet.0/24 (link $host_link); env in $envfile"
 }
 
 cmd_status() {
-  local rc=0
+  local rc=0 node d
   holder_alive || { echo "no Slurm 24.11 harness of $state is running"; return 1; }
-  for d in munged:munged slurmctld:slurmctld slurmd:slurmd; do
+  load_cluster_state || { echo "no Slurm 24.11 cluster recorded in $cluster_state"; return 1; }
+  for d in munged:munged slurmctld:slurmctld; do
     if daemon_alive "$run/${d%%:*}.pid" "${d#*:}"; then echo "${d%%:*}: running (pid $(cat "$run/${d%%:*}.pid"))"
     else echo "${d%%:*}: NOT running"; rc=1; fi
+  done
+  for node in $node_list; do
+    if node_holder_alive "$node" && daemon_alive "$run/nodes/$node/slurmd.pid" slurmd; then
+      echo "$node slurmd: running (pid $(cat "$run/nodes/$node/slurmd.pid"))"
+    else echo "$node slurmd: NOT running"; rc=1; fi
   done
   in_root sinfo -N -o '%N %t %c %P' || rc=1
   return $rc
@@ -417,6 +616,40 @@ cmd_exec() {
   in_root "$@"
 }
 
+cmd_node_exec() {
+  local node=${1:-}
+  shift || true
+  [ "${1:-}" = -- ] && shift
+  if [ -z "$node" ] || [ $# -eq 0 ]; then die "usage: slurm2411.sh node-exec NODE [--] CMD [ARGS...]"; fi
+  gantry_require_root "slurm2411.sh node-exec"
+  load_cluster_state || die "the Slurm 24.11 harness is not running; start it: $self start"
+  case " $node_list " in *" $node "*) ;; *) die "unknown node '$node' (nodes: $node_list)" ;; esac
+  node_holder_alive "$node" || die "the namespaces of $node are gone (holder not running)"
+  in_node "$node" "$@"
+}
+
+# cmd_node crash|start NODE: crash: SIGKILL slurmd, slurmstepd and every task of NODE in one go, so
+# that none of them can clean up or tell the controller; the processes are those in NODE's network
+# namespace, which this harness created and where only that node's daemons and jobs live (the holder
+# survives, keeping the node's namespaces for start). start: NODE's slurmd again, if it is not running.
+cmd_node() {
+  local action=$1 node=${2:-} holder
+  gantry_require_root "slurm2411.sh $action-node"
+  load_cluster_state || die "the Slurm 24.11 harness is not running; start it: $self start"
+  case " $node_list " in *" $node "*) ;; *) die "unknown node '$node' (nodes: $node_list)" ;; esac
+  node_holder_alive "$node" || die "the namespaces of $node are gone (holder not running)"
+  holder=$(cat "$run/nodes/$node/holder.pid")
+  if [ "$action" = start ]; then
+    daemon_alive "$run/nodes/$node/slurmd.pid" slurmd && { note "slurmd of $node already running"; return 0; }
+    spawn_slurmd "$node"
+    await_slurmd "$node"
+    note "slurmd of $node running (pid $(cat "$run/nodes/$node/slurmd.pid"))"
+    return 0
+  fi
+  gantry_crash_netns "$holder" "$node"
+  rm -f "$run/nodes/$node/slurmd.pid"
+}
+
 case ${1:-} in
   root) gantry_require_root "slurm2411.sh"; make_root; echo "$root" ;;
   build) cmd_build ;;
@@ -424,5 +657,8 @@ case ${1:-} in
   stop) cmd_stop ;;
   status) cmd_status ;;
   exec) shift; cmd_exec "$@" ;;
-  *) echo "usage: $0 root | build | start | stop | status | exec [--] CMD..." >&2; exit 2 ;;
+  node-exec) shift; cmd_node_exec "$@" ;;
+  crash-node) cmd_node crash "${2:-}" ;;
+  start-node) cmd_node start "${2:-}" ;;
+  *) echo "usage: $0 root | build | start | stop | status | exec [--] CMD... | node-exec NODE [--] CMD... | crash-node NODE | start-node NODE" >&2; exit 2 ;;
 esac

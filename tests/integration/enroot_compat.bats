@@ -14,7 +14,7 @@ setup() {
   TINY="$REG#gantry-test/tiny"
   U=$GANTRY_TEST_USER
   UHOME=$(getent passwd "$U" | cut -d: -f6)
-  GANTRY=$GANTRY_BUILD_DIR/runtime/gantry
+  GANTRY=$GANTRY_TEST_GANTRY
   WORK=$(mktemp -d "$GANTRY_TEST_FSX/enroot-compat-test.XXXXXX")
   chmod 0755 "$WORK"
   # The drop-in directories are the admin's: root-owned, writable by root only.
@@ -30,7 +30,7 @@ teardown() {
 
 # as_user CMD...: run as the test user from the shared directory (a cwd every node has).
 as_user() {
-  runuser -u "$U" -- env -C "$WORK" "$@"
+  gantry_as_user "$U" "$WORK" "$@"
 }
 
 # conf LINE...: the harness gantry.conf plus LINEs, with the drop-in directories of this test.
@@ -156,7 +156,7 @@ EOF
   [ "$(echo "$output" | grep -cx no-missing)" -eq 2 ]
   [ "$(echo "$output" | grep -cx read-only)" -eq 2 ]
   # gantry run reads the same drop-ins.
-  run as_user env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" SLURM_JOB_ID=77 "$GANTRY" run "$WORK/enroot.sqsh" cat /site-data/marker /job-77/marker
+  run as_user env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" SLURM_JOB_ID=77 "$GANTRY" run "$WORK/enroot.sqsh" cat /site-data/marker /job-77/marker
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -cx 'site data')" -eq 2 ]
@@ -198,7 +198,7 @@ EOF
   [ "$status" -eq 0 ]
   echo "$output" | tail -1 | grep -qE '^/opt/app/bin:/bin\|([0-9]+)\|\1$'
   # gantry run reads it the same way.
-  run as_user env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY" run "$WORK/enroot.sqsh" thescript
+  run as_user env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" "$GANTRY" run "$WORK/enroot.sqsh" thescript
   echo "$output"
   [ "$status" -eq 0 ]
   echo "$output" | grep -qx 'thescript: hello from etc-environment'
@@ -224,7 +224,7 @@ EOF
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | tail -1)" = "a b" ]
   # gantry run --entrypoint without a command: the entrypoint with the Cmd (a quote kept in a word).
-  run as_user env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY" run --entrypoint "$WORK/enroot.sqsh"
+  run as_user env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" "$GANTRY" run --entrypoint "$WORK/enroot.sqsh"
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$output" = "entry(2): the'cmd two" ]

@@ -21,7 +21,7 @@ teardown() {
 
 # as_user CMD...: run as the test user from the shared directory (a cwd every node has).
 as_user() {
-  runuser -u "$U" -- env -C "$WORK" "$@"
+  gantry_as_user "$U" "$WORK" "$@"
 }
 
 @test "srun -n4 runs every rank in the image" {
@@ -316,9 +316,8 @@ JOB
 @test "sbatch: an srun inside the containerized batch script inherits the image; its own --container-image overrides" {
   # The image brings the Slurm client (and the libraries our plugin needs, since srun loads the
   # plugstack's plugins); the plugin binds the cluster's configuration, munge and itself (batch_srun).
-  gantry_apt_image "$GANTRY_HARNESS_DIR/cache/plugin-slurmclient" v1 'echo slurm-client image > "$1/etc/gantry-marker"' \
-    slurm-client libcurl4 libyaml-0-2
-  local img=$GANTRY_HARNESS_DIR/cache/plugin-slurmclient/image.sqsh
+  local img
+  img=$(gantry_slurm_client_image)
   cat > "$WORK/batch.sh" <<JOB
 #!/bin/sh
 #SBATCH --container-image=$img
@@ -344,14 +343,14 @@ JOB
 #SBATCH --container-image=$img
 #SBATCH -N1
 cat /etc/gantry-marker
-for f in "$sock" "$GANTRY_BUILD_DIR/plugin/spank_gantry.so"; do [ -e "\$f" ] && echo "\$f visible"; done
+for f in "$sock" "$GANTRY_TEST_PLUGIN"; do [ -e "\$f" ] && echo "\$f visible"; done
 true
 JOB
   chown "$U" "$WORK/batch2.sh"
   run as_user sbatch --wait -o "$WORK/batch2.out" "$WORK/batch2.sh"
   cat "$WORK/batch2.out" || true
   [ "$status" -eq 0 ]
-  [ "$(cat "$WORK/batch2.out")" = "$(printf 'slurm-client image\n%s visible\n%s visible' "$sock" "$GANTRY_BUILD_DIR/plugin/spank_gantry.so")" ]
+  [ "$(cat "$WORK/batch2.out")" = "$(printf 'slurm-client image\n%s visible\n%s visible' "$sock" "$GANTRY_TEST_PLUGIN")" ]
   gantry_plugin_conf "batch_srun = 0"
   run as_user sbatch --wait -o "$WORK/batch3.out" "$WORK/batch2.sh"
   cat "$WORK/batch3.out" || true

@@ -36,7 +36,7 @@ teardown() {
 as_user() {
   # The test harness's own secrets are not part of the job's environment (the job exports everything
   # it has into the container, as Pyxis does).
-  runuser -u "$U" -- env -u GANTRY_TEST_REGISTRY_PASSWORD -C "$WORK" "$@"
+  gantry_as_user "$U" "$WORK" env -u GANTRY_TEST_REGISTRY_PASSWORD "$@"
 }
 
 # timed NAME CMD...: runs CMD like bats' `run`, and sets ELAPSED (seconds, 0.1 s resolution); prints it

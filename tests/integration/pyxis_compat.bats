@@ -21,7 +21,7 @@ teardown() {
 }
 
 as_user() {
-  runuser -u "$U" -- env -C "$WORK" "$@"
+  gantry_as_user "$U" "$WORK" "$@"
 }
 
 # manifest_requests METHOD REPO REF: how many METHOD requests for REPO's manifest REF the open
@@ -147,7 +147,7 @@ wait_for() {
   wait_for "$WORK/attached"
   node=$(squeue -h -j "$jobid" -o %N)
   state_file=/run/gantry/containers/pyxis_${jobid}_att.json
-  holder=$("$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$node" -- cat "$state_file" | grep -o '"holder_pid": *[0-9]*' | grep -o '[0-9]*$')
+  holder=$($GANTRY_SLURM_EXEC "$node" -- cat "$state_file" | grep -o '"holder_pid": *[0-9]*' | grep -o '[0-9]*$')
   echo "job $jobid on $node, holder $holder"
   [ -n "$holder" ]
   kill -0 "$holder"
@@ -165,6 +165,6 @@ wait_for() {
   # The job is over: its epilog stopped the holder and removed the state file.
   for ((i = 0; i < 300; i++)); do kill -0 "$holder" 2>/dev/null || break; sleep 0.1; done
   ! kill -0 "$holder" 2>/dev/null || false
-  run "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$node" -- test -e "$state_file"
+  run $GANTRY_SLURM_EXEC "$node" -- test -e "$state_file"
   [ "$status" -ne 0 ]
 }

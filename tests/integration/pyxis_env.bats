@@ -22,7 +22,7 @@ teardown() {
 
 # as_user CMD...: run as the test user from the shared directory (a cwd every node has).
 as_user() {
-  runuser -u "$U" -- env -C "$WORK" "$@"
+  gantry_as_user "$U" "$WORK" "$@"
 }
 
 @test "exported job variables reach every rank on every node" {
@@ -43,8 +43,9 @@ as_user() {
 }
 
 @test "the image's Env wins for a name it defines; --container-env gives the job's value" {
-  # tiny's config sets GANTRY_TINY=1 and PATH; JOB_ONLY is not in the image.
-  run as_user env GANTRY_TINY=job JOB_ONLY=job PATH="/job/bin:$PATH" \
+  # tiny's config sets GANTRY_TINY=1 and PATH; JOB_ONLY is not in the image. The job's PATH is spelt out
+  # (srun in /usr/bin on either login node), not taken from the test's own, which is the host's.
+  run as_user env GANTRY_TINY=job JOB_ONLY=job PATH=/job/bin:/usr/bin:/bin \
     srun -n1 --container-image="$TINY" sh -c 'echo "$GANTRY_TINY $JOB_ONLY $PATH"'
   echo "$output"
   [ "$status" -eq 0 ]

@@ -1,14 +1,15 @@
 # fixtures: registry images slurm2411
 # The plugin on a second Slurm: 24.11 from Debian 13 (trixie), built and run inside a trixie root
 # (tests/harness/slurm2411.sh) beside the host's 22.05 cluster. srun, slurmctld and slurmd here are
-# 24.11's own binaries; spank_gantry.so was built against 24.11's headers in that root.
+# 24.11's own binaries; spank_gantry.so was built against 24.11's headers in that root. The harness's
+# own checks and the release checks; the plugin suites run on this cluster as integration.<suite>@24.11.
 
 load helpers
 
 setup() {
   gantry_load_env registry images slurm2411
-  # The trixie root shares the host's network: the harness registry at its loopback address.
-  REG=$GANTRY_TEST_REGISTRY_HTTP
+  # The nodes have networks of their own: the harness registry at the login node's bridge address.
+  gantry_cluster_registry
   TINY="$REG#gantry-test/tiny"
   U=gantry-test
   # The default backend: fuse (trixie's squashfuse_ll 0.5 on libfuse 3.17, whose clean exit used to
@@ -26,12 +27,42 @@ teardown() {
 
 # in_trixie CMD...: CMD as root inside the trixie root. as_user CMD...: as the test user, from WORK.
 in_trixie() { $GANTRY_T2411_EXEC "$@"; }
-as_user() { $GANTRY_T2411_EXEC runuser -u "$U" -- env -C "$WORK" "$@"; }
+as_user() { gantry_as_user "$U" "$WORK" "$@"; }
 
+# slurmd_alive: every node's slurmd runs, and the controller answers.
 slurmd_alive() {
-  local pid
-  pid=$(cat "$GANTRY_T2411_SLURMD_PID")
-  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmd ] && in_trixie scontrol ping | grep -q UP
+  local node pid
+  for node in $GANTRY_TEST_NODES; do
+    pid=$(cat "${GANTRY_T2411_SLURMD_PID_PATTERN//%n/$node}")
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmd ] || { echo "slurmd of $node (pid $pid) is gone"; return 1; }
+  done
+  in_trixie scontrol ping | grep -q UP
+}
+
+@test "24.11: three nodes, each slurmd in a network and UTS namespace of its own inside the root" {
+  [ "$GANTRY_TEST_NODE_COUNT" -ge 2 ]
+  run in_trixie sinfo -h -N -o '%N %t'
+  echo "$output"
+  [ "$(echo "$output" | awk '{print $1}' | tr '\n' ' ')" = "$GANTRY_TEST_NODES " ]
+  local node pid nets=() root_mnt
+  root_mnt=$(readlink "/proc/$(cat "$GANTRY_T2411_STATE/holder.pid")/ns/mnt")
+  for node in $GANTRY_TEST_NODES; do
+    pid=$(cat "${GANTRY_T2411_SLURMD_PID_PATTERN//%n/$node}")
+    # The root's file systems, the node's own network and hostname (none of them the host's).
+    [ "$(readlink "/proc/$pid/ns/mnt")" = "$root_mnt" ]
+    [ "$(readlink "/proc/$pid/ns/net")" != "$(readlink /proc/1/ns/net)" ]
+    nets+=("$(readlink "/proc/$pid/ns/net")")
+    [ "$($GANTRY_SLURM_EXEC "$node" -- hostname)" = "$node" ]
+  done
+  [ "$(printf '%s\n' "${nets[@]}" | sort -u | wc -l)" -eq "$GANTRY_TEST_NODE_COUNT" ]
+  # One step across all nodes, as the job user, in the image: every node's rank sees its hostname.
+  run as_user srun -N"$GANTRY_TEST_NODE_COUNT" --ntasks-per-node=1 --container-image="$TINY" sh -c 'echo "$(hostname) $(cat /work/README)"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | sort | tr '\n' ',')" = "$(for n in $GANTRY_TEST_NODES; do printf '%s tiny work dir,' "$n"; done)" ]
+  # The host's resolver knows nothing of the cluster (its hosts file is the harness's, inside the root).
+  ! grep -q "tnode\|gantry-trixie" /etc/hosts || false
+  ! grep -qs "$GANTRY_T2411_STATE" /etc/slurm/slurm.conf || false
 }
 
 @test "24.11: the root runs Slurm 24.11, the plugin was built for it, and srun --help lists its options" {
@@ -91,7 +122,7 @@ slurmd_alive() {
   echo "$output" | grep -q "gantry: failed to import docker image"
   slurmd_alive
   run in_trixie sinfo -h -N -o %t
-  [ "$output" = idle ] || [ "$output" = mix ]
+  [ -z "$(echo "$output" | grep -vE '^(idle|mix)$')" ]
 }
 
 @test "24.11: the host's 22.05-built spank_gantry.so is refused by name, without a crash; doctor names both releases" {
@@ -129,9 +160,46 @@ slurmd_alive() {
   ! echo "$output" | grep "Slurm version" | grep -q "✗" || false
 }
 
+@test "24.11: crash-node kills that node's processes only (not a host process named slurmd, not another node's); start-node brings it back" {
+  local victim=${GANTRY_TEST_NODES##* } other=${GANTRY_TEST_NODES%% *} victim_pid other_pid decoy i
+  victim_pid=$(cat "${GANTRY_T2411_SLURMD_PID_PATTERN//%n/$victim}")
+  other_pid=$(cat "${GANTRY_T2411_SLURMD_PID_PATTERN//%n/$other}")
+  # A host process named slurmd that no harness started.
+  mkdir -p "$WORK/decoy" && cp "$(command -v sleep)" "$WORK/decoy/slurmd"
+  setsid "$WORK/decoy/slurmd" 300 </dev/null >/dev/null 2>&1 3>&- &
+  decoy=$!
+  run "$GANTRY_SLURM_HARNESS" crash-node "$victim"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "crashing $victim: SIGKILL to.* $victim_pid\b"
+  # The victim's slurmd is gone (or a zombie until init reaps it); the decoy and the other node live.
+  for ((i = 0; i < 50; i++)); do
+    grep -q '^State:.*Z' "/proc/$victim_pid/status" 2>/dev/null || [ ! -e "/proc/$victim_pid" ] && break
+    sleep 0.1
+  done
+  grep -q '^State:.*Z' "/proc/$victim_pid/status" 2>/dev/null || [ ! -e "/proc/$victim_pid" ]
+  kill -0 "$decoy"
+  [ "$(cat "/proc/$other_pid/comm")" = slurmd ]
+  kill "$decoy"
+  run "$GANTRY_SLURM_HARNESS" start-node "$victim"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  for ((i = 0; i < 100; i++)); do
+    [ "$(in_trixie sinfo -h -N -n "$victim" -o %t)" = idle ] && break
+    sleep 0.2
+  done
+  [ "$(in_trixie sinfo -h -N -n "$victim" -o %t)" = idle ]
+  slurmd_alive
+  run as_user srun -N"$GANTRY_TEST_NODE_COUNT" --ntasks-per-node=1 hostname
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | sort | tr '\n' ' ')" = "$GANTRY_TEST_NODES " ]
+}
+
 @test "24.11: slurmd and slurmctld are still up after the suite's steps" {
   slurmd_alive
   ctld=$(cat "$GANTRY_T2411_SLURMCTLD_PID")
   [ "$(cat "/proc/$ctld/comm")" = slurmctld ]
-  ! grep -qiE 'segfault|signal 11|core dumped' "$GANTRY_T2411_SLURMD_LOG" || false
+  for node in $GANTRY_TEST_NODES; do
+    ! grep -qiE 'segfault|signal 11|core dumped' "${GANTRY_SLURMD_LOG_PATTERN//%n/$node}" || false
+  done
 }
