@@ -93,6 +93,8 @@ Result<ContainerSpec> container_spec_from_json(std::string_view text);
 // Where gantry-holder is: beside the running program (the CLI in the build tree or as installed in
 // bindir finds it in libexec) or the installed path. The plugin names its own (ContainerSpec::holder_program).
 std::string default_holder_program();
+// gantry-imagefs, the fuse backend's server (runtime/imagefs): found as gantry-holder is, beside it.
+std::string default_imagefs_program();
 
 // gantry-holder --check-paths: reads a ContainerSpec document from `fd` and checks its user-named paths
 // (the image file: a regular squashfs file, opened without blocking; bind sources) with the caller's
@@ -103,11 +105,11 @@ int check_container_paths(int fd);
 // creator), builds the container, reports, then holds the namespaces until told to stop. Never returns.
 [[noreturn]] void run_container_holder(int channel);
 
-// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS: the fuse backend's shared image
+// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER: the fuse backend's shared image
 // server (runtime/launcher/image_server.cpp), with its report socket as descriptor 3 and its
 // directory as descriptor 4. Returns the exit status.
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
-                     const std::string& idle_seconds);
+                     const std::string& idle_seconds, const std::string& fuse_server);
 
 // The holder of a running container, as recorded in its state file.
 struct ContainerState {

@@ -58,7 +58,7 @@ void share_fuse_image(Setup& s) {
     if (!s.spec->config.fuse_shared || s.creator_writes_maps) return;
     // The admin's word on /dev/fuse holds for every container, even where a live server could serve
     // it without opening the device again: without access, mount_image_fuse says why.
-    if (!fuse_accessible()) return;
+    if (!fuse_accessible(s.spec->config)) return;
     auto st = attach_image_server(s);
     if (st) return;
     s.image_lease.reset();
