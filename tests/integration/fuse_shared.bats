@@ -1,5 +1,5 @@
 # fixtures:
-# The fuse backend's shared image server (runtime/launcher/image_server.cpp): one squashfuse_ll per
+# The fuse backend's shared image server (runtime/launcher/image_server.cpp): one gantry-imagefs per
 # user and image, shared by that user's `gantry run` containers, surviving a SIGKILLed container,
 # never shared across users, unreachable for another user, gone after mount_idle_seconds.
 # Driven as the test user (gantry-test), as root, and with gantry-attacker as the hostile user.
@@ -62,14 +62,15 @@ wait_servers_gone() {
 # dev USER: st_dev of the image's /data as a new container of USER sees it (one FUSE connection each).
 dev() { as "$1" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" stat -c %d /data; }
 
-@test "two containers of one user share one squashfuse_ll, which outlives a SIGKILLed container" {
+@test "two containers of one user share one gantry-imagefs, which outlives a SIGKILLed container" {
   as "$TUSER" "$GANTRY" run --name fuse-shared-a --detach --backend fuse "$IMGDIR/img.sqsh"
   server=$(servers "$TUSER")
   [ "$(echo "$server" | wc -w)" -eq 1 ]
   daemon=$(daemons "$TUSER")
   [ "$(echo "$daemon" | wc -w)" -eq 1 ]
-  [ "$(ps -o comm= -p "$daemon")" = squashfuse_ll ]
+  [ "$(ps -o comm= -p "$daemon")" = gantry-imagefs ]
   [ "$(stat -c %u "/proc/$server")" = "$TUID" ]
+  [ "$(stat -c %u "/proc/$daemon")" = "$TUID" ]  # the daemon runs as the user, never as root
   in_a=$(as "$TUSER" "$GANTRY" exec fuse-shared-a stat -c %d /data)
   run as "$TUSER" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" sh -c 'cat /data/marker; stat -c %d /data'
   [ "$status" -eq 0 ]
@@ -176,4 +177,17 @@ dev() { as "$1" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" stat -c %d /data
   [ "$status" -eq 0 ]
   [ "$output" = served-once ]
   [ -z "$(servers "$TUSER")" ]
+}
+
+@test "fuse_server = squashfuse_ll: the fallback server is shared the same way" {
+  printf 'mount_idle_seconds = 3\nfuse_server = squashfuse_ll\n' > "$IMGDIR/squashfuse.conf"
+  chmod 0644 "$IMGDIR/squashfuse.conf"
+  run runuser -u "$TUSER" -- env GANTRY_CONFIG="$IMGDIR/squashfuse.conf" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" sh -c 'cat /data/marker; grep -o "fuse.squashfuse_ll" /proc/self/mountinfo | head -1'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = served-once ]
+  [ "${lines[1]}" = fuse.squashfuse_ll ]
+  daemon=$(daemons "$TUSER")
+  [ "$(echo "$daemon" | wc -w)" -eq 1 ]
+  [ "$(ps -o comm= -p "$daemon")" = squashfuse_ll ]
 }
