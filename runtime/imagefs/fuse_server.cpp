@@ -299,7 +299,9 @@ int serve_image(const std::string& image_path, const std::string& mountpoint, co
 
     // Read-only also where libfuse mounts a directory itself (by hand): on a writable mount every
     // read would invalidate the cached atime and cost a GETATTR at the next stat.
-    std::vector<const char*> argv = {"gantry-imagefs", "-o", "ro"};
+    std::string mount_options = "ro";
+    if (options.max_read != 0) mount_options += ",max_read=" + std::to_string(options.max_read);
+    std::vector<const char*> argv = {"gantry-imagefs", "-o", mount_options.c_str()};
     if (options.debug) argv.push_back("-d");
     fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
     fuse_lowlevel_ops ops = operations();

@@ -13,6 +13,7 @@ struct ServerOptions {
     bool clone_fd = true;           // each worker reads its own /dev/fuse clone (multithreaded only)
     unsigned max_threads = 0;       // 0: libfuse's default
     unsigned max_readahead = 0;     // bytes; 0: the kernel's (it can only be lowered)
+    unsigned max_read = 0;          // bytes, for a mount libfuse makes (by hand); 0: no limit
     bool readdirplus_auto = false;  // let the kernel choose readdir or readdirplus per call
     bool splice = false;            // hand read replies to the kernel with splice
     double timeout = 1e6;           // seconds for entries, attributes and negative entries

@@ -16,6 +16,8 @@ setup_file() {
   export TUSER TUID AUID
   TUSER=$("${GANTRY_SOURCE_DIR:-$BATS_TEST_DIRNAME/../..}/tests/harness/user.sh")
   TUID=$(id -u "$TUSER")
+  # The hostile user, made here as store_attack.bats makes it (this suite may run first).
+  GANTRY_TEST_USER=$ATTACKER GANTRY_TEST_UID=4243 "${GANTRY_SOURCE_DIR:-$BATS_TEST_DIRNAME/../..}/tests/harness/user.sh" >/dev/null
   AUID=$(id -u "$ATTACKER")
   gantry_open_fuse
   export IMGDIR

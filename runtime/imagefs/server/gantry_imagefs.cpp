@@ -17,6 +17,7 @@ int usage() {
         "  --no-clone-fd          worker threads share one /dev/fuse descriptor\n"
         "  --max-threads=N        at most N worker threads\n"
         "  --max-readahead=BYTES  lower the kernel's readahead for this mount\n"
+        "  --max-read=BYTES       limit each READ (a mount libfuse makes, by hand)\n"
         "  --readdirplus-auto     let the kernel choose readdir or readdirplus\n"
         "  --splice               reply to reads with splice\n"
         "  --timeout=SECONDS      entry and attribute timeout (default 1000000)\n"
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
             options.max_threads = static_cast<unsigned>(n);
         } else if (numeric_option(a, "--max-readahead", n)) {
             options.max_readahead = static_cast<unsigned>(n);
+        } else if (numeric_option(a, "--max-read", n)) {
+            options.max_read = static_cast<unsigned>(n);
         } else if (std::strcmp(a, "--readdirplus-auto") == 0) {
             options.readdirplus_auto = true;
         } else if (std::strcmp(a, "--splice") == 0) {
