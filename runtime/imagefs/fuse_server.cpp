@@ -78,6 +78,8 @@ void on_init(void* userdata, fuse_conn_info* conn) {
     else
         conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
     if (s.options.splice) want(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
+    // libfuse wants the max_read of the mount options repeated here.
+    if (s.options.max_read != 0) conn->max_read = s.options.max_read;
     if (s.options.max_readahead != 0 && s.options.max_readahead < conn->max_readahead)
         conn->max_readahead = s.options.max_readahead;
 }

@@ -9,8 +9,10 @@
 namespace gantry::imagefs {
 
 struct ServerOptions {
-    bool multithreaded = true;      // libfuse's worker pool; false: one thread answers everything
-    bool clone_fd = true;           // each worker reads its own /dev/fuse clone (multithreaded only)
+    // One thread answers every request: measured faster on a shared 2-core VM, cold (docs/runtime.md);
+    // and a clone_fd worker opens /dev/fuse by path, which is gone once the container has pivoted.
+    bool multithreaded = false;
+    bool clone_fd = true;           // multithreaded: each worker reads its own /dev/fuse clone
     unsigned max_threads = 0;       // 0: libfuse's default
     unsigned max_readahead = 0;     // bytes; 0: the kernel's (it can only be lowered)
     unsigned max_read = 0;          // bytes, for a mount libfuse makes (by hand); 0: no limit

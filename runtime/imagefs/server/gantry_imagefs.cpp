@@ -13,8 +13,8 @@ namespace {
 int usage() {
     std::fputs(
         "usage: gantry-imagefs [OPTIONS] IMAGE MOUNTPOINT\n"
-        "  --single-threaded      one thread answers every request\n"
-        "  --no-clone-fd          worker threads share one /dev/fuse descriptor\n"
+        "  --multithreaded        libfuse's worker pool (default: one thread answers everything)\n"
+        "  --no-clone-fd          multithreaded: workers share one /dev/fuse descriptor\n"
         "  --max-threads=N        at most N worker threads\n"
         "  --max-readahead=BYTES  lower the kernel's readahead for this mount\n"
         "  --max-read=BYTES       limit each READ (a mount libfuse makes, by hand)\n"
@@ -43,8 +43,8 @@ int main(int argc, char** argv) {
     for (; i < argc && std::strncmp(argv[i], "--", 2) == 0; ++i) {
         const char* a = argv[i];
         unsigned long n = 0;
-        if (std::strcmp(a, "--single-threaded") == 0) {
-            options.multithreaded = false;
+        if (std::strcmp(a, "--multithreaded") == 0) {
+            options.multithreaded = true;
         } else if (std::strcmp(a, "--no-clone-fd") == 0) {
             options.clone_fd = false;
         } else if (numeric_option(a, "--max-threads", n)) {
