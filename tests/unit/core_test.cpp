@@ -42,6 +42,11 @@ TEST_CASE("gantry.conf: values, comments and defaults") {
     REQUIRE(unshared.ok());
     CHECK_FALSE(unshared->fuse_shared);
     CHECK_FALSE(gantry::parse_config("fuse_shared = sometimes\n", "c").ok());
+    CHECK(c->fuse_server == "gantry");  // gantry-imagefs unless the admin falls back
+    auto fallback = gantry::parse_config("fuse_server = squashfuse_ll\n", "c");
+    REQUIRE(fallback.ok());
+    CHECK(fallback->fuse_server == "squashfuse_ll");
+    CHECK_FALSE(gantry::parse_config("fuse_server = squashfuse\n", "c").ok());
 }
 
 TEST_CASE("gantry.conf: errors name file, line and key") {

@@ -826,6 +826,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     spec.config.insecure_registries = {"127.0.0.1:5000"};
     spec.config.limits.max_layer_entries = 17;
     spec.config.fuse_shared = false;  // the holder must see the admin's choice
+    spec.config.fuse_server = "squashfuse_ll";
     spec.devices.devices = {{"/host/dev/nvidia0", "/dev/nvidia0"}};
     spec.devices.sysfs_views = {{"/sys/class/x", {{"a", "../../a"}}, {{"dev", "1:2\n"}}}};
     spec.holder_program = "/usr/libexec/gantry/gantry-holder";
@@ -840,6 +841,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(back->image_config.labels.at("org.example") == "v\n1");
     CHECK(back->config.limits.max_layer_entries == 17);
     CHECK_FALSE(back->config.fuse_shared);
+    CHECK(back->config.fuse_server == "squashfuse_ll");
     CHECK(back->devices.devices == spec.devices.devices);
     CHECK(back->devices.sysfs_views == spec.devices.sysfs_views);
     CHECK(back->unshare.net);
