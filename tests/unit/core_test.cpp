@@ -3,10 +3,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,12 +15,12 @@
 #include <string>
 #include <thread>
 
-#include "gantry/fd.hpp"
-#include "gantry/spawn.hpp"
 #include "gantry/config.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/fd.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/slurm_conf.hpp"
+#include "gantry/spawn.hpp"
 #include "gantry/store_fs.hpp"
 #include "gantry/strings.hpp"
 #include "gantry/threads.hpp"
@@ -275,7 +275,8 @@ TEST_CASE("start_process: returns at once; only the passed descriptors; a daemon
     ::close(null);
     REQUIRE(stray >= 40);
     for (bool daemonize : {false, true}) {
-        auto rq = shell("echo \"$$ $PPID $(ls /proc/self/fd | tr '\\n' ' ')\" >&5; readlink /proc/self/fd/2 >&5; sleep 0.3");
+        auto rq =
+            shell("echo \"$$ $PPID $(ls /proc/self/fd | tr '\\n' ' ')\" >&5; readlink /proc/self/fd/2 >&5; sleep 0.3");
         rq.inputs = {{wr.get(), 5}};
         rq.daemonize = daemonize;
         rq.own_session = true;
