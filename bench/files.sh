@@ -10,8 +10,10 @@
 # unpacks and deletes the tree on every run); MODES limits the modes (default: cold warm);
 # WORKLOADS limits the workloads (default: read import).
 #  fuse          the shared image server (gantry.conf fuse_shared = yes, the default): one
-#                squashfuse_ll per user and image that outlives each container
-#  fuse-private  fuse_shared = no: a squashfuse_ll per container (Gantry before the image server)
+#                gantry-imagefs per user and image that outlives each container
+#  fuse-private  fuse_shared = no: a gantry-imagefs per container
+#  squashfuse    the shared image server with fuse_server = squashfuse_ll (Gantry before gantry-imagefs)
+#  squashfuse-private  fuse_shared = no, fuse_server = squashfuse_ll: a squashfuse_ll per container
 # cold = page cache, dentries and inodes dropped before each run, and for fuse a fresh daemon
 # (mount_idle_seconds = 0: the server leaves with its container); warm = after a warm-up run, the
 # fuse server kept between runs (mount_idle_seconds = 10), as for the next container of a user.
@@ -63,6 +65,9 @@ printf 'mount_idle_seconds = 0\n' >"$dir/cold.conf"
 printf 'mount_idle_seconds = 10\n' >"$dir/warm.conf"
 printf 'mount_idle_seconds = 0\nfuse_shared = no\n' >"$dir/cold-private.conf"
 printf 'mount_idle_seconds = 10\nfuse_shared = no\n' >"$dir/warm-private.conf"
+for f in cold warm cold-private warm-private; do
+  { cat "$dir/$f.conf"; echo 'fuse_server = squashfuse_ll'; } >"$dir/$f-squashfuse.conf"
+done
 read_cmd=(find /data -type f -exec cat '{}' +)
 import_cmd=(/bin/pyimport / "$ndirs" "$mods")
 
@@ -88,17 +93,21 @@ host_import() { "$dir/tree/bin/pyimport" "$dir/tree" "$ndirs" "$mods"; }
 in_container() {  # in_container BACKEND MODE CMD...
   local b=$1 mode=$2 conf=$dir/$2.conf
   shift 2
-  [ "$b" = fuse-private ] && { b=fuse; conf=$dir/$mode-private.conf; }
+  case $b in
+    fuse-private) b=fuse conf=$dir/$mode-private.conf ;;
+    squashfuse) b=fuse conf=$dir/$mode-squashfuse.conf ;;
+    squashfuse-private) b=fuse conf=$dir/$mode-private-squashfuse.conf ;;
+  esac
   GANTRY_CONFIG=$conf "$gantry" run --backend "$b" "$image" "$@"
 }
 
 echo "bench/files: $files files ($(du -sh --apparent-size "$dir/tree/data" | cut -f1)) + $mods modules on a path of $ndirs directories, squashfs $(du -h "$image" | cut -f1), median of $runs runs"
-printf '%-13s %-7s %5s %9s %9s %9s %7s\n' "" work mode "total ms" "set-up" "work ms" "x host"
+printf '%-18s %-7s %5s %9s %9s %9s %7s\n' "" work mode "total ms" "set-up" "work ms" "x host"
 for mode in ${MODES:-cold warm}; do
   declare -A host=()
   for w in ${WORKLOADS:-read import}; do
     host[$w]=$(measure "$mode" "host_$w")
-    printf '%-13s %-7s %5s %9s %9s %9s %7s\n' host "$w" "$mode" "${host[$w]}" 0 "${host[$w]}" 1.00
+    printf '%-18s %-7s %5s %9s %9s %9s %7s\n' host "$w" "$mode" "${host[$w]}" 0 "${host[$w]}" 1.00
   done
   for b in ${BACKENDS:-kernel fuse fuse-private extract}; do
     setup=$(measure "$mode" in_container "$b" "$mode" true)
@@ -107,7 +116,7 @@ for mode in ${MODES:-cold warm}; do
       [ "$w" = import ] && cmd=("${import_cmd[@]}")
       total=$(measure "$mode" in_container "$b" "$mode" "${cmd[@]}")
       work=$(( total > setup ? total - setup : 0 ))
-      printf '%-13s %-7s %5s %9s %9s %9s %7s\n' "$b" "$w" "$mode" "$total" "$setup" "$work" \
+      printf '%-18s %-7s %5s %9s %9s %9s %7s\n' "$b" "$w" "$mode" "$total" "$setup" "$work" \
         "$(awk -v a="$work" -v b="${host[$w]}" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}')"
     done
   done

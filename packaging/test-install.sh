@@ -98,10 +98,11 @@ if grep -q 'libexec/gantry/gantry-entry' <<<"$contents"; then
   check "file /usr/libexec/gantry/gantry-entry executable" test -x "$root/usr/libexec/gantry/gantry-entry"
 fi
 check "file /usr/libexec/gantry/gantry-holder executable" test -x "$root/usr/libexec/gantry/gantry-holder"
+check "file /usr/libexec/gantry/gantry-imagefs executable" test -x "$root/usr/libexec/gantry/gantry-imagefs"
 version=$(in_root gantry --version 2>&1 || true)
 echo "     chroot: gantry --version -> $version"
 check "gantry --version runs in the root" bash -c "[[ '$version' =~ ^gantry\ [0-9]+\.[0-9]+\.[0-9]+ ]]"
-check "no library of gantry or the plugin is missing" bash -c "! chroot '$root' ldd /usr/bin/gantry /usr/libexec/gantry/gantry-holder /$libdir/slurm-wlm/spank_gantry.so | grep -q 'not found'"
+check "no library of gantry or the plugin is missing" bash -c "! chroot '$root' ldd /usr/bin/gantry /usr/libexec/gantry/gantry-holder /usr/libexec/gantry/gantry-imagefs /$libdir/slurm-wlm/spank_gantry.so | grep -q 'not found'"
 check "conffiles: /etc/gantry/gantry.conf and plugstack.conf.d/gantry.conf" bash -c \
   "c=\$(chroot '$root' dpkg-query -W -f='\${Conffiles}' gantry); grep -q '/etc/gantry/gantry.conf ' <<<\"\$c\" && grep -q '/etc/slurm/plugstack.conf.d/gantry.conf ' <<<\"\$c\""
 check "plugstack.conf.d/gantry.conf enables nothing (every line commented)" bash -c \

@@ -51,9 +51,12 @@ struct Config {
     // Kernel backend: seconds a node-wide image mount stays after its last container left (reused
     // by later steps and jobs meanwhile); 0 releases it as soon as it is idle.
     int mount_idle_seconds = 300;
-    // fuse backend: serve an image to all of a user's containers from one squashfuse_ll per node
+    // fuse backend: serve an image to all of a user's containers from one server per node
     // (runtime/launcher/image_server.cpp), which lives mount_idle_seconds after its last container.
     bool fuse_shared = true;
+    // fuse backend: the program that serves an image: gantry (gantry-imagefs, runtime/imagefs) or
+    // squashfuse_ll (Debian's squashfuse, the fallback).
+    std::string fuse_server = "gantry";
     // Squashfs compressor for new images: zstd | lz4 | gzip | xz | lzo | none, and block size.
     std::string compressor = "lz4";  // fastest to convert and to read (docs/squashfs.md)
     int compression_level = 0;       // 0: the compressor's default

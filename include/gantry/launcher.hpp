@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "gantry/spawn.hpp"
 #include "gantry/config.hpp"
 #include "gantry/devices.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/mounts.hpp"
 #include "gantry/result.hpp"
+#include "gantry/spawn.hpp"
 
 namespace gantry {
 
@@ -43,30 +43,30 @@ Result<ExtraNamespaces> parse_unshare(std::string_view list);
 
 // What a process sees when it runs in the container; shared by the creator and every joiner.
 struct ProcessDefaults {
-    std::vector<std::string> image_env;  // the image config's Env
-    std::vector<std::string> device_env; // ContainerEdits::env (GPU/CDI/EFA wiring), over the image's
-    std::vector<std::string> env_names;  // --env NAME: the host value wins for these
-    std::string workdir;                 // absolute path inside the container; "" -> "/"
-    std::string home;                    // HOME inside the container
-    bool remap_root = false;             // uid/gid 0 inside
+    std::vector<std::string> image_env;   // the image config's Env
+    std::vector<std::string> device_env;  // ContainerEdits::env (GPU/CDI/EFA wiring), over the image's
+    std::vector<std::string> env_names;   // --env NAME: the host value wins for these
+    std::string workdir;                  // absolute path inside the container; "" -> "/"
+    std::string home;                     // HOME inside the container
+    bool remap_root = false;              // uid/gid 0 inside
     std::vector<std::string> env_values;  // --env NAME=VALUE ("NAME=VALUE" entries): set over everything
-    std::string image_workdir;           // the image's WorkingDir ("/" without one): where a later
-                                         // step that joins without its own workdir starts, as in Pyxis
+    std::string image_workdir;            // the image's WorkingDir ("/" without one): where a later
+                                          // step that joins without its own workdir starts, as in Pyxis
 };
 
 // Everything `Container::create` needs.
 struct ContainerSpec {
-    std::string image_path;   // the squashfs file
+    std::string image_path;      // the squashfs file
     bool image_trusted = false;  // the file lies in the trusted store: may be kernel-mounted when root.
                                  // NEVER set for a file a user supplied (see privileged.cpp).
     ImageConfig image_config;
     MountBackend backend = MountBackend::auto_;
     std::vector<MountSpec> mounts;
-    bool writable = false;     // writes to / land in a tmpfs upper layer and vanish with the container
+    bool writable = false;  // writes to / land in a tmpfs upper layer and vanish with the container
     bool remap_root = false;
     bool mount_home = true;
     ExtraNamespaces unshare;
-    std::string workdir;       // --workdir; "" -> image WorkingDir, else "/"
+    std::string workdir;  // --workdir; "" -> image WorkingDir, else "/"
     std::vector<std::string> env_names;
     std::vector<std::string> env_values;  // --env NAME=VALUE (`gantry run`; the plugin sets none)
     // The identity inside (mapped 1:1, or to 0 with remap_root). -1: the caller's real ids. A root
@@ -74,9 +74,9 @@ struct ContainerSpec {
     // after the privileged image mount.
     uid_t uid = static_cast<uid_t>(-1);
     gid_t gid = static_cast<gid_t>(-1);
-    std::string name;          // non-empty: record state under runtime_dir() so others can join by name
-    bool detach = false;       // the holder outlives the caller; stop it with Container::stop
-    Config config;             // runtime_path, scratch_path, host_dev
+    std::string name;     // non-empty: record state under runtime_dir() so others can join by name
+    bool detach = false;  // the holder outlives the caller; stop it with Container::stop
+    Config config;        // runtime_path, scratch_path, host_dev
     // Devices and wiring (include/gantry/devices.hpp, usually from select_devices): device nodes in
     // /dev, read-only driver files, sysfs views, environment, and directories for the ld.so cache.
     ContainerEdits devices;
@@ -93,6 +93,8 @@ Result<ContainerSpec> container_spec_from_json(std::string_view text);
 // Where gantry-holder is: beside the running program (the CLI in the build tree or as installed in
 // bindir finds it in libexec) or the installed path. The plugin names its own (ContainerSpec::holder_program).
 std::string default_holder_program();
+// gantry-imagefs, the fuse backend's server (runtime/imagefs): found as gantry-holder is, beside it.
+std::string default_imagefs_program();
 
 // gantry-holder --check-paths: reads a ContainerSpec document from `fd` and checks its user-named paths
 // (the image file: a regular squashfs file, opened without blocking; bind sources) with the caller's
@@ -103,11 +105,11 @@ int check_container_paths(int fd);
 // creator), builds the container, reports, then holds the namespaces until told to stop. Never returns.
 [[noreturn]] void run_container_holder(int channel);
 
-// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS: the fuse backend's shared image
+// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER: the fuse backend's shared image
 // server (runtime/launcher/image_server.cpp), with its report socket as descriptor 3 and its
 // directory as descriptor 4. Returns the exit status.
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
-                     const std::string& idle_seconds);
+                     const std::string& idle_seconds, const std::string& fuse_server);
 
 // The holder of a running container, as recorded in its state file.
 struct ContainerState {
@@ -154,8 +156,8 @@ private:
     Container() = default;
     ContainerState state_;
     std::string state_file_;
-    bool owned_ = false;   // this handle stops the holder on destruction
-    bool is_child_ = false;  // the holder is our child: reap it with waitpid
+    bool owned_ = false;         // this handle stops the holder on destruction
+    bool is_child_ = false;      // the holder is our child: reap it with waitpid
     bool kernel_mount_ = false;  // root stopping a kernel-backend container: sweeps idle image mounts
     Config config_;
 };

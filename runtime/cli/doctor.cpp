@@ -30,6 +30,7 @@
 #include "common.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/devices.hpp"
+#include "gantry/launcher.hpp"
 #include "gantry/slurm_conf.hpp"
 #include "gantry/store.hpp"
 #include "gantry/store_fs.hpp"
@@ -68,20 +69,25 @@ Check user_namespaces() {
     return c;
 }
 
-Check fuse() {
+Check fuse(const Config& config) {
     Check c{"fuse", false, "", ""};
     struct stat st {};
     bool dev = ::stat("/dev/fuse", &st) == 0 && S_ISCHR(st.st_mode);
     bool usable = dev && (st.st_mode & 0006) == 0006;
-    bool tool = ::access("/usr/bin/squashfuse_ll", X_OK) == 0 || ::access("/usr/bin/squashfuse", X_OK) == 0;
+    // The server gantry.conf's fuse_server names: gantry-imagefs (installed with gantry) or
+    // Debian's squashfuse_ll.
+    bool squashfuse = config.fuse_server == "squashfuse_ll";
+    std::string server = squashfuse ? "/usr/bin/squashfuse_ll" : default_imagefs_program();
+    bool tool = ::access(server.c_str(), X_OK) == 0;
     c.ok = usable && tool;
     c.detail = !dev      ? "/dev/fuse missing"
                : !usable ? "/dev/fuse not usable by users (mode " + std::to_string(st.st_mode & 0777) + ")"
-               : !tool   ? "squashfuse not installed"
-                         : "/dev/fuse 0666, squashfuse present";
-    c.fix = !dev      ? "modprobe fuse"
-            : !usable ? "chmod 0666 /dev/fuse (Debian's udev rule does this)"
-                      : "apt-get install squashfuse fuse3";
+               : !tool   ? server + " not installed (fuse_server = " + config.fuse_server + ")"
+                         : "/dev/fuse 0666, fuse server " + server;
+    c.fix = !dev         ? "modprobe fuse"
+            : !usable    ? "chmod 0666 /dev/fuse (Debian's udev rule does this)"
+            : squashfuse ? "apt-get install squashfuse fuse3"
+                         : "reinstall gantry (gantry-imagefs is part of it)";
     return c;
 }
 
@@ -336,7 +342,7 @@ int doctor_verb(const std::optional<std::string>& plugstack) {
     SlurmSetup slurm;
     std::vector<Check> checks = {
         user_namespaces(),
-        fuse(),
+        fuse(*config),
         filesystems(),
         store(*config),
         store_filesystem(*config),
@@ -363,8 +369,9 @@ int doctor_verb(const std::optional<std::string>& plugstack) {
 
 VerbRunner define_doctor(CLI::App& app) {
     auto plugstack = std::make_shared<std::string>();
-    CLI::Option* opt = app.add_option("--plugstack", *plugstack, "the plugstack.conf to check (default: the one slurm.conf names)")
-                           ->type_name("FILE");
+    CLI::Option* opt =
+        app.add_option("--plugstack", *plugstack, "the plugstack.conf to check (default: the one slurm.conf names)")
+            ->type_name("FILE");
     return {[plugstack, opt] { return doctor_verb(given(opt, *plugstack)); }, {}};
 }
 
@@ -372,8 +379,7 @@ const Registration doctor_registration(
     {{"doctor",
       "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, flock, "
       "GPUs, EFA, memlock, plugin, Slurm version",
-      "[--plugstack FILE]",
-      "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).",
+      "[--plugstack FILE]", "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).",
       "exit status: 0 every check passed, 1 a check failed, 2 a usage error\n"},
      define_doctor});
 

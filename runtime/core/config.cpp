@@ -128,6 +128,12 @@ const std::map<std::string, Setter>& setters() {
              return {};
          }},
         {"fuse_shared", bool_key(&Config::fuse_shared)},
+        {"fuse_server",
+         [](Config& c, const std::string& v) -> Status {
+             GANTRY_TRY(one_of(v, {"gantry", "squashfuse_ll"}));
+             c.fuse_server = v;
+             return {};
+         }},
         {"compressor",
          [](Config& c, const std::string& v) -> Status {
              GANTRY_TRY(one_of(v, {"zstd", "lz4", "gzip", "xz", "lzo", "none"}));

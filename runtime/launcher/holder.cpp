@@ -58,7 +58,7 @@ void share_fuse_image(Setup& s) {
     if (!s.spec->config.fuse_shared || s.creator_writes_maps) return;
     // The admin's word on /dev/fuse holds for every container, even where a live server could serve
     // it without opening the device again: without access, mount_image_fuse says why.
-    if (!fuse_accessible()) return;
+    if (!fuse_accessible(s.spec->config)) return;
     auto st = attach_image_server(s);
     if (st) return;
     s.image_lease.reset();
@@ -77,8 +77,10 @@ Status set_up_container(Setup& s) {
     GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
     if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
     if (s.backend == MountBackend::fuse) share_fuse_image(s);  // image_server.cpp; else a daemon of our own
-    if (s.image_tree) GANTRY_TRY(enter_server_user_namespace(s));
-    else GANTRY_TRY(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
+    if (s.image_tree)
+        GANTRY_TRY(enter_server_user_namespace(s));
+    else
+        GANTRY_TRY(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
     GANTRY_TRY(make_mounts_private());
     GANTRY_TRY(mount_staging_area(s));
     if (s.backend == MountBackend::fuse) GANTRY_TRY(s.image_tree ? attach_served_image(s) : mount_image_fuse(s));

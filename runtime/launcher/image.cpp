@@ -1,6 +1,7 @@
-// The unprivileged image backends: squashfuse_ll serving the squashfs inside the container's user
-// namespace (`fuse`), and unpacking to node-local scratch (`extract`). The kernel backend is in
-// privileged.cpp. Each leaves the image as a directory at Setup::image_dir.
+// The unprivileged image backends: a FUSE server (gantry-imagefs, runtime/imagefs; or squashfuse_ll,
+// gantry.conf's fuse_server) serving the squashfs inside the container's user namespace (`fuse`), and
+// unpacking to node-local scratch (`extract`). The kernel backend is in privileged.cpp. Each leaves
+// the image as a directory at Setup::image_dir.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -19,7 +21,29 @@
 #include "gantry/strings.hpp"
 #include "internal.hpp"
 
-namespace gantry::launcher {
+#ifndef GANTRY_IMAGEFS_INSTALL_PATH
+#define GANTRY_IMAGEFS_INSTALL_PATH "/usr/libexec/gantry/gantry-imagefs"
+#endif
+
+namespace gantry {
+
+std::string default_imagefs_program() {
+    char self[PATH_MAX];
+    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        std::string exe(self, static_cast<size_t>(n));
+        std::string dir = exe.substr(0, exe.rfind('/'));
+        // Beside gantry-holder (libexec/gantry, or runtime/ in the build tree), from the CLI in a
+        // bindir or the build tree, and from a test binary (tests/ -> runtime/).
+        for (const char* rel : {"/gantry-imagefs", "/../libexec/gantry/gantry-imagefs", "/../runtime/gantry-imagefs"}) {
+            std::string candidate = dir + rel;
+            if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+        }
+    }
+    return GANTRY_IMAGEFS_INSTALL_PATH;
+}
+
+namespace launcher {
 
 Status check_squashfs(const std::string& path) {
     // Non-blocking: a FIFO or a device named as the image must fail at once, not hang the caller
@@ -28,19 +52,36 @@ Status check_squashfs(const std::string& path) {
     if (!fd) return system_error("opening image " + path);
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) return system_error("opening image " + path);
-    if (!S_ISREG(st.st_mode)) return make_error("opening image " + path + ": not a regular file (give a squashfs file)");
+    if (!S_ISREG(st.st_mode))
+        return make_error("opening image " + path + ": not a regular file (give a squashfs file)");
     char magic[4] = {};
     if (::read(fd.get(), magic, 4) != 4 || std::memcmp(magic, "hsqs", 4) != 0)
         return make_error("opening image " + path + ": not a squashfs file");
     return {};
 }
 
-Status fuse_accessible() {
+Result<std::string> fuse_server_program(const Config& config) {
+    if (config.fuse_server == "squashfuse_ll") {
+        std::string daemon = find_program("squashfuse_ll");
+        if (daemon.empty())
+            return make_error(
+                "squashfuse_ll not found (Debian package squashfuse; gantry.conf fuse_server = squashfuse_ll; or "
+                "use --backend extract)");
+        return daemon;
+    }
+    std::string daemon = default_imagefs_program();
+    if (::access(daemon.c_str(), X_OK) != 0)
+        return system_error("the fuse image server " + daemon +
+                            " is not usable (reinstall gantry; or use --backend extract)");
+    return daemon;
+}
+
+Status fuse_accessible(const Config& config) {
     if (::access("/dev/fuse", R_OK | W_OK) != 0)
         return make_error(std::string("/dev/fuse not accessible: ") + std::strerror(errno) +
                           " (use the kernel backend from Slurm, or ask the admin for fuse access)");
-    if (find_program("squashfuse_ll").empty())
-        return make_error("squashfuse_ll not found (Debian package squashfuse; or use --backend extract)");
+    auto daemon = fuse_server_program(config);
+    if (!daemon) return daemon.error();
     return {};
 }
 
@@ -55,15 +96,20 @@ Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_o
                           " is not); use --backend fuse");
     if (b != MountBackend::auto_) return b;
     if (privileged_ok) return MountBackend::kernel;
-    if (fuse_accessible()) return MountBackend::fuse;
+    if (fuse_accessible(spec.config)) return MountBackend::fuse;
     return MountBackend::extract;
 }
 
-Result<pid_t> serve_with_squashfuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid) {
-    GANTRY_TRY(fuse_accessible());
-    std::string daemon = find_program("squashfuse_ll");
+Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
+                                    const Config& config) {
+    GANTRY_TRY(fuse_accessible(config));
+    auto program = fuse_server_program(config);
+    if (!program) return program.error();
+    const std::string& daemon = *program;
+    bool squashfuse = config.fuse_server == "squashfuse_ll";
+    std::string name = squashfuse ? "squashfuse_ll" : "gantry-imagefs";
     // We mount the FUSE filesystem ourselves (allowed with the user namespace's CAP_SYS_ADMIN) and
-    // hand squashfuse_ll the connected /dev/fuse descriptor as "/dev/fd/N" (libfuse3 then serves it
+    // hand the server the connected /dev/fuse descriptor as "/dev/fd/N" (libfuse3 then serves it
     // without mounting): no fusermount, no setuid helper, and the mount exists before we go on.
     UniqueFd fuse(::open("/dev/fuse", O_RDWR));  // inherited by the daemon: not O_CLOEXEC
     if (!fuse)
@@ -71,14 +117,18 @@ Result<pid_t> serve_with_squashfuse(const std::string& image, const std::string&
                           " (use the kernel backend from Slurm, or ask the admin for fuse access)");
     std::string opts = "fd=" + std::to_string(fuse.get()) + ",rootmode=40000,user_id=" + std::to_string(uid) +
                        ",group_id=" + std::to_string(gid) + ",allow_other";
-    if (::mount(image.c_str(), target.c_str(), "fuse.squashfuse_ll", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+    if (::mount(image.c_str(), target.c_str(), ("fuse." + name).c_str(), MS_RDONLY | MS_NOSUID | MS_NODEV,
+                opts.c_str()) != 0)
         return system_error("mounting " + image + " with fuse");
     // The daemon gets the /dev/fuse descriptor under its own number, our stderr (its errors are the
-    // user's to see, or /dev/null), and dies with us. squashfuse_ll answers lookups and attributes
-    // with an unlimited timeout and opens files with keep_cache itself (the image is immutable), so
-    // the kernel keeps dentries, inodes and pages for as long as this mount lives.
+    // user's to see, or /dev/null), and dies with us. Both servers answer lookups and attributes
+    // with long timeouts and let the kernel keep file pages (the image is immutable), so the kernel
+    // keeps dentries, inodes and pages for as long as this mount lives; gantry-imagefs also spares
+    // the OPEN/OPENDIR round trips and caches negative lookups (runtime/imagefs/fuse_server.cpp).
     ProcessRequest serve;
-    serve.argv = {daemon, "-f", image, "/dev/fd/" + std::to_string(fuse.get())};
+    std::string mountpoint = "/dev/fd/" + std::to_string(fuse.get());
+    serve.argv = squashfuse ? std::vector<std::string>{daemon, "-f", image, mountpoint}
+                            : std::vector<std::string>{daemon, image, mountpoint};
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     serve.inputs = {{fuse.get(), fuse.get()}, {STDERR_FILENO, STDERR_FILENO}};
     serve.death_signal = SIGKILL;
@@ -94,14 +144,14 @@ Result<pid_t> serve_with_squashfuse(const std::string& image, const std::string&
         int err = errno;
         int status = 0;
         ::waitpid(*pid, &status, 0);
-        return make_error("mounting " + image + " with squashfuse_ll: " + std::strerror(err) + " (daemon exit status " +
+        return make_error("mounting " + image + " with " + name + ": " + std::strerror(err) + " (daemon exit status " +
                           std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) + ")");
     }
     return *pid;
 }
 
 Status mount_image_fuse(Setup& s) {
-    auto pid = serve_with_squashfuse(s.spec->image_path, s.image_dir, s.id.inner_uid, s.id.inner_gid);
+    auto pid = serve_image_with_fuse(s.spec->image_path, s.image_dir, s.id.inner_uid, s.id.inner_gid, s.spec->config);
     if (!pid) return pid.error();
     s.fuse_daemon = *pid;
     return {};
@@ -112,7 +162,8 @@ Status extract_image(Setup& s) {
     std::string tmpl = s.spec->config.scratch_path + "/gantry-extract-XXXXXX";
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
-    if (::mkdtemp(buf.data()) == nullptr) return system_error("creating scratch directory in " + s.spec->config.scratch_path);
+    if (::mkdtemp(buf.data()) == nullptr)
+        return system_error("creating scratch directory in " + s.spec->config.scratch_path);
     std::string dir = buf.data();
     s.scratch_dir = UniqueFd(::open(s.spec->config.scratch_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     s.scratch_name = dir.substr(dir.rfind('/') + 1);
@@ -120,7 +171,8 @@ Status extract_image(Setup& s) {
     if (tool.empty()) return make_error("unsquashfs not found (Debian package squashfs-tools)");
     // Device nodes and ownership cannot be recreated by a user: -ignore-errors keeps the rest.
     ProcessRequest unpack;
-    unpack.argv = {tool, "-no-xattrs", "-ignore-errors", "-no-progress", "-quiet", "-d", dir + "/root", s.spec->image_path};
+    unpack.argv = {tool,     "-no-xattrs", "-ignore-errors", "-no-progress",
+                   "-quiet", "-d",         dir + "/root",    s.spec->image_path};
     unpack.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     unpack.inputs = {{STDERR_FILENO, STDERR_FILENO}};
     unpack.death_signal = SIGKILL;
@@ -164,4 +216,5 @@ void remove_tree(int dirfd, const std::string& name) {
     ::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR);
 }
 
-}  // namespace gantry::launcher
+}  // namespace launcher
+}  // namespace gantry

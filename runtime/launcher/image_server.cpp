@@ -1,12 +1,13 @@
-// The fuse backend's image servers: one squashfuse_ll per (user, image, inner ids, cgroup) on a node,
+// The fuse backend's image servers: one FUSE server (gantry-imagefs, or squashfuse_ll: gantry.conf's
+// fuse_server) per (user, image, inner ids, cgroup, server program) on a node,
 // shared by all of that user's containers of the image, so that what one container read stays in
 // the kernel's caches for the next one. A FUSE mount keeps its dentries, inodes and pages for as
-// long as it lives (squashfuse_ll answers with unlimited timeouts and keep_cache); a mount per
+// long as it lives (the server answers with long timeouts and keeps pages cached); a mount per
 // container threw them away at every start and made one daemon decompress every block again.
 //
 // The server is `gantry-holder --serve-image`, started by the first container's holder and run with
 // the user's rights only. It makes a user + mount namespace of its own (the container's id map),
-// mounts the image there with FUSE and starts squashfuse_ll on it, then listens on a socket. Each
+// mounts the image there with FUSE and starts the FUSE server on it, then listens on a socket. Each
 // container's holder connects (as the user, before its own namespaces exist) and gets two
 // descriptors: the server's user namespace, which it joins before unsharing its mount namespace
 // (FUSE's allow_other admits only processes in the mounting user namespace or below it), and a
@@ -86,8 +87,10 @@ std::string servers_base(uid_t uid) {
 Result<std::string> server_key(const Setup& s) {
     auto image = image_key(s.spec->image_path);
     if (!image) return image.error();
-    std::string scope = std::to_string(s.id.inner_uid) + ":" + std::to_string(s.id.inner_gid) + "\n" +
-                        try_read_file("/proc/self/cgroup").value_or("");
+    // The server program is part of the key: changing gantry.conf's fuse_server takes effect at the
+    // next container, not when an old server happens to go.
+    std::string scope = s.spec->config.fuse_server + "\n" + std::to_string(s.id.inner_uid) + ":" +
+                        std::to_string(s.id.inner_gid) + "\n" + try_read_file("/proc/self/cgroup").value_or("");
     return *image + "-" + digest_hex(Sha256::of(scope)).substr(0, 16);
 }
 
@@ -162,7 +165,8 @@ Status start_server(const Setup& s, int dir, const std::string& path) {
                   s.spec->image_path,
                   std::to_string(s.id.inner_uid),
                   std::to_string(s.id.inner_gid),
-                  std::to_string(s.spec->config.mount_idle_seconds)};
+                  std::to_string(s.spec->config.mount_idle_seconds),
+                  s.spec->config.fuse_server};
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     // stdout/stderr /dev/null: a server outlives the `gantry run` that started it and must not keep
     // its caller's output open; its errors come back on the socket pair.
@@ -243,7 +247,8 @@ namespace gantry {
 namespace {
 
 // `ready` is closed (and set to -1) once the server listens: a later error has nobody to go to.
-Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, int idle_seconds, int dir, int& ready) {
+Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, int idle_seconds, const Config& config,
+                   int dir, int& ready) {
     using namespace launcher;
     ::umask(077);
     auto served = image_key(image);
@@ -270,7 +275,7 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
     struct stat after {};
     if (::stat(target.c_str(), &after) != 0 || after.st_dev != before.st_dev || after.st_ino != before.st_ino)
         return make_error("the mount point " + target + " moved while the image server started");
-    auto daemon = serve_with_squashfuse(image, target, inner_uid, inner_gid);
+    auto daemon = serve_image_with_fuse(image, target, inner_uid, inner_gid, config);
     if (!daemon) return daemon.error();
     UniqueFd root(::open(target.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     UniqueFd userns(::open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC));
@@ -347,7 +352,7 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         ::unlinkat(dir, "socket", 0);
         break;
     }
-    // SIGKILL: as in the holder, a squashfuse_ll that exits cleanly unmounts through the file system
+    // SIGKILL: as in the holder, a daemon (squashfuse_ll) that exits cleanly unmounts through the file system
     // it no longer serves. The mount goes with our mount namespace.
     ::kill(*daemon, SIGKILL);
     ::waitpid(*daemon, nullptr, 0);
@@ -357,7 +362,7 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
 }  // namespace
 
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
-                     const std::string& idle_seconds) {
+                     const std::string& idle_seconds, const std::string& fuse_server) {
     int ready = 3;
     constexpr int dir = 4;
     if (::fcntl(ready, F_SETFD, FD_CLOEXEC) != 0 || ::fcntl(dir, F_SETFD, FD_CLOEXEC) != 0) {
@@ -365,8 +370,10 @@ int run_image_server(const std::string& image, const std::string& inner_uid, con
         return 2;
     }
     auto number = [](const std::string& text) { return std::strtol(text.c_str(), nullptr, 10); };
+    Config config;
+    config.fuse_server = fuse_server == "squashfuse_ll" ? "squashfuse_ll" : "gantry";
     auto st = serve_image(image, static_cast<uid_t>(number(inner_uid)), static_cast<gid_t>(number(inner_gid)),
-                          static_cast<int>(number(idle_seconds)), dir, ready);
+                          static_cast<int>(number(idle_seconds)), config, dir, ready);
     if (!st && ready >= 0) {
         std::string line = "error " + st.error().message + "\n";
         (void)!::write(ready, line.data(), line.size());

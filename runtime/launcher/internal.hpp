@@ -20,7 +20,7 @@ struct Identity {
     uid_t uid = 0;
     gid_t gid = 0;
     std::string name;
-    std::string home;   // host home directory (bound at the same path with --mount-home)
+    std::string home;     // host home directory (bound at the same path with --mount-home)
     uid_t inner_uid = 0;  // uid/gid seen inside (0 with remap_root)
     gid_t inner_gid = 0;
     std::string group_name;
@@ -43,27 +43,27 @@ struct Setup {
     const ContainerSpec* spec = nullptr;
     Identity id;
     MountBackend backend = MountBackend::fuse;
-    std::string staging;         // host directory the staging tmpfs is mounted on
+    std::string staging;  // host directory the staging tmpfs is mounted on
     bool staging_mounted = false;
-    std::string image_dir;       // staging/image: the image as a directory
-    std::string rootfs;          // staging/rw/root: the overlay that becomes "/"
-    UniqueFd root;               // O_PATH fd of rootfs once mounted
-    UniqueFd image;              // O_PATH fd of image_dir (the lower layer)
-    UniqueFd upper;              // O_PATH fd of the overlay's upper layer
-    std::string home;            // HOME inside
-    std::string workdir;         // working directory inside
+    std::string image_dir;  // staging/image: the image as a directory
+    std::string rootfs;     // staging/rw/root: the overlay that becomes "/"
+    UniqueFd root;          // O_PATH fd of rootfs once mounted
+    UniqueFd image;         // O_PATH fd of image_dir (the lower layer)
+    UniqueFd upper;         // O_PATH fd of the overlay's upper layer
+    std::string home;       // HOME inside
+    std::string workdir;    // working directory inside
     pid_t fuse_daemon = -1;
-    UniqueFd image_lease;        // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp);
-                                 // fuse: the connection to the user's image server (image_server.cpp)
-    UniqueFd server_userns;      // fuse, shared: the image server's user namespace, which the container joins
-    UniqueFd image_tree;         // fuse, shared: a detached clone of the server's mount, attached at image_dir
-    UniqueFd scratch_dir;        // extract backend: directory holding the unpacked tree
-    std::string scratch_name;    // its entry in scratch_dir, removed when the holder exits
-    UniqueFd rw_scratch_dir;     // --writable: scratch_path, holding the overlay's upper layer
-    std::string rw_scratch_name; // its entry there (gantry-rw-*), removed when the holder exits
+    UniqueFd image_lease;         // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp);
+                                  // fuse: the connection to the user's image server (image_server.cpp)
+    UniqueFd server_userns;       // fuse, shared: the image server's user namespace, which the container joins
+    UniqueFd image_tree;          // fuse, shared: a detached clone of the server's mount, attached at image_dir
+    UniqueFd scratch_dir;         // extract backend: directory holding the unpacked tree
+    std::string scratch_name;     // its entry in scratch_dir, removed when the holder exits
+    UniqueFd rw_scratch_dir;      // --writable: scratch_path, holding the overlay's upper layer
+    std::string rw_scratch_name;  // its entry there (gantry-rw-*), removed when the holder exits
     std::vector<UniqueFd> merged_dirs;  // read-only skeleton root: its overlays (e.g. /etc), made read-only last
-    int channel = -1;                  // the socket to the creator (holder.cpp)
-    bool creator_writes_maps = false;  // see HolderRequest
+    int channel = -1;                   // the socket to the creator (holder.cpp)
+    bool creator_writes_maps = false;   // see HolderRequest
 };
 
 // rootfs.cpp: how one top-level entry of a read-only container's "/" is provided (mount_container_root).
@@ -99,15 +99,20 @@ Status check_squashfs(const std::string& path);
 // what `gantry-holder --check-paths` runs as the job user for a root creator (container.cpp).
 Status check_paths_here(const ContainerSpec& spec);
 Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok);
-Status fuse_accessible();
+// /dev/fuse is usable and the server gantry.conf's fuse_server names is installed.
+Status fuse_accessible(const Config& config);
+// The FUSE server's program: gantry-imagefs (found beside this program, as gantry-holder is) or
+// squashfuse_ll from PATH.
+Result<std::string> fuse_server_program(const Config& config);
 // Mounts `image` with FUSE on `target` (ids `uid`/`gid` as the mounting namespace sees them) and
-// starts squashfuse_ll on it; returns the daemon's pid once it serves. Needs CAP_SYS_ADMIN in the
+// starts the fuse_server on it; returns the daemon's pid once it serves. Needs CAP_SYS_ADMIN in the
 // user namespace owning the current mount namespace.
-Result<pid_t> serve_with_squashfuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid);
+Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
+                                    const Config& config);
 Status mount_image_fuse(Setup& s);  // a private daemon for this container (the holder's child)
 Status extract_image(Setup& s);
 
-// image_server.cpp: one squashfuse_ll per (user, image, inner ids, cgroup), shared by that user's containers.
+// image_server.cpp: one FUSE server per (user, image, inner ids, cgroup), shared by that user's containers.
 // Finds (or starts) the server as the user, before any namespace change; fills image_lease,
 // server_userns and image_tree. An error means "serve this container privately" (the caller says so).
 Status attach_image_server(Setup& s);

@@ -25,7 +25,7 @@ constexpr int kRootFd = 200;
 // The mount points below "/" in a process's view, relative to its root ("proc", "etc/hosts"), decoded
 // from /proc/PID/mountinfo (field 5, with octal escapes such as \040 for a space). Left out: the
 // mounts that make up the root itself — a read-only container's "/" is a skeleton whose top-level
-// directories are clones of the image mount (squashfs, squashfuse) or small overlays over it (/etc):
+// directories are clones of the image mount (squashfs, gantry-imagefs, squashfuse) or small overlays over it (/etc):
 // those are the image, not something mounted over it.
 Result<std::vector<std::string>> mount_points_of(pid_t pid) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
@@ -39,7 +39,8 @@ Result<std::vector<std::string>> mount_points_of(pid_t pid) {
         std::string fstype;
         if (auto dash = line.find(" - "); dash != std::string::npos)
             fstype = line.substr(dash + 3, line.find(' ', dash + 3) - (dash + 3));
-        bool image_part = fstype == "squashfs" || fstype == "overlay" || starts_with(fstype, "fuse.squashfuse");
+        bool image_part = fstype == "squashfs" || fstype == "overlay" || starts_with(fstype, "fuse.squashfuse") ||
+                          fstype == "fuse.gantry-imagefs";
         if (image_part && point.size() > 1 && point.find('/', 1) == std::string::npos) continue;
         std::string decoded;
         for (size_t i = 0; i < point.size(); ++i) {
@@ -73,8 +74,8 @@ Status save_container(const ContainerState& container, const ProcessIdentity& us
     if (!userns) return system_error("--container-save: opening the container's user namespace");
     UniqueFd root_dir(::open(("/proc/" + pid + "/root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!root_dir) return system_error("--container-save: opening the container's root");
-    std::vector<std::string> argv = {"/usr/bin/mksquashfs", root, tmp, "-noappend", "-all-root", "-comp", "lz4",
-                                     "-quiet", "-no-progress", "-e"};
+    std::vector<std::string> argv = {
+        "/usr/bin/mksquashfs", root, tmp, "-noappend", "-all-root", "-comp", "lz4", "-quiet", "-no-progress", "-e"};
     // Everything mounted over the root file system (/proc, /sys, /dev, /tmp, binds) stays out. Not
     // -one-file-system: overlayfs reports its files with the device of the layer they come from.
     auto mounts = mount_points_of(container.holder_pid);
@@ -91,7 +92,8 @@ Status save_container(const ContainerState& container, const ProcessIdentity& us
     if (!r) return r.error().wrap("--container-save " + path);
     if (r->status != 0) {
         ::unlink(tmp.c_str());
-        return make_error("--container-save " + path + ": mksquashfs failed: " + last_line(r->err + r->out).substr(0, 300));
+        return make_error("--container-save " + path +
+                          ": mksquashfs failed: " + last_line(r->err + r->out).substr(0, 300));
     }
     // Renamed as the user too, so a path the user may not write stays unwritten.
     ProcessRequest rename;

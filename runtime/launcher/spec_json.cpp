@@ -21,9 +21,10 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Propagation, {{Propagation::private_, "private"},
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PullLimits, max_layer_bytes, max_image_bytes, max_layer_entries)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Config, store_path, store_owner, private_images, runtime_path, scratch_path,
-                                   mount_backend, mount_idle_seconds, fuse_shared, compressor, compression_level, block_size,
-                                   max_connections, limits, insecure_registries, ca_bundle, host_dev, host_root, gpu,
-                                   efa, efa_host_libs, pmix, pytorch, batch_srun, source)
+                                   mount_backend, mount_idle_seconds, fuse_shared, fuse_server, compressor,
+                                   compression_level, block_size, max_connections, limits, insecure_registries,
+                                   ca_bundle, host_dev, host_root, gpu, efa, efa_host_libs, pmix, pytorch, batch_srun,
+                                   source)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ImageConfig, architecture, os, env, entrypoint, cmd, working_dir, user, volumes,
                                    labels, diff_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MountSpec, kind, source, destination, read_only, recursive, nosuid, nodev, noexec,

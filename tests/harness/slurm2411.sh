@@ -69,7 +69,7 @@ cluster_state=$state/cluster.state
 suite=trixie
 packages=(
   # building Gantry (scripts/install-deps --build-only, with trixie's names)
-  build-essential cmake pkg-config libslurm-dev libsquashfs-dev libarchive-dev libxml2-dev libcurl4-openssl-dev
+  build-essential cmake pkg-config libslurm-dev libsquashfs-dev libfuse3-dev libarchive-dev libxml2-dev libcurl4-openssl-dev
   libssl-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libyaml-dev libisal-dev libseccomp-dev libcli11-dev
   # the cluster and what the plugin runs on a node
   slurmd slurmctld slurm-client munge squashfs-tools squashfuse fuse3 util-linux procps ca-certificates

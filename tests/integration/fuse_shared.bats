@@ -1,5 +1,5 @@
 # fixtures:
-# The fuse backend's shared image server (runtime/launcher/image_server.cpp): one squashfuse_ll per
+# The fuse backend's shared image server (runtime/launcher/image_server.cpp): one gantry-imagefs per
 # user and image, shared by that user's `gantry run` containers, surviving a SIGKILLed container,
 # never shared across users, unreachable for another user, gone after mount_idle_seconds.
 # Driven as the test user (gantry-test), as root, and with gantry-attacker as the hostile user.
@@ -16,6 +16,8 @@ setup_file() {
   export TUSER TUID AUID
   TUSER=$("${GANTRY_SOURCE_DIR:-$BATS_TEST_DIRNAME/../..}/tests/harness/user.sh")
   TUID=$(id -u "$TUSER")
+  # The hostile user, made here as store_attack.bats makes it (this suite may run first).
+  GANTRY_TEST_USER=$ATTACKER GANTRY_TEST_UID=4243 "${GANTRY_SOURCE_DIR:-$BATS_TEST_DIRNAME/../..}/tests/harness/user.sh" >/dev/null
   AUID=$(id -u "$ATTACKER")
   gantry_open_fuse
   export IMGDIR
@@ -59,17 +61,24 @@ wait_servers_gone() {
   done
   return 1
 }
+# has_conn MINOR: the FUSE connection exists (fusectl, mounted in a private mount namespace where
+# the host has not mounted it: the host's mounts stay as they are).
+has_conn() {
+  unshare -m sh -c 'mountpoint -q /sys/fs/fuse/connections || mount -t fusectl fusectl /sys/fs/fuse/connections
+    [ -d "/sys/fs/fuse/connections/$1" ]' sh "$1"
+}
 # dev USER: st_dev of the image's /data as a new container of USER sees it (one FUSE connection each).
 dev() { as "$1" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" stat -c %d /data; }
 
-@test "two containers of one user share one squashfuse_ll, which outlives a SIGKILLed container" {
+@test "two containers of one user share one gantry-imagefs, which outlives a SIGKILLed container" {
   as "$TUSER" "$GANTRY" run --name fuse-shared-a --detach --backend fuse "$IMGDIR/img.sqsh"
   server=$(servers "$TUSER")
   [ "$(echo "$server" | wc -w)" -eq 1 ]
   daemon=$(daemons "$TUSER")
   [ "$(echo "$daemon" | wc -w)" -eq 1 ]
-  [ "$(ps -o comm= -p "$daemon")" = squashfuse_ll ]
+  [ "$(ps -o comm= -p "$daemon")" = gantry-imagefs ]
   [ "$(stat -c %u "/proc/$server")" = "$TUID" ]
+  [ "$(stat -c %u "/proc/$daemon")" = "$TUID" ]  # the daemon runs as the user, never as root
   in_a=$(as "$TUSER" "$GANTRY" exec fuse-shared-a stat -c %d /data)
   run as "$TUSER" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" sh -c 'cat /data/marker; stat -c %d /data'
   [ "$status" -eq 0 ]
@@ -96,19 +105,19 @@ dev() { as "$1" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" stat -c %d /data
 @test "after mount_idle_seconds without a container the server, its daemon and its mount are gone" {
   d=$(dev "$TUSER")
   # The FUSE connection of that mount: /sys/fs/fuse/connections/<minor of st_dev>.
-  conn=/sys/fs/fuse/connections/$(( (d & 0xff) | ((d >> 12) & ~0xff) ))
-  [ -d "$conn" ]
+  conn=$(( (d & 0xff) | ((d >> 12) & ~0xff) ))
+  has_conn "$conn"
   server=$(servers "$TUSER")
   [ -n "$server" ]
   daemon=$(daemons "$TUSER")
   sleep 1
   [ -d "/proc/$server" ]              # still within the idle time
-  [ -d "$conn" ]
+  has_conn "$conn"
   for i in $(seq 60); do [ -d "/proc/$server" ] || break; sleep 0.2; done
   [ ! -d "/proc/$server" ]
   [ ! -d "/proc/$daemon" ]
-  for i in $(seq 20); do [ -d "$conn" ] || break; sleep 0.1; done
-  [ ! -d "$conn" ]
+  for i in $(seq 20); do has_conn "$conn" || break; sleep 0.1; done
+  ! has_conn "$conn" || false
   # The next container starts a new one.
   dev "$TUSER" >/dev/null
   [ -n "$(servers "$TUSER")" ]
@@ -176,4 +185,17 @@ dev() { as "$1" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" stat -c %d /data
   [ "$status" -eq 0 ]
   [ "$output" = served-once ]
   [ -z "$(servers "$TUSER")" ]
+}
+
+@test "fuse_server = squashfuse_ll: the fallback server is shared the same way" {
+  printf 'mount_idle_seconds = 3\nfuse_server = squashfuse_ll\n' > "$IMGDIR/squashfuse.conf"
+  chmod 0644 "$IMGDIR/squashfuse.conf"
+  run runuser -u "$TUSER" -- env GANTRY_CONFIG="$IMGDIR/squashfuse.conf" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" sh -c 'cat /data/marker; grep -o "fuse.squashfuse_ll" /proc/self/mountinfo | head -1'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = served-once ]
+  [ "${lines[1]}" = fuse.squashfuse_ll ]
+  daemon=$(daemons "$TUSER")
+  [ "$(echo "$daemon" | wc -w)" -eq 1 ]
+  [ "$(ps -o comm= -p "$daemon")" = squashfuse_ll ]
 }

@@ -335,7 +335,7 @@ fstype_cmd() {
     for p in / /usr /usr/local/bin /etc /data/in-image; do touch \$p/gantry-x 2>&1 | grep -c 'Read-only file system'; done"
   [ "$status" -eq 0 ]
   [ "${lines[0]}" = "tmpfs" ]               # the skeleton
-  [ "${lines[1]}" = "fuse.squashfuse_ll" ]  # the image itself, not an overlay
+  [ "${lines[1]}" = "fuse.gantry-imagefs" ]  # the image itself, not an overlay
   [ "${lines[2]}" = "overlay" ]
   [ "${lines[3]}" = "1" ]
   [ "${lines[4]}" = "$(cat /etc/hostname)" ]
@@ -354,7 +354,7 @@ fstype_cmd() {
     for p in /usr /usr/local /etc; do touch \$p/gantry-x 2>&1 | grep -c 'Read-only file system'; done"
   [ "$status" -eq 0 ]
   [ "${lines[0]}" = "overlay" ]
-  [ "${lines[1]}" = "fuse.squashfuse_ll" ]
+  [ "${lines[1]}" = "fuse.gantry-imagefs" ]
   [ "${lines[2]}" = "only-in-image ok" ]
   [ "${lines[3]}" = "listed" ]
   for i in 4 5 6; do [ "${lines[$i]}" = "1" ]; done

@@ -88,16 +88,16 @@ slurmd_alive() {
   [ "$(echo "$output" | grep -c '^rank 0 ')" -eq 1 ]
   [ ! -e "$GANTRY_T2411_ROOT/work/README" ]
   slurmd_alive
-  # The default backend for a store users can write: the image is served by squashfuse_ll (trixie's
-  # 0.5 on libfuse 3.17), and the step ends cleanly: its holder and fuse daemon are gone.
+  # The default backend for a store users can write: the image is served by gantry-imagefs (on
+  # trixie's libfuse 3.17), and the step ends cleanly: its holder and fuse daemon are gone.
   run as_user timeout 120 srun -n1 --container-image="$TINY" sh -c 'grep -c " fuse" /proc/self/mountinfo'
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$output" -ge 1 ]
   sleep 1
-  # Any squashfuse_ll left is a user's shared image server's (gantry run in another suite, whose
+  # Any fuse daemon left is a user's shared image server's (gantry run in another suite, whose
   # server lives until mount_idle_seconds), never the step's: the plugin's holders use their own.
-  for p in $(pgrep -x squashfuse_ll); do
+  for p in $(pgrep -x 'gantry-imagefs|squashfuse_ll'); do
     parent=$(ps -o ppid= -p "$p" | tr -d ' ')
     tr '\0' ' ' <"/proc/$parent/cmdline" | grep -q -- ' --serve-image ' || { echo "step daemon $p left"; false; }
   done

@@ -3,10 +3,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,12 +15,12 @@
 #include <string>
 #include <thread>
 
-#include "gantry/fd.hpp"
-#include "gantry/spawn.hpp"
 #include "gantry/config.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/fd.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/slurm_conf.hpp"
+#include "gantry/spawn.hpp"
 #include "gantry/store_fs.hpp"
 #include "gantry/strings.hpp"
 #include "gantry/threads.hpp"
@@ -42,6 +42,11 @@ TEST_CASE("gantry.conf: values, comments and defaults") {
     REQUIRE(unshared.ok());
     CHECK_FALSE(unshared->fuse_shared);
     CHECK_FALSE(gantry::parse_config("fuse_shared = sometimes\n", "c").ok());
+    CHECK(c->fuse_server == "gantry");  // gantry-imagefs unless the admin falls back
+    auto fallback = gantry::parse_config("fuse_server = squashfuse_ll\n", "c");
+    REQUIRE(fallback.ok());
+    CHECK(fallback->fuse_server == "squashfuse_ll");
+    CHECK_FALSE(gantry::parse_config("fuse_server = squashfuse\n", "c").ok());
 }
 
 TEST_CASE("gantry.conf: errors name file, line and key") {
@@ -270,7 +275,8 @@ TEST_CASE("start_process: returns at once; only the passed descriptors; a daemon
     ::close(null);
     REQUIRE(stray >= 40);
     for (bool daemonize : {false, true}) {
-        auto rq = shell("echo \"$$ $PPID $(ls /proc/self/fd | tr '\\n' ' ')\" >&5; readlink /proc/self/fd/2 >&5; sleep 0.3");
+        auto rq =
+            shell("echo \"$$ $PPID $(ls /proc/self/fd | tr '\\n' ' ')\" >&5; readlink /proc/self/fd/2 >&5; sleep 0.3");
         rq.inputs = {{wr.get(), 5}};
         rq.daemonize = daemonize;
         rq.own_session = true;

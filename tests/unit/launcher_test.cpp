@@ -82,13 +82,13 @@ TEST_CASE("mounts: tmpfs, umount and relative destinations") {
 
 TEST_CASE("mounts: malformed entries are errors that name the entry") {
     CHECK_FALSE(parse_mount("").ok());
-    CHECK_FALSE(parse_mount("tmpfs").ok());              // tmpfs needs a destination
+    CHECK_FALSE(parse_mount("tmpfs").ok());  // tmpfs needs a destination
     CHECK_FALSE(parse_mount("umount").ok());
-    CHECK_FALSE(parse_mount("relative:/x").ok());        // source neither absolute nor ./
-    CHECK_FALSE(parse_mount("/a:relative").ok());        // destination neither absolute nor ./
+    CHECK_FALSE(parse_mount("relative:/x").ok());  // source neither absolute nor ./
+    CHECK_FALSE(parse_mount("/a:relative").ok());  // destination neither absolute nor ./
     CHECK_FALSE(parse_mount("/a:/b:c:d").ok());
     CHECK_FALSE(parse_mount("/a:/b:").ok());
-    CHECK_FALSE(parse_mount("/a:/").ok());               // over the root
+    CHECK_FALSE(parse_mount("/a:/").ok());  // over the root
     CHECK_FALSE(parse_mount("umount:/x:ro").ok());
     auto bad = parse_mount("/a:/b:ro+frobnicate");
     REQUIRE_FALSE(bad.ok());
@@ -111,7 +111,7 @@ TEST_CASE("mounts: lists, duplicates dropped") {
     REQUIRE(out.size() == 2);
     REQUIRE(parse_mounts("/b:/c:ro,/a", out).ok());  // the option given twice: no new entries
     CHECK(out.size() == 2);
-    REQUIRE(parse_mounts("/b:/c", out).ok());        // same paths, other flags: kept
+    REQUIRE(parse_mounts("/b:/c", out).ok());  // same paths, other flags: kept
     CHECK(out.size() == 3);
     CHECK_FALSE(parse_mounts("/a,bad", out).ok());
 }
@@ -155,14 +155,15 @@ TEST_CASE("environment, docker rule (gantry run): image env, Slurm wiring, --env
     d.env_names = {"BAR", "MISSING"};
     d.home = "/home/u";
     std::vector<std::string> host = {"PATH=/host/bin", "LANG=de_DE.UTF-8", "LC_ALL=de_DE.UTF-8", "FOO=host",
-                                     "BAR=host", "SLURM_PROCID=3", "PMIX_RANK=3", "PMI_FD=7", "SECRET=x", "TERM=xterm"};
+                                     "BAR=host",       "SLURM_PROCID=3",   "PMIX_RANK=3",        "PMI_FD=7",
+                                     "SECRET=x",       "TERM=xterm"};
     auto env = container_environment(d, host, EnvironmentRule::docker);
     auto has = [&](const std::string& e) { return std::find(env.begin(), env.end(), e) != env.end(); };
     CHECK(has("PATH=/opt/bin:/usr/bin"));  // PATH from the image
     CHECK(has("LANG=C.UTF-8"));            // LANG from the image, not the host
     CHECK_FALSE(has("LC_ALL=de_DE.UTF-8"));
-    CHECK(has("FOO=image"));               // not named: image wins
-    CHECK(has("BAR=host"));                // named: host wins
+    CHECK(has("FOO=image"));  // not named: image wins
+    CHECK(has("BAR=host"));   // named: host wins
     CHECK(has("SLURM_PROCID=3"));
     CHECK(has("PMIX_RANK=3"));
     CHECK(has("PMI_FD=7"));
@@ -344,7 +345,9 @@ struct TempTree {
     }
     ~TempTree() { (void)!std::system(("rm -rf '" + dir + "'").c_str()); }
     void mkdir(const std::string& p) const { ::mkdir((dir + p).c_str(), 0755); }
-    void link(const std::string& target, const std::string& p) const { (void)!::symlink(target.c_str(), (dir + p).c_str()); }
+    void link(const std::string& target, const std::string& p) const {
+        (void)!::symlink(target.c_str(), (dir + p).c_str());
+    }
     [[nodiscard]] std::string where(int fd) const {
         char buf[4096] = {};
         auto n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), buf, sizeof buf - 1);
@@ -358,8 +361,8 @@ TEST_CASE("paths: resolution stays inside the root") {
     TempTree t;
     t.mkdir("/etc");
     t.mkdir("/data");
-    t.link("/etc", "/abs");                 // absolute: the root's /etc, not the host's
-    t.link("../../../../../etc", "/up");    // climbing out: clamped at the root
+    t.link("/etc", "/abs");               // absolute: the root's /etc, not the host's
+    t.link("../../../../../etc", "/up");  // climbing out: clamped at the root
     t.link("/proc/self/root/etc", "/magic");
     UniqueFd root(::open(t.dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     REQUIRE(root);
@@ -757,8 +760,9 @@ TEST_CASE("Enroot /etc/rc: working directory, entrypoint and command as enroot i
     CHECK(rc.cmd == std::vector<std::string>{"serve", "--port", "8080"});
 
     // No entrypoint (exec  "$@"), a Cmd only; no WorkingDir (cd "/").
-    auto plain = parse_enroot_rc("mkdir -p \"/\" 2> /dev/null\ncd \"/\" && unset OLDPWD || exit 1\n"
-                                 "if [ $# -gt 0 ]; then\n    exec  \"$@\"\nelse\n    exec  '/bin/bash'\nfi\n");
+    auto plain = parse_enroot_rc(
+        "mkdir -p \"/\" 2> /dev/null\ncd \"/\" && unset OLDPWD || exit 1\n"
+        "if [ $# -gt 0 ]; then\n    exec  \"$@\"\nelse\n    exec  '/bin/bash'\nfi\n");
     CHECK(plain.workdir == "/");
     CHECK(plain.entrypoint.empty());
     CHECK(plain.cmd == std::vector<std::string>{"/bin/bash"});
@@ -826,6 +830,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     spec.config.insecure_registries = {"127.0.0.1:5000"};
     spec.config.limits.max_layer_entries = 17;
     spec.config.fuse_shared = false;  // the holder must see the admin's choice
+    spec.config.fuse_server = "squashfuse_ll";
     spec.devices.devices = {{"/host/dev/nvidia0", "/dev/nvidia0"}};
     spec.devices.sysfs_views = {{"/sys/class/x", {{"a", "../../a"}}, {{"dev", "1:2\n"}}}};
     spec.holder_program = "/usr/libexec/gantry/gantry-holder";
@@ -840,6 +845,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(back->image_config.labels.at("org.example") == "v\n1");
     CHECK(back->config.limits.max_layer_entries == 17);
     CHECK_FALSE(back->config.fuse_shared);
+    CHECK(back->config.fuse_server == "squashfuse_ll");
     CHECK(back->devices.devices == spec.devices.devices);
     CHECK(back->devices.sysfs_views == spec.devices.sysfs_views);
     CHECK(back->unshare.net);
@@ -858,7 +864,8 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(huge.error().message.find("at most") != std::string::npos);
 
     // The holder's request wraps the spec with the resolved identity and set-up paths.
-    launcher::HolderRequest rq{spec, {}, MountBackend::fuse, "/run/g/staging.1", "/run/g/staging.1/image", "/w", "/home/u", 77, true};
+    launcher::HolderRequest rq{
+        spec, {}, MountBackend::fuse, "/run/g/staging.1", "/run/g/staging.1/image", "/w", "/home/u", 77, true};
     rq.id.uid = 4242;
     rq.id.name = "gantry-test";
     auto rq_back = launcher::holder_request_from_json(launcher::holder_request_to_json(rq));
