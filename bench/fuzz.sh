@@ -23,7 +23,7 @@ mkdir -p "$seeds" "$build/artifacts"
 work=$(mktemp -d "${TMPDIR:-/tmp}/gantry-fuzz-campaign-$target-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cp -r "$seeds/." "$work/"
-maxlen=16384; [ "$target" = layer ] && maxlen=131072
+maxlen=16384; [ "$target" = layer ] && maxlen=131072; [ "$target" = imagefs ] && maxlen=65536
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 log=$build/artifacts/$target-campaign.log

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of tests/fuzz/corpus/<target>/ from the project's own fixtures: the string
-literals the unit tests hand to each parser, the shipped conf/gantry.conf, and a few tiny layer tars
-(plain, gzip, zstd; with whiteouts and an opaque directory) built here. Seeds are named by content
-hash, so running it again only adds what is new; inputs found by fuzzing live beside them.
+literals the unit tests hand to each parser, the shipped conf/gantry.conf, a few tiny layer tars
+(plain, gzip, zstd; with whiteouts and an opaque directory) and squashfs images (mksquashfs) built
+here. Seeds are named by content hash, so running it again only adds what is new; inputs found by
+fuzzing live beside them.
 Usage: tests/fuzz/make_corpus.py"""
 import gzip, hashlib, io, os, re, subprocess, sys, tarfile
 
@@ -93,6 +94,35 @@ def layer_seeds():
         save("layer", s)
 
 
+def imagefs_seeds():
+    # Small squashfs images made by squashfs-tools' mksquashfs (an independent writer) from a tree with
+    # what gantry-imagefs serves: nested directories, a file over several small blocks and one in a
+    # fragment, an empty file, a symlink, a hard link, an xattr where the file system takes one;
+    # uncompressed (the fuzzer can change names and sizes directly), gzip and lz4 (Gantry's default).
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "src")
+        os.makedirs(os.path.join(src, "etc", "sub"))
+        open(os.path.join(src, "etc", "passwd"), "wb").write(b"root:x:0:0::/root:/bin/sh\n")
+        open(os.path.join(src, "etc", "sub", "big"), "wb").write(bytes(range(256)) * 40)
+        open(os.path.join(src, "empty"), "wb").close()
+        os.symlink("etc/passwd", os.path.join(src, "link"))
+        os.link(os.path.join(src, "etc", "passwd"), os.path.join(src, "hard"))
+        try:
+            os.setxattr(os.path.join(src, "etc", "passwd"), "user.gantry", b"seed")
+        except OSError:
+            pass
+        for opts in (["-noI", "-noD", "-noF", "-noX"], ["-comp", "gzip"], ["-comp", "lz4"]):
+            out = os.path.join(tmp, "image.sqsh")
+            try:
+                subprocess.run(["mksquashfs", src, out, "-noappend", "-nopad", "-quiet", "-all-root", "-b", "4096",
+                                "-mkfs-time", "0", "-all-time", "0"] + opts, check=True, capture_output=True)
+            except (OSError, subprocess.CalledProcessError) as e:
+                print(f"make_corpus: mksquashfs {' '.join(opts)} failed ({e}); no such imagefs seed", file=sys.stderr)
+                continue
+            save("imagefs", open(out, "rb").read())
+
+
 # Hand-written seeds in the forms the docs and tests name, where the unit tests build inputs in code.
 HAND = {
     "reference": [b"ubuntu", b"nvcr.io#nvidia/pytorch:24.01-py3", b"user@registry.example.com:5000/team/app:v1",
@@ -138,6 +168,7 @@ def main():
     conf = open(os.path.join(ROOT, "conf", "gantry.conf"), "rb").read()
     save("gantry_conf", b"\x00" + conf)
     layer_seeds()
+    imagefs_seeds()
 
 
 if __name__ == "__main__":

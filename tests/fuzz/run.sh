@@ -37,8 +37,9 @@ for t in "${targets[@]}"; do
   [ -d "$seeds" ] && cp -r "$seeds/." "$work/"
   log=$artifacts/$t.log
   ts=$SECONDS
-  # -max_len: parsers see small inputs in practice; layers get room for a few tar blocks.
-  maxlen=16384; [ "$t" = layer ] && maxlen=131072
+  # -max_len: parsers see small inputs in practice; layers get room for a few tar blocks, images for
+  # a few squashfs blocks.
+  maxlen=16384; [ "$t" = layer ] && maxlen=131072; [ "$t" = imagefs ] && maxlen=65536
   rc=0
   # SECONDS=0 replays the corpus only: libFuzzer reads -max_total_time=0 as "no limit", -runs=0 as
   # "execute the loaded inputs, then stop".
