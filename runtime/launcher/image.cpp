@@ -3,6 +3,7 @@
 // unpacking to node-local scratch (`extract`). The kernel backend is in privileged.cpp. Each leaves
 // the image as a directory at Setup::image_dir.
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -28,13 +29,21 @@
 namespace gantry {
 
 std::string default_imagefs_program() {
+    // Where this code was loaded from: the program (gantry, gantry-holder, a test binary), and, inside
+    // slurmstepd, spank_gantry.so (the plugin links the runtime in; its backend choice must find the
+    // server of its own tree, as the holder later does: plugin/ -> runtime/ in a build tree).
+    std::vector<std::string> dirs;
     char self[PATH_MAX];
     ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) {
-        std::string exe(self, static_cast<size_t>(n));
-        std::string dir = exe.substr(0, exe.rfind('/'));
+    if (n > 0) dirs.emplace_back(self, static_cast<size_t>(n));
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&default_imagefs_program), &info) != 0 && info.dli_fname != nullptr &&
+        info.dli_fname[0] == '/')
+        dirs.emplace_back(info.dli_fname);
+    for (auto& path : dirs) {
+        std::string dir = path.substr(0, path.rfind('/'));
         // Beside gantry-holder (libexec/gantry, or runtime/ in the build tree), from the CLI in a
-        // bindir or the build tree, and from a test binary (tests/ -> runtime/).
+        // bindir or the build tree, and from a test binary or the plugin (tests/, plugin/ -> runtime/).
         for (const char* rel : {"/gantry-imagefs", "/../libexec/gantry/gantry-imagefs", "/../runtime/gantry-imagefs"}) {
             std::string candidate = dir + rel;
             if (::access(candidate.c_str(), X_OK) == 0) return candidate;
