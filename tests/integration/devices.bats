@@ -143,8 +143,10 @@ as_user() {
     srun -N3 -n3 --container-image="$TINY" sh -c 'echo $(ls /dev | grep "^nvidia[0-9]") $(ls /dev/nvidia-caps)'
   echo "$output"
   [ "$status" -eq 0 ]
-  [ "$(echo "$output" | sort -u)" = "nvidia1 nvidia-cap156 nvidia-cap158 nvidia-cap2" ]
-  [ "$(echo "$output" | wc -l)" -eq 3 ]
+  # srun's own lines ("job N queued and waiting for resources" while the last step's nodes are freed) are
+  # not the tasks' output.
+  [ "$(echo "$output" | grep -v '^srun: ' | sort -u)" = "nvidia1 nvidia-cap156 nvidia-cap158 nvidia-cap2" ]
+  [ "$(echo "$output" | grep -vc '^srun: ')" -eq 3 ]
   run_user env NVIDIA_VISIBLE_DEVICES=1:5 srun -n1 --container-image="$TINY" true
   echo "$output"
   [ "$status" -ne 0 ]
