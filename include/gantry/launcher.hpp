@@ -90,6 +90,10 @@ inline constexpr size_t kMaxContainerSpecBytes = 4u << 20;
 std::string container_spec_to_json(const ContainerSpec& spec);
 Result<ContainerSpec> container_spec_from_json(std::string_view text);
 
+// A Gantry program (gantry-holder, gantry-imagefs) of the tree this code came from: beside the running
+// program or the loaded spank_gantry.so, in runtime/ of a build tree or libexec/gantry of an install;
+// else `installed`.
+std::string program_of_this_tree(const std::string& name, const char* installed);
 // Where gantry-holder is: beside the running program (the CLI in the build tree or as installed in
 // bindir finds it in libexec) or the installed path. The plugin names its own (ContainerSpec::holder_program).
 std::string default_holder_program();

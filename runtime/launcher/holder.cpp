@@ -30,19 +30,7 @@ namespace gantry {
 using launcher::Setup;
 
 std::string default_holder_program() {
-    char self[PATH_MAX];
-    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) {
-        std::string exe(self, static_cast<size_t>(n));
-        std::string dir = exe.substr(0, exe.rfind('/'));
-        // Beside the CLI in the build tree (runtime/), from a test binary (tests/ -> runtime/), and
-        // from an installed bindir to libexec/gantry.
-        for (const char* rel : {"/gantry-holder", "/../runtime/gantry-holder", "/../libexec/gantry/gantry-holder"}) {
-            std::string candidate = dir + rel;
-            if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-        }
-    }
-    return GANTRY_HOLDER_INSTALL_PATH;
+    return program_of_this_tree("gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
 }
 
 namespace launcher {

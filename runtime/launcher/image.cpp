@@ -28,28 +28,31 @@
 
 namespace gantry {
 
-std::string default_imagefs_program() {
+std::string program_of_this_tree(const std::string& name, const char* installed) {
     // Where this code was loaded from: the program (gantry, gantry-holder, a test binary), and, inside
     // slurmstepd, spank_gantry.so (the plugin links the runtime in; its backend choice must find the
     // server of its own tree, as the holder later does: plugin/ -> runtime/ in a build tree).
-    std::vector<std::string> dirs;
+    std::vector<std::string> paths;
     char self[PATH_MAX];
     ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) dirs.emplace_back(self, static_cast<size_t>(n));
+    if (n > 0) paths.emplace_back(self, static_cast<size_t>(n));
     Dl_info info{};
-    if (::dladdr(reinterpret_cast<void*>(&default_imagefs_program), &info) != 0 && info.dli_fname != nullptr &&
+    if (::dladdr(reinterpret_cast<void*>(&program_of_this_tree), &info) != 0 && info.dli_fname != nullptr &&
         info.dli_fname[0] == '/')
-        dirs.emplace_back(info.dli_fname);
-    for (auto& path : dirs) {
+        paths.emplace_back(info.dli_fname);
+    for (const auto& path : paths) {
         std::string dir = path.substr(0, path.rfind('/'));
         // Beside gantry-holder (libexec/gantry, or runtime/ in the build tree), from the CLI in a
         // bindir or the build tree, and from a test binary or the plugin (tests/, plugin/ -> runtime/).
-        for (const char* rel : {"/gantry-imagefs", "/../libexec/gantry/gantry-imagefs", "/../runtime/gantry-imagefs"}) {
-            std::string candidate = dir + rel;
+        for (const std::string& candidate :
+             {dir + "/" + name, dir + "/../runtime/" + name, dir + "/../libexec/gantry/" + name})
             if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-        }
     }
-    return GANTRY_IMAGEFS_INSTALL_PATH;
+    return installed;
+}
+
+std::string default_imagefs_program() {
+    return program_of_this_tree("gantry-imagefs", GANTRY_IMAGEFS_INSTALL_PATH);
 }
 
 namespace launcher {
