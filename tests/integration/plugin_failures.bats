@@ -97,6 +97,19 @@ private_registry() {
   PRIVATE_PIDS+=("$(cat "$dir/pid")")
 }
 
+# image_on_own_registry PREFIX DIR [BYTES]: a fresh image (BYTES of payload) pushed to a registry of the
+# test's own in WORK/DIR, which the plugin may use; sets name, digest, port and image (as the nodes name it).
+image_on_own_registry() {
+  name="$1-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name" ${3:+"$3"})
+  port=$(free_port)
+  private_registry "$WORK/$2" "$port"
+  skopeo copy -q --src-tls-verify=false --dest-tls-verify=false \
+    "docker://$GANTRY_TEST_REGISTRY_HTTP/gantry-test/$name:latest" "docker://127.0.0.1:$port/gantry-test/$name:latest"
+  gantry_plugin_conf "insecure_registries = $GANTRY_TEST_LOGIN_ADDR:$port"
+  image="$GANTRY_TEST_LOGIN_ADDR:$port#gantry-test/$name"
+}
+
 # make_tls DIR: a CA and a server certificate for the login address (the one the nodes use) and 127.0.0.1.
 make_tls() {
   local ca=$1/ca
@@ -198,14 +211,7 @@ blob_gets() {
 
 @test "a registry that dies mid-pull: clear error in bounded time, no partial image, the retry succeeds" {
   # A fresh image on a registry of our own, so the harness's registry keeps running for later tests.
-  name="diemid-$RANDOM$RANDOM"
-  digest=$(gantry_fresh_image "$WORK" "$name" 12000000)
-  port=$(free_port)
-  private_registry "$WORK/dying" "$port"
-  skopeo copy -q --src-tls-verify=false --dest-tls-verify=false \
-    "docker://$GANTRY_TEST_REGISTRY_HTTP/gantry-test/$name:latest" "docker://127.0.0.1:$port/gantry-test/$name:latest"
-  gantry_plugin_conf "insecure_registries = $GANTRY_TEST_LOGIN_ADDR:$port"
-  image="$GANTRY_TEST_LOGIN_ADDR:$port#gantry-test/$name"
+  image_on_own_registry diemid dying 12000000
   hex=${digest#sha256:}
 
   shape_link 40mbit   # ~12 MB at 5 MB/s: the download takes seconds
@@ -247,14 +253,7 @@ blob_gets() {
 
 @test "the registry down: a stored image runs by digest and under GANTRY_PULL_POLICY=missing; the default asks and fails" {
   # A registry of our own that the test stops once the image is stored (the harness's keeps running).
-  name="offline-$RANDOM$RANDOM"
-  digest=$(gantry_fresh_image "$WORK" "$name")
-  port=$(free_port)
-  private_registry "$WORK/gone" "$port"
-  skopeo copy -q --src-tls-verify=false --dest-tls-verify=false \
-    "docker://$GANTRY_TEST_REGISTRY_HTTP/gantry-test/$name:latest" "docker://127.0.0.1:$port/gantry-test/$name:latest"
-  gantry_plugin_conf "insecure_registries = $GANTRY_TEST_LOGIN_ADDR:$port"
-  image="$GANTRY_TEST_LOGIN_ADDR:$port#gantry-test/$name"
+  image_on_own_registry offline gone
   run as_user timeout 120 srun -N3 -n3 --container-image="$image" true
   echo "$output"
   [ "$status" -eq 0 ]
