@@ -1,15 +1,21 @@
 // Reading a squashfs image for the FUSE server (fuse_server.cpp) through libsquashfs, from many
-// threads. libsquashfs's meta, data and xattr readers keep state (their current block), so each
+// threads. libsquashfs's meta and data readers keep state (their current block), so each
 // request borrows a Reader from a pool: as many Readers as threads ever ran at once, each with
 // its own caches, none shared. What all threads share is immutable after open (super block, id
 // table) or synchronised (the inode reference table: atomics; the listing cache: a mutex).
 //
 // The kernel only names inodes it got from us (lookup, readdirplus), so an inode's location is
 // recorded when its directory is listed and found again by number; nothing is ever walked by path.
+//
+// libsquashfs allocates what the image declares before reading it (a table sized by a count in the
+// super block, an xattr value sized by its header). Where that size is the image's word alone, it is
+// checked here first (fragment table), or the structure is read here instead (xattrs: keys, values and
+// their descriptors are read with a plain meta reader, each size bounded before anything is held).
 #include "squashfs_image.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sqfs/block.h>
 #include <sqfs/compressor.h>
 #include <sqfs/data_reader.h>
 #include <sqfs/dir.h>
@@ -20,7 +26,6 @@
 #include <sqfs/meta_reader.h>
 #include <sqfs/super.h>
 #include <sqfs/xattr.h>
-#include <sqfs/xattr_reader.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -172,7 +177,7 @@ struct SquashfsImage::Reader {
     Owned<sqfs_meta_reader_t> inodes;
     Owned<sqfs_meta_reader_t> dirs;
     Owned<sqfs_data_reader_t> data;
-    Owned<sqfs_xattr_reader_t> xattrs;  // null when the image has none
+    Owned<sqfs_meta_reader_t> xattrs;  // null when the image has none
 };
 
 struct SquashfsImage::Shared {
@@ -184,6 +189,12 @@ struct SquashfsImage::Shared {
     uint64_t root_ref = 0;
     uint64_t dir_table_end = 0;
     bool xattrs = false;
+    // The xattr tables: key-value pairs from xattr_kv_start, then the descriptors (one per index, in
+    // metadata blocks starting at xattr_id_blocks[]), then the id table's header and block list at
+    // super.xattr_id_table_start.
+    uint64_t xattr_kv_start = 0;
+    uint32_t xattr_ids = 0;
+    std::vector<uint64_t> xattr_id_blocks;
     std::vector<uint32_t> ids;
 
     // Inode number -> its reference (block << 16 | offset) + 1, 0 while unknown: chunks of 64 Ki
@@ -219,9 +230,8 @@ struct SquashfsImage::Shared {
         if (!r->inodes || !r->dirs || !r->data) return Error{"out of memory", ENOMEM, 0};
         if (sqfs_data_reader_load_fragment_table(r->data.get(), &super) != 0) return corrupt("fragment table");
         if (xattrs) {
-            r->xattrs.reset(sqfs_xattr_reader_create(0));
+            r->xattrs.reset(sqfs_meta_reader_create(&file.base, cmp, xattr_kv_start, super.xattr_id_table_start));
             if (!r->xattrs) return Error{"out of memory", ENOMEM, 0};
-            if (sqfs_xattr_reader_load(r->xattrs.get(), &super, &file.base, cmp) != 0) return corrupt("xattr table");
         }
         return r;
     }
@@ -354,6 +364,46 @@ private:
 
 }  // namespace
 
+namespace {
+
+// The xattr id table's header (where the key-value pairs start, how many descriptors) and the block
+// list of its descriptors, each checked to lie inside the file before it is held.
+Result<void> load_xattr_table(SquashfsImage::Shared& s) {
+    const sqfs_super_t& sb = s.super;
+    sqfs_xattr_id_table_t header{};
+    if (sb.xattr_id_table_start >= s.file.size ||
+        image_read_at(&s.file.base, sb.xattr_id_table_start, &header, sizeof header) != 0)
+        return corrupt("xattr table");
+    s.xattr_kv_start = le64toh(header.xattr_table_start);
+    s.xattr_ids = le32toh(header.xattr_ids);
+    uint64_t blocks = (uint64_t{s.xattr_ids} * sizeof(sqfs_xattr_id_t) + SQFS_META_BLOCK_SIZE - 1) / SQFS_META_BLOCK_SIZE;
+    uint64_t list_start = sb.xattr_id_table_start + sizeof header;
+    if (s.xattr_kv_start >= sb.xattr_id_table_start || list_start > s.file.size ||
+        blocks * sizeof(uint64_t) > s.file.size - list_start)
+        return corrupt("xattr table");
+    s.xattr_id_blocks.resize(blocks);
+    if (blocks > 0 &&
+        image_read_at(&s.file.base, list_start, s.xattr_id_blocks.data(), blocks * sizeof(uint64_t)) != 0)
+        return corrupt("xattr table");
+    for (uint64_t& start : s.xattr_id_blocks) {
+        start = le64toh(start);
+        if (start < s.xattr_kv_start || start >= sb.xattr_id_table_start) return corrupt("xattr table");
+    }
+    return {};
+}
+
+// Reads exactly out.size() bytes at the meta reader's position.
+bool meta_read(sqfs_meta_reader_t* m, void* out, size_t size) {
+    return size == 0 || sqfs_meta_reader_read(m, out, size) == 0;
+}
+
+// Seeks to a reference into the key-value area: (block relative to its start << 16) | offset.
+bool meta_seek_kv(sqfs_meta_reader_t* m, uint64_t kv_start, uint64_t ref) {
+    return sqfs_meta_reader_seek(m, kv_start + (ref >> 16), ref & 0xFFFF) == 0;
+}
+
+}  // namespace
+
 SquashfsImage::SquashfsImage(std::unique_ptr<Shared> shared) : shared_(std::move(shared)) {}
 SquashfsImage::~SquashfsImage() = default;
 
@@ -380,6 +430,19 @@ Result<std::unique_ptr<SquashfsImage>> SquashfsImage::open(const std::string& pa
     for (uint64_t start : {sb.fragment_table_start, sb.export_table_start, sb.id_table_start, sb.xattr_id_table_start})
         if (start != no_table && start > sb.directory_table_start) s->dir_table_end = std::min(s->dir_table_end, start);
     s->xattrs = (sb.flags & SQFS_FLAG_NO_XATTRS) == 0 && sb.xattr_id_table_start != no_table;
+    // libsquashfs reads the whole fragment table into each Reader, sized by the super block's count
+    // alone: bound the count first. Each fragment block holds the tail of at least one file, so there
+    // are never more than inodes, and the table's block list must lie inside the file.
+    if (sb.fragment_entry_count > 0) {
+        uint64_t blocks = (uint64_t{sb.fragment_entry_count} * sizeof(sqfs_fragment_t) + SQFS_META_BLOCK_SIZE - 1) /
+                          SQFS_META_BLOCK_SIZE;
+        if (sb.fragment_entry_count > limits.max_fragments || sb.fragment_entry_count > sb.inode_count ||
+            sb.fragment_table_start >= s->file.size || blocks * sizeof(uint64_t) > s->file.size - sb.fragment_table_start)
+            return corrupt(what + ": fragment table");
+    }
+    if (s->xattrs) {
+        if (auto loaded = load_xattr_table(*s); !loaded) return loaded.error().wrap(what);
+    }
     s->root_ref = sb.root_inode_ref;
     s->ref_chunks = (size_t{sb.inode_count} >> Shared::chunk_bits) + 1;
     s->refs = std::make_unique<std::atomic<std::atomic<uint64_t>*>[]>(s->ref_chunks);
@@ -539,28 +602,49 @@ Result<std::vector<std::pair<std::string, std::string>>> SquashfsImage::xattrs(u
     if (!inode) return inode.error();
     sqfs_u32 index = no_xattrs;
     if (!s.xattrs || sqfs_inode_get_xattr_index(inode->get(), &index) != 0 || index == no_xattrs) return out;
-    sqfs_xattr_reader_t* xr = (*r)->xattrs.get();
+    auto bad = [ino] { return corrupt("xattrs of " + std::to_string(ino)); };
+    sqfs_meta_reader_t* m = (*r)->xattrs.get();
+    // The inode's descriptor: where its pairs start and how many there are.
+    if (index >= s.xattr_ids) return bad();
+    uint64_t at = uint64_t{index} * sizeof(sqfs_xattr_id_t);
     sqfs_xattr_id_t desc{};
-    if (sqfs_xattr_reader_get_desc(xr, index, &desc) != 0 || desc.count > s.limits.max_xattrs ||
-        sqfs_xattr_reader_seek_kv(xr, &desc) != 0)
-        return corrupt("xattrs of " + std::to_string(ino));
+    if (sqfs_meta_reader_seek(m, s.xattr_id_blocks[at / SQFS_META_BLOCK_SIZE], at % SQFS_META_BLOCK_SIZE) != 0 ||
+        !meta_read(m, &desc, sizeof desc))
+        return bad();
+    desc.xattr = le64toh(desc.xattr);
+    desc.count = le32toh(desc.count);
+    if (desc.count > s.limits.max_xattrs || !meta_seek_kv(m, s.xattr_kv_start, desc.xattr)) return bad();
     for (sqfs_u32 i = 0; i < desc.count; ++i) {
-        sqfs_xattr_entry_t* raw_key = nullptr;
-        if (sqfs_xattr_reader_read_key(xr, &raw_key) != 0) return corrupt("xattrs of " + std::to_string(ino));
-        std::unique_ptr<sqfs_xattr_entry_t, Free> key(raw_key);
-        sqfs_xattr_value_t* raw_value = nullptr;
-        if (sqfs_xattr_reader_read_value(xr, key.get(), &raw_value) != 0)
-            return corrupt("xattrs of " + std::to_string(ino));
-        std::unique_ptr<sqfs_xattr_value_t, Free> value(raw_value);
-        const char* prefix = sqfs_get_xattr_prefix(static_cast<SQFS_XATTR_TYPE>(key->type & SQFS_XATTR_PREFIX_MASK));
-        if (prefix == nullptr || value->size > s.limits.max_xattr_value) continue;
-        // libsquashfs hands the key back with its prefix in front ("user.NAME") but `size` still
-        // that of NAME alone.
-        size_t full = std::strlen(prefix) + key->size;
-        std::string name(reinterpret_cast<const char*>(key->key),
-                         strnlen(reinterpret_cast<const char*>(key->key), full));
-        if (name.size() != full || name.compare(0, std::strlen(prefix), prefix) != 0) continue;
-        out.emplace_back(std::move(name), std::string(reinterpret_cast<const char*>(value->value), value->size));
+        // A key: type (prefix and the out-of-line flag) and the name's size (16 bits: bounded).
+        uint16_t key[2] = {};
+        if (!meta_read(m, key, sizeof key)) return bad();
+        const unsigned type = le16toh(key[0]);
+        std::string name(le16toh(key[1]), '\0');
+        if (!meta_read(m, name.data(), name.size())) return bad();
+        // Its value: a 32-bit size and the bytes, or (out of line) the reference of a value stored
+        // once for many inodes. The size is checked before anything is held.
+        uint32_t value_size = 0;
+        if (!meta_read(m, &value_size, sizeof value_size)) return bad();
+        value_size = le32toh(value_size);
+        sqfs_u64 back_block = 0;
+        size_t back_offset = 0;
+        const bool out_of_line = (type & SQFS_XATTR_FLAG_OOL) != 0;
+        if (out_of_line) {
+            uint64_t ref = 0;
+            if (value_size != sizeof ref || !meta_read(m, &ref, sizeof ref)) return bad();
+            sqfs_meta_reader_get_position(m, &back_block, &back_offset);
+            if (!meta_seek_kv(m, s.xattr_kv_start, le64toh(ref)) || !meta_read(m, &value_size, sizeof value_size))
+                return bad();
+            value_size = le32toh(value_size);
+        }
+        if (value_size > s.limits.max_xattr_value) return bad();
+        std::string value(value_size, '\0');
+        if (!meta_read(m, value.data(), value.size())) return bad();
+        if (out_of_line && sqfs_meta_reader_seek(m, back_block, back_offset) != 0) return bad();
+        // Unknown prefixes and names the kernel could not take are left out.
+        const char* prefix = sqfs_get_xattr_prefix(static_cast<SQFS_XATTR_TYPE>(type & SQFS_XATTR_PREFIX_MASK));
+        if (prefix == nullptr || name.find('\0') != std::string::npos) continue;
+        out.emplace_back(prefix + name, std::move(value));
     }
     return out;
 }

@@ -21,12 +21,12 @@ echo "fuzz: built in $((SECONDS - t0)) s"
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  # GANTRY_FUZZ_SKIP: targets with open findings (tests/fuzz/open/, docs/testing.md), left out of the
-  # default list until fixed; named on the command line (or bench/fuzz.sh) they still run.
-  skip=" ${GANTRY_FUZZ_SKIP-imagefs} "
+  # GANTRY_FUZZ_SKIP: targets left out of the default list (say, one with a finding not fixed yet, its
+  # reproducer kept out of the corpus); named on the command line (or bench/fuzz.sh) they still run.
+  skip=" ${GANTRY_FUZZ_SKIP-} "
   for f in "$here"/tests/fuzz/fuzz_*.cpp; do
     t=${f##*/fuzz_}; t=${t%.cpp}
-    [[ $skip == *" $t "* ]] && { echo "fuzz: $t skipped (open findings: tests/fuzz/open/)"; continue; }
+    [[ $skip == *" $t "* ]] && { echo "fuzz: $t skipped (GANTRY_FUZZ_SKIP)"; continue; }
     targets+=("$t")
   done
 fi

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -271,4 +272,124 @@ TEST_CASE("a damaged image gives errors, never a crash") {
         }
     }
     CHECK(opened > 0);  // the loop above really read damaged images
+}
+
+namespace {
+
+std::string read_all(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A tree of files with user xattrs, packed with mksquashfs with uncompressed metadata (-noI -noX: the
+// tests below find and change bytes in it); "" when xattrs or mksquashfs are unavailable here.
+struct XattrImage {
+    TempDir dir;
+    std::string image;
+    std::string shared = std::string(100, 's');   // the same value on two files: stored once, out of line
+    std::string large = pattern(4000, 3);          // at a limit the test sets
+    XattrImage() {
+        fs::path src = dir.path / "src";
+        fs::create_directories(src);
+        for (const char* name : {"a", "b", "c"}) write_file(src / name, name);
+        auto set = [&](const char* file, const char* key, const std::string& value) {
+            return ::setxattr((src / file).c_str(), key, value.data(), value.size(), 0) == 0;
+        };
+        if (!set("a", "user.shared", shared) || !set("b", "user.shared", shared) || !set("b", "user.one", "1") ||
+            !set("c", "user.large", large))
+            return;
+        image = (dir.path / "x.sqsh").string();
+        std::string cmd = "mksquashfs " + src.string() + " " + image + " -noI -noX -quiet -no-progress >/dev/null 2>&1";
+        if (std::system(cmd.c_str()) != 0) image.clear();
+    }
+};
+
+// Little-endian 32-bit store at `at` (squashfs is little-endian on disk).
+void put_le32(std::string& bytes, size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+
+}  // namespace
+
+TEST_CASE("xattrs read back, values stored once included, bounded by the limits") {
+    XattrImage t;
+    if (t.image.empty()) {
+        WARN("user xattrs or mksquashfs unavailable under /tmp: not tested");
+        return;
+    }
+    auto xattrs_of = [](SquashfsImage& img, const char* name) {
+        auto xs = img.xattrs(must_find(img, 1, name).ino);
+        REQUIRE(xs.ok());
+        return std::map<std::string, std::string>(xs->begin(), xs->end());
+    };
+    {
+        auto img = open_image(t.image);
+        CHECK(img->has_xattrs());
+        CHECK(xattrs_of(*img, "a") == std::map<std::string, std::string>{{"user.shared", t.shared}});
+        CHECK(xattrs_of(*img, "b") == std::map<std::string, std::string>{{"user.one", "1"}, {"user.shared", t.shared}});
+        CHECK(xattrs_of(*img, "c") == std::map<std::string, std::string>{{"user.large", t.large}});
+    }
+    // At its boundary: a value of exactly max_xattr_value bytes is served; one byte less of limit and
+    // the inode's xattrs are refused (EIO), as are more pairs than max_xattrs.
+    gantry::imagefs::ImageLimits limits;
+    limits.max_xattr_value = t.large.size();
+    auto at_limit = SquashfsImage::open(t.image, limits);
+    REQUIRE(at_limit.ok());
+    CHECK(xattrs_of(**at_limit, "c").at("user.large") == t.large);
+    limits.max_xattr_value = t.large.size() - 1;
+    auto below = SquashfsImage::open(t.image, limits);
+    REQUIRE(below.ok());
+    auto refused = (*below)->xattrs(must_find(**below, 1, "c").ino);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().errnum == EIO);
+    limits = {};
+    limits.max_xattrs = 1;
+    auto few = SquashfsImage::open(t.image, limits);
+    REQUIRE(few.ok());
+    CHECK(xattrs_of(**few, "a").size() == 1);
+    auto two = (*few)->xattrs(must_find(**few, 1, "b").ino);
+    REQUIRE_FALSE(two.ok());
+    CHECK(two.error().errnum == EIO);
+}
+
+TEST_CASE("sizes an image declares are checked before they are held") {
+    XattrImage t;
+    if (t.image.empty()) {
+        WARN("user xattrs or mksquashfs unavailable under /tmp: not tested");
+        return;
+    }
+    const std::string good = read_all(t.image);
+    const std::string bad_path = t.image + ".bad";
+
+    // A value's size field claiming 4 GiB (the fuzz finding imagefs-xattr-value-4gb): an error, not a
+    // 4 GiB allocation. The large value is stored inline, its size just before its bytes.
+    size_t at = good.find(t.large);
+    REQUIRE(at != std::string::npos);
+    REQUIRE(at >= 4);
+    std::string bad = good;
+    put_le32(bad, at - 4, 0xFFFFFFF0u);
+    write_file(bad_path, bad);
+    auto img = SquashfsImage::open(bad_path);
+    REQUIRE(img.ok());
+    auto xs = (*img)->xattrs(must_find(**img, 1, "c").ino);
+    REQUIRE_FALSE(xs.ok());
+    CHECK(xs.error().errnum == EIO);
+
+    // The super block's fragment count (offset 16) beyond the image's inodes, or beyond what the file
+    // could list (the fuzz finding imagefs-fragment-table-2gb): refused at open. The image itself has
+    // fragments (three small files), so its own count passes.
+    REQUIRE(SquashfsImage::open(t.image).ok());
+    for (uint32_t count : {0x08000000u, 1000u}) {
+        bad = good;
+        put_le32(bad, 16, count);
+        write_file(bad_path, bad);
+        auto opened = SquashfsImage::open(bad_path);
+        REQUIRE_FALSE(opened.ok());
+        CHECK(opened.error().errnum == EIO);
+        CHECK(opened.error().message.find("fragment table") != std::string::npos);
+    }
+    // The limit, at its boundary: max_fragments below the image's own count refuses it.
+    gantry::imagefs::ImageLimits limits;
+    limits.max_fragments = 0;
+    CHECK_FALSE(SquashfsImage::open(t.image, limits).ok());
 }
