@@ -265,6 +265,7 @@ struct SquashfsImage::Shared {
             if (stored == 0) return Error{"no inode " + std::to_string(ino), ENOENT, 0};
             ref = stored - 1;
         }
+        if (auto checked = check_inode_sizes(r, ref); !checked) return checked.error();
         // The reference's block is relative to the inode table (libsquashfs adds its start).
         sqfs_inode_generic_t* raw = nullptr;
         if (sqfs_meta_reader_read_inode(r.inodes.get(), &super, ref >> 16, ref & 0xFFFF, &raw) != 0)
@@ -275,6 +276,50 @@ struct SquashfsImage::Shared {
         if (out->base.inode_number != number || file_type(out->base.type) == 0)
             return corrupt("inode " + std::to_string(number));
         return out;
+    }
+
+    // libsquashfs allocates an inode's variable part at the size its header states before reading
+    // it: a file's block list (4 bytes per block of file_size, a 64-bit size for extended inodes)
+    // and a symlink's target (32-bit size). Both are read here first and bounded: a block list can
+    // be no longer than the inode table could hold decompressed (each metadata block of at most 8 KiB
+    // takes at least 3 bytes on disk) nor than limits.max_file_blocks; a target no longer than PATH_MAX.
+    Result<void> check_inode_sizes(Reader& r, uint64_t ref) {
+        sqfs_meta_reader_t* m = r.inodes.get();
+        sqfs_inode_t base{};
+        if (sqfs_meta_reader_seek(m, super.inode_table_start + (ref >> 16), ref & 0xFFFF) != 0 ||
+            sqfs_meta_reader_read(m, &base, sizeof base) != 0)
+            return corrupt("inode at " + std::to_string(ref));
+        uint64_t file_size = 0;
+        switch (le16toh(base.type)) {
+            case SQFS_INODE_FILE: {
+                sqfs_inode_file_t f{};
+                if (sqfs_meta_reader_read(m, &f, sizeof f) != 0) return corrupt("inode at " + std::to_string(ref));
+                file_size = le32toh(f.file_size);
+                break;
+            }
+            case SQFS_INODE_EXT_FILE: {
+                sqfs_inode_file_ext_t f{};
+                if (sqfs_meta_reader_read(m, &f, sizeof f) != 0) return corrupt("inode at " + std::to_string(ref));
+                file_size = le64toh(f.file_size);
+                break;
+            }
+            case SQFS_INODE_SLINK:
+            case SQFS_INODE_EXT_SLINK: {
+                sqfs_inode_slink_t l{};
+                if (sqfs_meta_reader_read(m, &l, sizeof l) != 0 || le32toh(l.target_size) >= PATH_MAX)
+                    return corrupt("symbolic link at " + std::to_string(ref));
+                return {};
+            }
+            default:
+                return {};
+        }
+        const uint64_t blocks = file_size / super.block_size + 1;
+        const uint64_t table_bytes = super.directory_table_start > super.inode_table_start
+                                         ? super.directory_table_start - super.inode_table_start
+                                         : 0;
+        if (blocks > limits.max_file_blocks || blocks * sizeof(sqfs_u32) > table_bytes / 3 * SQFS_META_BLOCK_SIZE)
+            return corrupt("file at " + std::to_string(ref) + " of " + std::to_string(file_size) + " bytes");
+        return {};
     }
 
     Result<struct stat> stat_of(const sqfs_inode_generic_t& inode, uint64_t ino) const {
