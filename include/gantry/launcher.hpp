@@ -109,11 +109,11 @@ int check_container_paths(int fd);
 // creator), builds the container, reports, then holds the namespaces until told to stop. Never returns.
 [[noreturn]] void run_container_holder(int channel);
 
-// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER: the fuse backend's shared image
+// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER POLL_US: the fuse backend's shared image
 // server (runtime/launcher/image_server.cpp), with its report socket as descriptor 3 and its
 // directory as descriptor 4. Returns the exit status.
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
-                     const std::string& idle_seconds, const std::string& fuse_server);
+                     const std::string& idle_seconds, const std::string& fuse_server, const std::string& poll_us);
 
 // The holder of a running container, as recorded in its state file.
 struct ContainerState {

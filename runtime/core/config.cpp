@@ -128,6 +128,13 @@ const std::map<std::string, Setter>& setters() {
              return {};
          }},
         {"fuse_shared", bool_key(&Config::fuse_shared)},
+        {"fuse_poll_us",
+         [](Config& c, const std::string& v) -> Status {
+             auto n = parse_int(v, 0, 1000000);
+             if (!n) return n.error();
+             c.fuse_poll_us = static_cast<int>(*n);
+             return {};
+         }},
         {"fuse_server",
          [](Config& c, const std::string& v) -> Status {
              GANTRY_TRY(one_of(v, {"gantry", "squashfuse_ll"}));

@@ -11,9 +11,13 @@
 
 #define FUSE_USE_VERSION 312
 #include <dirent.h>
+#include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <poll.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -283,6 +287,41 @@ fuse_lowlevel_ops operations() {
     return ops;
 }
 
+// The single-threaded loop with polling (ServerOptions::poll_us): a request that comes while this
+// thread is still awake costs no wake-up. Otherwise libfuse's own loop.
+int serve_polling(fuse_session* se, unsigned poll_us) {
+    const int fd = fuse_session_fd(se);
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return -errno;
+    fuse_buf buf{};
+    int ret = 0;
+    auto awake_since = std::chrono::steady_clock::now();
+    const auto budget = std::chrono::microseconds(poll_us);
+    while (!fuse_session_exited(se)) {
+        int n = fuse_session_receive_buf(se, &buf);
+        if (n == -EAGAIN) {
+            if (std::chrono::steady_clock::now() - awake_since < budget) continue;
+            pollfd p{fd, POLLIN, 0};
+            if (::poll(&p, 1, -1) < 0 && errno != EINTR) {
+                ret = -errno;
+                break;
+            }
+            awake_since = std::chrono::steady_clock::now();
+            continue;
+        }
+        if (n == -EINTR) continue;
+        if (n <= 0) {
+            if (n < 0) ret = n;
+            break;
+        }
+        fuse_session_process_buf(se, &buf);
+        awake_since = std::chrono::steady_clock::now();
+    }
+    std::free(buf.mem);
+    fuse_session_reset(se);
+    return ret;
+}
+
 struct SessionDestroy {
     void operator()(fuse_session* se) const { fuse_session_destroy(se); }
 };
@@ -322,6 +361,8 @@ int serve_image(const std::string& image_path, const std::string& mountpoint, co
         if (options.max_threads != 0) fuse_loop_cfg_set_max_threads(cfg, options.max_threads);
         ret = fuse_session_loop_mt(se.get(), cfg);
         fuse_loop_cfg_destroy(cfg);
+    } else if (options.poll_us != 0) {
+        ret = serve_polling(se.get(), options.poll_us);
     } else {
         ret = fuse_session_loop(se.get());
     }

@@ -140,7 +140,8 @@ Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string&
     ProcessRequest serve;
     std::string mountpoint = "/dev/fd/" + std::to_string(fuse.get());
     serve.argv = squashfuse ? std::vector<std::string>{daemon, "-f", image, mountpoint}
-                            : std::vector<std::string>{daemon, image, mountpoint};
+                            : std::vector<std::string>{daemon, "--poll-us=" + std::to_string(config.fuse_poll_us), image,
+                                                       mountpoint};
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     serve.inputs = {{fuse.get(), fuse.get()}, {STDERR_FILENO, STDERR_FILENO}};
     serve.death_signal = SIGKILL;

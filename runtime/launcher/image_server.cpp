@@ -166,7 +166,8 @@ Status start_server(const Setup& s, int dir, const std::string& path) {
                   std::to_string(s.id.inner_uid),
                   std::to_string(s.id.inner_gid),
                   std::to_string(s.spec->config.mount_idle_seconds),
-                  s.spec->config.fuse_server};
+                  s.spec->config.fuse_server,
+                  std::to_string(s.spec->config.fuse_poll_us)};
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     // stdout/stderr /dev/null: a server outlives the `gantry run` that started it and must not keep
     // its caller's output open; its errors come back on the socket pair.
@@ -362,7 +363,7 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
 }  // namespace
 
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
-                     const std::string& idle_seconds, const std::string& fuse_server) {
+                     const std::string& idle_seconds, const std::string& fuse_server, const std::string& poll_us) {
     int ready = 3;
     constexpr int dir = 4;
     if (::fcntl(ready, F_SETFD, FD_CLOEXEC) != 0 || ::fcntl(dir, F_SETFD, FD_CLOEXEC) != 0) {
@@ -372,6 +373,7 @@ int run_image_server(const std::string& image, const std::string& inner_uid, con
     auto number = [](const std::string& text) { return std::strtol(text.c_str(), nullptr, 10); };
     Config config;
     config.fuse_server = fuse_server == "squashfuse_ll" ? "squashfuse_ll" : "gantry";
+    config.fuse_poll_us = static_cast<int>(std::clamp<long>(number(poll_us), 0, 1000000));
     auto st = serve_image(image, static_cast<uid_t>(number(inner_uid)), static_cast<gid_t>(number(inner_gid)),
                           static_cast<int>(number(idle_seconds)), config, dir, ready);
     if (!st && ready >= 0) {

@@ -21,7 +21,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Propagation, {{Propagation::private_, "private"},
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PullLimits, max_layer_bytes, max_image_bytes, max_layer_entries)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Config, store_path, store_owner, private_images, runtime_path, scratch_path,
-                                   mount_backend, mount_idle_seconds, fuse_shared, fuse_server, compressor,
+                                   mount_backend, mount_idle_seconds, fuse_shared, fuse_server, fuse_poll_us, compressor,
                                    compression_level, block_size, max_connections, limits, insecure_registries,
                                    ca_bundle, host_dev, host_root, gpu, efa, efa_host_libs, pmix, pytorch, batch_srun,
                                    source)

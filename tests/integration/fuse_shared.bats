@@ -102,6 +102,34 @@ dev() { as "$1" "$GANTRY" run --backend fuse "$IMGDIR/img.sqsh" stat -c %d /data
   [ "$(servers "$TUSER")" = "$server" ]
 }
 
+# cpu_ticks PID: user + system CPU time of a process, in clock ticks (/proc/PID/stat fields 14, 15).
+cpu_ticks() { cut -d')' -f2- "/proc/$1/stat" | awk '{print $12 + $13}'; }
+
+@test "gantry-imagefs polls fuse_poll_us after a request, then sleeps: an idle server uses no CPU" {
+  as "$TUSER" "$GANTRY" run --name fuse-shared-a --detach --backend fuse "$IMGDIR/img.sqsh"
+  daemon=$(daemons "$TUSER")
+  [ "$(echo "$daemon" | wc -w)" -eq 1 ]
+  tr '\0' ' ' < "/proc/$daemon/cmdline" | grep -q -- '--poll-us=50 '   # the default
+  # Requests, then quiet: over two idle seconds a server still polling would use ~200 ticks.
+  as "$TUSER" "$GANTRY" exec fuse-shared-a sh -c 'for i in 1 2 3 4 5 6 7 8; do cat /data/marker /data/none-$i; done' >/dev/null 2>&1 || true
+  sleep 0.5
+  before=$(cpu_ticks "$daemon")
+  sleep 2
+  after=$(cpu_ticks "$daemon")
+  echo "daemon CPU ticks while idle: $((after - before))"
+  [ $((after - before)) -le 10 ]
+  as "$TUSER" "$GANTRY" stop fuse-shared-a
+  wait_servers_gone
+
+  # fuse_poll_us = 0: the daemon sleeps at once (libfuse's own loop); the container works the same.
+  printf 'mount_idle_seconds = 3\nfuse_poll_us = 0\n' > "$IMGDIR/nopoll.conf"
+  chmod 0644 "$IMGDIR/nopoll.conf"
+  GANTRY_CONFIG=$IMGDIR/nopoll.conf as "$TUSER" "$GANTRY" run --name fuse-shared-a --detach --backend fuse "$IMGDIR/img.sqsh"
+  daemon=$(daemons "$TUSER")
+  tr '\0' ' ' < "/proc/$daemon/cmdline" | grep -q -- '--poll-us=0 '
+  [ "$(as "$TUSER" "$GANTRY" exec fuse-shared-a cat /data/marker)" = served-once ]
+}
+
 @test "after mount_idle_seconds without a container the server, its daemon and its mount are gone" {
   d=$(dev "$TUSER")
   # The FUSE connection of that mount: /sys/fs/fuse/connections/<minor of st_dev>.

@@ -42,6 +42,13 @@ TEST_CASE("gantry.conf: values, comments and defaults") {
     REQUIRE(unshared.ok());
     CHECK_FALSE(unshared->fuse_shared);
     CHECK_FALSE(gantry::parse_config("fuse_shared = sometimes\n", "c").ok());
+    CHECK(c->fuse_poll_us == 50);  // gantry-imagefs polls 50 us after each request by default
+    auto no_poll = gantry::parse_config("fuse_poll_us = 0\n", "c");
+    REQUIRE(no_poll.ok());
+    CHECK(no_poll->fuse_poll_us == 0);
+    CHECK(gantry::parse_config("fuse_poll_us = 1000000\n", "c").ok());
+    CHECK_FALSE(gantry::parse_config("fuse_poll_us = 1000001\n", "c").ok());
+    CHECK_FALSE(gantry::parse_config("fuse_poll_us = -1\n", "c").ok());
     CHECK(c->fuse_server == "gantry");  // gantry-imagefs unless the admin falls back
     auto fallback = gantry::parse_config("fuse_server = squashfuse_ll\n", "c");
     REQUIRE(fallback.ok());

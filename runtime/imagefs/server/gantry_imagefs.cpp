@@ -21,6 +21,7 @@ int usage() {
         "  --readdirplus-auto     let the kernel choose readdir or readdirplus\n"
         "  --splice               reply to reads with splice\n"
         "  --timeout=SECONDS      entry and attribute timeout (default 1000000)\n"
+        "  --poll-us=N            keep polling for the next request N microseconds before sleeping\n"
         "  --report-requests      print request counts on stderr when unmounted\n"
         "  --debug                trace every request on stderr\n",
         stderr);
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
             options.readdirplus_auto = true;
         } else if (std::strcmp(a, "--splice") == 0) {
             options.splice = true;
+        } else if (numeric_option(a, "--poll-us", n)) {
+            options.poll_us = static_cast<unsigned>(n);
         } else if (numeric_option(a, "--timeout", n)) {
             options.timeout = static_cast<double>(n);
         } else if (std::strcmp(a, "--report-requests") == 0) {
