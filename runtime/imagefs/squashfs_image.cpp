@@ -265,17 +265,25 @@ struct SquashfsImage::Shared {
             if (stored == 0) return Error{"no inode " + std::to_string(ino), ENOENT, 0};
             ref = stored - 1;
         }
-        if (auto checked = check_inode_sizes(r, ref); !checked) return checked.error();
-        // The reference's block is relative to the inode table (libsquashfs adds its start).
-        sqfs_inode_generic_t* raw = nullptr;
-        if (sqfs_meta_reader_read_inode(r.inodes.get(), &super, ref >> 16, ref & 0xFFFF, &raw) != 0)
-            return corrupt("inode " + std::to_string(number));
-        InodePtr out(raw);
+        auto read = read_inode(r, ref);
+        if (!read) return corrupt("inode " + std::to_string(number));
+        InodePtr out = std::move(*read);
         // A directory entry that names one number and points at an inode of another would give two
         // kernel inodes one identity; refuse it.
         if (out->base.inode_number != number || file_type(out->base.type) == 0)
             return corrupt("inode " + std::to_string(number));
         return out;
+    }
+
+    // The inode at `ref` (block relative to the inode table << 16 | offset), its sizes checked first.
+    // Every inode is read through here.
+    Result<InodePtr> read_inode(Reader& r, uint64_t ref) {
+        GANTRY_TRY(check_inode_sizes(r, ref));
+        // libsquashfs adds the inode table's start to the block itself.
+        sqfs_inode_generic_t* raw = nullptr;
+        if (sqfs_meta_reader_read_inode(r.inodes.get(), &super, ref >> 16, ref & 0xFFFF, &raw) != 0)
+            return corrupt("inode at " + std::to_string(ref));
+        return InodePtr(raw);
     }
 
     // libsquashfs allocates an inode's variable part at the size its header states before reading
@@ -494,11 +502,9 @@ Result<std::unique_ptr<SquashfsImage>> SquashfsImage::open(const std::string& pa
 
     auto reader = s->make_reader();
     if (!reader) return reader.error().wrap(what);
-    sqfs_inode_generic_t* raw_root = nullptr;
-    if (sqfs_meta_reader_read_inode((*reader)->inodes.get(), &sb, s->root_ref >> 16, s->root_ref & 0xFFFF, &raw_root) !=
-        0)
-        return corrupt(what + ": root inode");
-    InodePtr root(raw_root);
+    auto read_root = s->read_inode(**reader, s->root_ref);
+    if (!read_root) return corrupt(what + ": root inode");
+    InodePtr root = std::move(*read_root);
     if (!is_dir(*root) || root->base.inode_number == 0 || root->base.inode_number > sb.inode_count)
         return corrupt(what + ": root inode");
     s->root_number = root->base.inode_number;
