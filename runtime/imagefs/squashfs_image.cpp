@@ -293,40 +293,34 @@ struct SquashfsImage::Shared {
     // takes at least 3 bytes on disk) nor than limits.max_file_blocks; a target no longer than PATH_MAX.
     Result<void> check_inode_sizes(Reader& r, uint64_t ref) {
         sqfs_meta_reader_t* m = r.inodes.get();
+        auto read = [m](auto& part) { return sqfs_meta_reader_read(m, &part, sizeof part) == 0; };
+        const auto bad = [ref](const std::string& what) { return corrupt(what + " at " + std::to_string(ref)); };
         sqfs_inode_t base{};
-        if (sqfs_meta_reader_seek(m, super.inode_table_start + (ref >> 16), ref & 0xFFFF) != 0 ||
-            sqfs_meta_reader_read(m, &base, sizeof base) != 0)
-            return corrupt("inode at " + std::to_string(ref));
+        if (sqfs_meta_reader_seek(m, super.inode_table_start + (ref >> 16), ref & 0xFFFF) != 0 || !read(base))
+            return bad("inode");
         uint64_t file_size = 0;
-        switch (le16toh(base.type)) {
-            case SQFS_INODE_FILE: {
-                sqfs_inode_file_t f{};
-                if (sqfs_meta_reader_read(m, &f, sizeof f) != 0) return corrupt("inode at " + std::to_string(ref));
-                file_size = le32toh(f.file_size);
-                break;
-            }
-            case SQFS_INODE_EXT_FILE: {
-                sqfs_inode_file_ext_t f{};
-                if (sqfs_meta_reader_read(m, &f, sizeof f) != 0) return corrupt("inode at " + std::to_string(ref));
-                file_size = le64toh(f.file_size);
-                break;
-            }
-            case SQFS_INODE_SLINK:
-            case SQFS_INODE_EXT_SLINK: {
-                sqfs_inode_slink_t l{};
-                if (sqfs_meta_reader_read(m, &l, sizeof l) != 0 || le32toh(l.target_size) >= PATH_MAX)
-                    return corrupt("symbolic link at " + std::to_string(ref));
-                return {};
-            }
-            default:
-                return {};
+        const unsigned type = le16toh(base.type);
+        if (type == SQFS_INODE_FILE) {
+            sqfs_inode_file_t f{};
+            if (!read(f)) return bad("inode");
+            file_size = le32toh(f.file_size);
+        } else if (type == SQFS_INODE_EXT_FILE) {
+            sqfs_inode_file_ext_t f{};
+            if (!read(f)) return bad("inode");
+            file_size = le64toh(f.file_size);
+        } else if (type == SQFS_INODE_SLINK || type == SQFS_INODE_EXT_SLINK) {
+            sqfs_inode_slink_t l{};
+            if (!read(l) || le32toh(l.target_size) >= PATH_MAX) return bad("symbolic link");
+            return {};
+        } else {
+            return {};
         }
         const uint64_t blocks = file_size / super.block_size + 1;
         const uint64_t table_bytes = super.directory_table_start > super.inode_table_start
                                          ? super.directory_table_start - super.inode_table_start
                                          : 0;
         if (blocks > limits.max_file_blocks || blocks * sizeof(sqfs_u32) > table_bytes / 3 * SQFS_META_BLOCK_SIZE)
-            return corrupt("file at " + std::to_string(ref) + " of " + std::to_string(file_size) + " bytes");
+            return bad("file of " + std::to_string(file_size) + " bytes");
         return {};
     }
 
