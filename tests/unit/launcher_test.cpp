@@ -831,6 +831,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     spec.config.limits.max_layer_entries = 17;
     spec.config.fuse_shared = false;  // the holder must see the admin's choice
     spec.config.fuse_server = "squashfuse_ll";
+    spec.config.fuse_poll_us = 7;  // and its gantry-imagefs polling (the per-container daemon's argv)
     spec.devices.devices = {{"/host/dev/nvidia0", "/dev/nvidia0"}};
     spec.devices.sysfs_views = {{"/sys/class/x", {{"a", "../../a"}}, {{"dev", "1:2\n"}}}};
     spec.holder_program = "/usr/libexec/gantry/gantry-holder";
@@ -846,6 +847,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(back->config.limits.max_layer_entries == 17);
     CHECK_FALSE(back->config.fuse_shared);
     CHECK(back->config.fuse_server == "squashfuse_ll");
+    CHECK(back->config.fuse_poll_us == 7);
     CHECK(back->devices.devices == spec.devices.devices);
     CHECK(back->devices.sysfs_views == spec.devices.sysfs_views);
     CHECK(back->unshare.net);
