@@ -58,8 +58,9 @@ struct Config {
     // squashfuse_ll (Debian's squashfuse, the fallback).
     std::string fuse_server = "gantry";
     // fuse backend, gantry-imagefs: microseconds its thread keeps asking for the next request after
-    // answering one before it sleeps (a request that comes meanwhile costs no wake-up); 0: sleep at once.
-    int fuse_poll_us = 50;
+    // answering one before it sleeps (a request that comes meanwhile costs no wake-up); 0: sleep at
+    // once. Off by default: it only helps where the server has an idle CPU (docs/runtime.md).
+    int fuse_poll_us = 0;
     // Squashfs compressor for new images: zstd | lz4 | gzip | xz | lzo | none, and block size.
     std::string compressor = "lz4";  // fastest to convert and to read (docs/squashfs.md)
     int compression_level = 0;       // 0: the compressor's default

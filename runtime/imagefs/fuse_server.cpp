@@ -14,7 +14,6 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <poll.h>
-#include <sched.h>
 
 #include <atomic>
 #include <chrono>
@@ -301,12 +300,9 @@ int serve_polling(fuse_session* se, unsigned poll_us) {
     while (!fuse_session_exited(se)) {
         int n = fuse_session_receive_buf(se, &buf);
         if (n == -EAGAIN) {
-            // Still polling: but first let whatever else could run on this CPU run (the client we
-            // just answered may share it, in a step's cpuset: spinning would only delay it).
-            if (std::chrono::steady_clock::now() - awake_since < budget) {
-                ::sched_yield();
-                continue;
-            }
+            // (Yielding here was measured worse: sched_yield hands the CPU to any other runnable
+            // task for its slice; docs/runtime.md.)
+            if (std::chrono::steady_clock::now() - awake_since < budget) continue;
             pollfd p{fd, POLLIN, 0};
             if (::poll(&p, 1, -1) < 0 && errno != EINTR) {
                 ret = -errno;
