@@ -23,7 +23,7 @@ struct ServerOptions {
     bool report_requests = false;   // one line of request counts on stderr when the mount goes
     // Single-threaded: after each request, keep asking /dev/fuse for the next one (non-blocking)
     // for this many microseconds before sleeping in poll(); 0: block in read() as libfuse does.
-    unsigned poll_us = 50;
+    unsigned poll_us = 0;
 };
 
 // Serves `image` at `mountpoint` ("/dev/fd/N": an already mounted /dev/fuse descriptor) until the

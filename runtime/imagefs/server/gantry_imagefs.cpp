@@ -21,7 +21,7 @@ int usage() {
         "  --readdirplus-auto     let the kernel choose readdir or readdirplus\n"
         "  --splice               reply to reads with splice\n"
         "  --timeout=SECONDS      entry and attribute timeout (default 1000000)\n"
-        "  --poll-us=N            keep polling for the next request N microseconds before sleeping\n"
+        "  --poll-us=N            keep polling for the next request N microseconds before sleeping (default 0)\n"
         "  --report-requests      print request counts on stderr when unmounted\n"
         "  --debug                trace every request on stderr\n",
         stderr);
