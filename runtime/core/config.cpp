@@ -59,6 +59,16 @@ Setter bool_key(bool Config::*field) {
     };
 }
 
+// A whole number within [lo, hi].
+Setter int_key(int Config::*field, long long lo, long long hi) {
+    return [field, lo, hi](Config& c, const std::string& v) -> Status {
+        auto n = parse_int(v, lo, hi);
+        if (!n) return n.error();
+        c.*field = static_cast<int>(*n);
+        return {};
+    };
+}
+
 Setter optional_bool_key(std::optional<bool> Config::*field) {
     return [field](Config& c, const std::string& v) -> Status {
         auto b = parse_bool(v);
@@ -113,28 +123,10 @@ const std::map<std::string, Setter>& setters() {
              c.pull_policy = v;
              return {};
          }},
-        {"import_progress_seconds",
-         [](Config& c, const std::string& v) -> Status {
-             auto n = parse_int(v, 0, 3600);
-             if (!n) return n.error();
-             c.import_progress_seconds = static_cast<int>(*n);
-             return {};
-         }},
-        {"mount_idle_seconds",
-         [](Config& c, const std::string& v) -> Status {
-             auto n = parse_int(v, 0, 7 * 24 * 3600);
-             if (!n) return n.error();
-             c.mount_idle_seconds = static_cast<int>(*n);
-             return {};
-         }},
+        {"import_progress_seconds", int_key(&Config::import_progress_seconds, 0, 3600)},
+        {"mount_idle_seconds", int_key(&Config::mount_idle_seconds, 0, 7 * 24 * 3600)},
         {"fuse_shared", bool_key(&Config::fuse_shared)},
-        {"fuse_poll_us",
-         [](Config& c, const std::string& v) -> Status {
-             auto n = parse_int(v, 0, 1000000);
-             if (!n) return n.error();
-             c.fuse_poll_us = static_cast<int>(*n);
-             return {};
-         }},
+        {"fuse_poll_us", int_key(&Config::fuse_poll_us, 0, 1000000)},
         {"fuse_server",
          [](Config& c, const std::string& v) -> Status {
              GANTRY_TRY(one_of(v, {"gantry", "squashfuse_ll"}));
@@ -147,13 +139,7 @@ const std::map<std::string, Setter>& setters() {
              c.compressor = v;
              return {};
          }},
-        {"compression_level",
-         [](Config& c, const std::string& v) -> Status {
-             auto n = parse_int(v, 0, 22);
-             if (!n) return n.error();
-             c.compression_level = static_cast<int>(*n);
-             return {};
-         }},
+        {"compression_level", int_key(&Config::compression_level, 0, 22)},
         {"block_size",
          [](Config& c, const std::string& v) -> Status {
              auto n = parse_int(v, 4096, 1048576);
@@ -162,13 +148,7 @@ const std::map<std::string, Setter>& setters() {
              c.block_size = static_cast<uint32_t>(*n);
              return {};
          }},
-        {"max_connections",
-         [](Config& c, const std::string& v) -> Status {
-             auto n = parse_int(v, 0, 256);
-             if (!n) return n.error();
-             c.max_connections = static_cast<int>(*n);
-             return {};
-         }},
+        {"max_connections", int_key(&Config::max_connections, 0, 256)},
         {"max_layer_bytes", limit_key(&PullLimits::max_layer_bytes)},
         {"max_image_bytes", limit_key(&PullLimits::max_image_bytes)},
         {"max_layer_entries", limit_key(&PullLimits::max_layer_entries)},
