@@ -70,9 +70,20 @@ struct ImageFile {
     uint64_t size = 0;
 };
 
+// Whether `bytes` from `start` lie within a file of `size` bytes (no overflow).
+bool lies_within(uint64_t start, uint64_t bytes, uint64_t size) {
+    return start <= size && bytes <= size - start;
+}
+
+// The metadata blocks (8 KiB each, decompressed) a table of `count` entries of `entry` bytes takes;
+// its block list holds one 8-byte start for each.
+uint64_t metadata_blocks(uint64_t count, size_t entry) {
+    return (count * entry + SQFS_META_BLOCK_SIZE - 1) / SQFS_META_BLOCK_SIZE;
+}
+
 int image_read_at(sqfs_file_t* file, sqfs_u64 offset, void* buffer, size_t size) {
     auto* f = reinterpret_cast<ImageFile*>(file);
-    if (offset > f->size || size > f->size - offset) return SQFS_ERROR_OUT_OF_BOUNDS;
+    if (!lies_within(offset, size, f->size)) return SQFS_ERROR_OUT_OF_BOUNDS;
     auto* p = static_cast<char*>(buffer);
     while (size > 0) {
         ssize_t n = ::pread(f->fd, p, size, static_cast<off_t>(offset));
@@ -423,10 +434,9 @@ Result<void> load_xattr_table(SquashfsImage::Shared& s) {
         return corrupt("xattr table");
     s.xattr_kv_start = le64toh(header.xattr_table_start);
     s.xattr_ids = le32toh(header.xattr_ids);
-    uint64_t blocks = (uint64_t{s.xattr_ids} * sizeof(sqfs_xattr_id_t) + SQFS_META_BLOCK_SIZE - 1) / SQFS_META_BLOCK_SIZE;
-    uint64_t list_start = sb.xattr_id_table_start + sizeof header;
-    if (s.xattr_kv_start >= sb.xattr_id_table_start || list_start > s.file.size ||
-        blocks * sizeof(uint64_t) > s.file.size - list_start)
+    const uint64_t blocks = metadata_blocks(s.xattr_ids, sizeof(sqfs_xattr_id_t));
+    const uint64_t list_start = sb.xattr_id_table_start + sizeof header;
+    if (s.xattr_kv_start >= sb.xattr_id_table_start || !lies_within(list_start, blocks * sizeof(uint64_t), s.file.size))
         return corrupt("xattr table");
     s.xattr_id_blocks.resize(blocks);
     if (blocks > 0 &&
@@ -480,13 +490,11 @@ Result<std::unique_ptr<SquashfsImage>> SquashfsImage::open(const std::string& pa
     // libsquashfs reads the whole fragment table into each Reader, sized by the super block's count
     // alone: bound the count first. Each fragment block holds the tail of at least one file, so there
     // are never more than inodes, and the table's block list must lie inside the file.
-    if (sb.fragment_entry_count > 0) {
-        uint64_t blocks = (uint64_t{sb.fragment_entry_count} * sizeof(sqfs_fragment_t) + SQFS_META_BLOCK_SIZE - 1) /
-                          SQFS_META_BLOCK_SIZE;
-        if (sb.fragment_entry_count > limits.max_fragments || sb.fragment_entry_count > sb.inode_count ||
-            sb.fragment_table_start >= s->file.size || blocks * sizeof(uint64_t) > s->file.size - sb.fragment_table_start)
-            return corrupt(what + ": fragment table");
-    }
+    if (sb.fragment_entry_count > 0 &&
+        (sb.fragment_entry_count > limits.max_fragments || sb.fragment_entry_count > sb.inode_count ||
+         !lies_within(sb.fragment_table_start,
+                      metadata_blocks(sb.fragment_entry_count, sizeof(sqfs_fragment_t)) * sizeof(uint64_t), s->file.size)))
+        return corrupt(what + ": fragment table");
     if (s->xattrs) {
         if (auto loaded = load_xattr_table(*s); !loaded) return loaded.error().wrap(what);
     }
