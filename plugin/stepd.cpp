@@ -208,6 +208,14 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
     auto prepared = container_spec_for(std::move(spec));
     if (!prepared) return prepared.error();
+    // The fuse backend: the containers of this job on this node share one image server (per image and
+    // inner ids), placed in the job's cgroups and ended with the job (task_forked, clean_up_job). Not
+    // for a named container that outlives the job (container_scope=global): it keeps its own daemon.
+    if (name.empty() || settings.container_scope == "job") {
+        char host[HOST_NAME_MAX + 1] = {};
+        (void)::gethostname(host, sizeof host - 1);
+        prepared->spec.fuse_server_scope = "job " + std::to_string(id->jobid) + " on " + host;
+    }
     ContainerEdits* edits = &prepared->spec.devices;
     // Warnings (memlock for EFA, stale driver libraries) go to the slurmd log here, and to the user's
     // terminal from the first task of node 0 (join_step): this hook's output never reaches srun.
@@ -228,6 +236,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     auto created = Container::create(made);
     if (!created) return created.error();
     st.joined = created->state();
+    if (auto recorded = record_job_image_server(st.config, id->jobid, st.joined); !recorded)
+        log::warning("recording the job's image server: " + recorded.error().message);
     if (name.empty()) st.cgroup_level = CgroupLevel::step;
     else if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
     if (name.empty()) {
@@ -286,6 +296,10 @@ void task_forked(spank_t sp) {
     // post-fork hook returned: the holder joins it there (or in the job's, for a named container).
     if (auto placed = place_in_cgroups_of(task, st.joined, *st.cgroup_level); !placed)
         log::warning("placing the container holder in the step's cgroups: " + placed.error().message);
+    // The job's shared image server (when this container's holder found or started one) belongs to
+    // the job, not to this step: it serves the job's later steps too, and the job epilog ends it.
+    if (auto placed = place_image_server_in_job_cgroups(task, st.joined); !placed)
+        log::warning("placing the job's image server in the job's cgroups: " + placed.error().message);
 }
 
 void task_exited(spank_t sp, const Settings& settings) {

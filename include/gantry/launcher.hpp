@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -82,6 +83,11 @@ struct ContainerSpec {
     ContainerEdits devices;
     // The gantry-holder program that holds the container (an absolute path); "" -> default_holder_program().
     std::string holder_program;
+    // The fuse backend's shared image servers (image_server.cpp) for a holder root starts for a user:
+    // non-empty (the plugin: "job 12 on node3"), such a holder uses the user's server of that scope
+    // (the job's containers on the node share it; the plugin moves it into the job's cgroups and ends
+    // it with the job). Empty, it keeps a daemon of its own. A user's own holders share by cgroup.
+    std::string fuse_server_scope;
 };
 
 // ContainerSpec as a JSON document and back: how the creator hands it to the gantry-holder program.
@@ -124,6 +130,10 @@ struct ContainerState {
     ExtraNamespaces unshare;
     std::string backend;
     ProcessDefaults defaults;
+    // The shared fuse image server the container's image comes from (-1: none), as its holder found
+    // it (SO_PEERCRED) when the container was made; not kept in the state file.
+    pid_t server_pid = -1;
+    unsigned long long server_start_time = 0;
 };
 
 // A command to run inside: argv empty -> the image's Cmd (with entrypoint rules), else /bin/sh.
@@ -191,6 +201,16 @@ Status join(const ContainerState& state, const JoinHandles& handles);
 // Returns the first failure but tries every hierarchy.
 enum class CgroupLevel { step, job };
 Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel level);
+
+// The fuse image server a job's containers share on a node (ContainerSpec::fuse_server_scope; the
+// plugin, root only). record_job_image_server notes the container's server (state.server_pid, its
+// start time, the owner) in <runtime_dir>/servers/job_JOBID; place_image_server_in_job_cgroups moves
+// it and its children (the FUSE daemon) into the job's cgroups of `model`, like place_in_cgroups_of;
+// end_job_image_servers (the job epilog) SIGKILLs the recorded servers that are still those
+// processes, forgets them, and returns how many it killed.
+Status record_job_image_server(const Config& config, uint32_t jobid, const ContainerState& state);
+Status place_image_server_in_job_cgroups(pid_t model, const ContainerState& state);
+int end_job_image_servers(const Config& config, uint32_t jobid);
 
 // How much of the caller's environment enters the container.
 enum class EnvironmentRule {

@@ -345,6 +345,7 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     Container c;
     std::istringstream in(reply.substr(3));
     in >> c.state_.holder_pid >> c.state_.holder_start_time;
+    if (!(in >> c.state_.server_pid >> c.state_.server_start_time)) c.state_.server_pid = -1;  // no shared server
     c.state_.name = spec.name;
     c.state_.uid = s.id.uid;
     c.state_.unshare = spec.unshare;

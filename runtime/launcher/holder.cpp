@@ -38,12 +38,14 @@ namespace launcher {
 namespace {
 
 // The fuse backend's image comes from the user's shared image server (image_server.cpp) when
-// gantry.conf's fuse_shared allows it and the holder acts for itself. Not for a holder root
-// started for a job user (the plugin): the server would live in the step's cgroup and its user
-// namespace would need maps that only the user can write (docs/runtime.md). A server that cannot
-// be used is said on stderr, and the container gets a daemon of its own.
+// gantry.conf's fuse_shared allows it: for a holder acting for itself, one server per cgroup; for a
+// holder root started for a job user (the plugin), only where the creator named a scope (its job on
+// this node), since a server outside the step must be placed in the job and ended with it by root.
+// Such a holder then joins the server's user namespace, which the user made (as the one root
+// writes maps for is the user's), and stays non-dumpable itself. A server that cannot be used is
+// said on stderr (/dev/null for root's holders), and the container gets a daemon of its own.
 void share_fuse_image(Setup& s) {
-    if (!s.spec->config.fuse_shared || s.creator_writes_maps) return;
+    if (!s.spec->config.fuse_shared || (s.creator_writes_maps && s.spec->fuse_server_scope.empty())) return;
     // The admin's word on /dev/fuse holds for every container, even where a live server could serve
     // it without opening the device again: without access, mount_image_fuse says why.
     if (!fuse_accessible(s.spec->config)) return;
@@ -126,8 +128,9 @@ void send_line(int fd, const std::string& line) {
         if (s.rw_scratch_dir) launcher::remove_tree(s.rw_scratch_dir.get(), s.rw_scratch_name);
         ::_exit(1);
     }
-    send_line(channel,
-              "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid())));
+    std::string ok = "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid()));
+    if (s.server_pid > 0) ok += " " + std::to_string(s.server_pid) + " " + std::to_string(s.server_start_time);
+    send_line(channel, ok);
     ::close(channel);
     while (true) {
         siginfo_t info{};

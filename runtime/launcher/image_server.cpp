@@ -29,7 +29,9 @@
 // and of /proc/self/cgroup: never shared across users (the directory is the user's), across id maps
 // (--remap-root sees the image's root-owned files as root, others as nobody) or across cgroups (a
 // server lives in the cgroup of the holder that started it; Slurm kills a step's cgroup at its end,
-// so a server shared across cgroups could vanish under a container of another step).
+// so a server shared across cgroups could vanish under a container of another step). For a holder
+// root started for a job user, the plugin's scope (its job on this node) replaces the cgroups: the
+// plugin moves the server into the job's cgroups and its epilog ends it (cgroups.cpp).
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -89,8 +91,12 @@ Result<std::string> server_key(const Setup& s) {
     if (!image) return image.error();
     // The server program is part of the key: changing gantry.conf's fuse_server takes effect at the
     // next container, not when an old server happens to go.
+    // A holder root started for a job user shares within the scope the plugin named (its job on this
+    // node), any other within its cgroups.
+    std::string where = s.spec->fuse_server_scope.empty() ? try_read_file("/proc/self/cgroup").value_or("")
+                                                          : "scope " + s.spec->fuse_server_scope;
     std::string scope = s.spec->config.fuse_server + "\n" + std::to_string(s.id.inner_uid) + ":" +
-                        std::to_string(s.id.inner_gid) + "\n" + try_read_file("/proc/self/cgroup").value_or("");
+                        std::to_string(s.id.inner_gid) + "\n" + where;
     return *image + "-" + digest_hex(Sha256::of(scope)).substr(0, 16);
 }
 
@@ -109,12 +115,14 @@ sockaddr_un socket_address(int dir) {
     return addr;
 }
 
-uid_t peer_uid(int sock) {
-    ucred cred{};
+ucred peer_of(int sock) {
+    ucred cred{-1, static_cast<uid_t>(-1), static_cast<gid_t>(-1)};
     socklen_t len = sizeof cred;
-    if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return static_cast<uid_t>(-1);
-    return cred.uid;
+    if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return {-1, static_cast<uid_t>(-1), static_cast<gid_t>(-1)};
+    return cred;
 }
+
+uid_t peer_uid(int sock) { return peer_of(sock).uid; }
 
 Result<UniqueFd> connect_server(int dir, const std::string& path) {
     UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -219,6 +227,10 @@ Status attach_image_server(Setup& s) {
         if (!conn) return conn.error();
     }
     GANTRY_TRY(receive_image(conn->get(), s, path));
+    // Who serves us, for a root creator that places the server in the job's cgroups and ends it with
+    // the job (the plugin): the process that listens, a process of ours (connect_server checked).
+    s.server_pid = peer_of(conn->get()).pid;
+    s.server_start_time = s.server_pid > 0 ? process_start_time(s.server_pid) : 0;
     s.image_lease = std::move(*conn);
     return {};
 }

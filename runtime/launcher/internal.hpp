@@ -57,6 +57,8 @@ struct Setup {
                                   // fuse: the connection to the user's image server (image_server.cpp)
     UniqueFd server_userns;       // fuse, shared: the image server's user namespace, which the container joins
     UniqueFd image_tree;          // fuse, shared: a detached clone of the server's mount, attached at image_dir
+    pid_t server_pid = -1;        // fuse, shared: the server (its socket's peer) and its start time,
+    unsigned long long server_start_time = 0;  // reported to the creator with "ok" 
     UniqueFd scratch_dir;         // extract backend: directory holding the unpacked tree
     std::string scratch_name;     // its entry in scratch_dir, removed when the holder exits
     UniqueFd rw_scratch_dir;      // --writable: scratch_path, holding the overlay's upper layer

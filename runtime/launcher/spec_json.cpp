@@ -38,7 +38,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerEdits, devices, mounts, symlinks, sy
                                    warnings, summary)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerSpec, image_path, image_trusted, image_config, backend, mounts, writable,
                                    remap_root, mount_home, unshare, workdir, env_names, env_values, uid, gid, name,
-                                   detach, config, devices, holder_program)
+                                   detach, config, devices, holder_program, fuse_server_scope)
 
 std::string container_spec_to_json(const ContainerSpec& spec) {
     return nlohmann::json(spec).dump();

@@ -95,8 +95,8 @@ slurmd_alive() {
   [ "$status" -eq 0 ]
   [ "$output" -ge 1 ]
   sleep 1
-  # Any fuse daemon left is a user's shared image server's (gantry run in another suite, whose
-  # server lives until mount_idle_seconds), never the step's: the plugin's holders use their own.
+  # Any fuse daemon left is an image server's (the job's, until its epilog ends it, or a gantry run's
+  # in another suite, until mount_idle_seconds), never one the step's holder ran itself.
   for p in $(pgrep -x 'gantry-imagefs|squashfuse_ll'); do
     parent=$(ps -o ppid= -p "$p" | tr -d ' ')
     tr '\0' ' ' <"/proc/$parent/cmdline" | grep -q -- ' --serve-image ' || { echo "step daemon $p left"; false; }

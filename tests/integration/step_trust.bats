@@ -197,11 +197,24 @@ __attribute__((constructor)) static void flood(void) {
   [ -n "$holder" ]
   fds=$(for f in /proc/"$holder"/fd/*; do printf '%s -> %s\n' "${f##*/}" "$(readlink "$f")"; done)
   echo "$fds"
+  # A socket it may hold: its connection to the job's fuse image server (the fuse backend's lease).
+  # Which process is at the other end (ss, in the node's network namespace, where the holder is):
+  sockets=$(echo "$fds" | sed -n 's/.* -> socket:\[\([0-9]*\)\]$/\1/p')
+  peers=
+  for ino in $sockets; do
+    table=$(nsenter --net="/proc/$holder/ns/net" ss -xpn)
+    peer=$(echo "$table" | awk -v i="$ino" '$6 == i { print $8 }')
+    owner=$(echo "$table" | awk -v i="$peer" '$6 == i' | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+    peers="$peers $(tr '\0' ' ' <"/proc/${owner:-0}/cmdline" 2>/dev/null | cut -c1-200)|"
+  done
+  echo "socket peers:$peers"
   pkill -u "$U" -f 'sleep 300' || true
   wait "$step" || true
-  # stdio is /dev/null, and nothing is a socket or a file of the Slurm harness (slurmd.log, spool).
+  # stdio is /dev/null, and nothing is a socket (but the image server's) or a file of the Slurm
+  # harness (slurmd.log, spool).
   [ "$(echo "$fds" | awk '$1 <= 2' | grep -vc ' -> /dev/null$')" -eq 0 ]
-  ! echo "$fds" | grep -q 'socket:' || false
+  [ "$(echo "$sockets" | grep -c .)" -le 1 ]
+  [ -z "$sockets" ] || [[ "$peers" == *" --serve-image "* ]]
   ! echo "$fds" | grep -qF "$GANTRY_SLURM_STATE" || false
   ! echo "$fds" | grep -q '\.log$' || false
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -835,6 +836,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     spec.devices.devices = {{"/host/dev/nvidia0", "/dev/nvidia0"}};
     spec.devices.sysfs_views = {{"/sys/class/x", {{"a", "../../a"}}, {{"dev", "1:2\n"}}}};
     spec.holder_program = "/usr/libexec/gantry/gantry-holder";
+    spec.fuse_server_scope = "job 12 on node3";  // the plugin's: which image server the holder may share
 
     std::string text = container_spec_to_json(spec);
     auto back = container_spec_from_json(text);
@@ -850,6 +852,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(back->config.fuse_poll_us == 7);
     CHECK(back->devices.devices == spec.devices.devices);
     CHECK(back->devices.sysfs_views == spec.devices.sysfs_views);
+    CHECK(back->fuse_server_scope == "job 12 on node3");
     CHECK(back->unshare.net);
     CHECK_FALSE(back->unshare.ipc);
 
@@ -877,3 +880,71 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(rq_back->parent == 77);
     CHECK(rq_back->creator_writes_maps);
 }
+
+TEST_CASE("a job's image servers: recorded, then ended with the job only while they are the recorded processes") {
+    char tmpl[] = "/tmp/gantry-test-servers-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    std::string dir = tmpl;
+    Config config;
+    config.runtime_path = dir;  // root's runtime_dir; another user's is its XDG/tmp one
+    const char* old_xdg = std::getenv("XDG_RUNTIME_DIR");
+    std::string saved_xdg = old_xdg != nullptr ? old_xdg : "";
+    if (::geteuid() != 0) ::setenv("XDG_RUNTIME_DIR", dir.c_str(), 1);
+    std::string rdir = runtime_dir(config);
+    ::mkdir(rdir.c_str(), 0700);
+    auto spawn_sleeper = [] {
+        pid_t p = ::fork();
+        if (p == 0) {
+            ::execlp("sleep", "sleep", "300", static_cast<char*>(nullptr));
+            ::_exit(127);
+        }
+        return p;
+    };
+    pid_t a = spawn_sleeper(), b = spawn_sleeper(), c = spawn_sleeper();
+    REQUIRE((a > 0 && b > 0 && c > 0));
+    auto state_of = [](pid_t p, unsigned long long start, uid_t uid) {
+        ContainerState st;
+        st.server_pid = p;
+        st.server_start_time = start;
+        st.uid = uid;
+        return st;
+    };
+    uid_t me = ::geteuid();
+    // a: the real server of job 7; b: recorded with a start time it does not have (its pid since
+    // reused); c: recorded as another user's; job 8's record names a too.
+    REQUIRE(record_job_image_server(config, 7, state_of(a, launcher::process_start_time(a), me)).ok());
+    REQUIRE(record_job_image_server(config, 7, state_of(a, launcher::process_start_time(a), me)).ok());  // steps 2..n
+    REQUIRE(record_job_image_server(config, 7, state_of(b, launcher::process_start_time(b) + 1, me)).ok());
+    REQUIRE(record_job_image_server(config, 7, state_of(c, launcher::process_start_time(c), me + 1)).ok());
+    REQUIRE(record_job_image_server(config, 7, state_of(-1, 0, me)).ok());  // no server: nothing recorded
+    REQUIRE(record_job_image_server(config, 8, state_of(a, launcher::process_start_time(a), me)).ok());
+    struct stat sb {};
+    REQUIRE(::stat((rdir + "/servers").c_str(), &sb) == 0);
+    CHECK((sb.st_mode & 077) == 0);
+
+    CHECK(end_job_image_servers(config, 9) == 0);  // nothing recorded for job 9
+    CHECK(end_job_image_servers(config, 7) == 1);
+    int status = 0;
+    REQUIRE(::waitpid(a, &status, 0) == a);
+    CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+    CHECK(::waitpid(b, &status, WNOHANG) == 0);  // still running: not the recorded process
+    CHECK(::waitpid(c, &status, WNOHANG) == 0);
+    CHECK(::access((rdir + "/servers/job_7").c_str(), F_OK) != 0);  // forgotten
+    CHECK(end_job_image_servers(config, 7) == 0);
+    CHECK(end_job_image_servers(config, 8) == 0);  // a is gone (reaped): nothing to kill
+
+    // The record's directory must be ours and closed to others.
+    std::string own = rdir + "/servers";
+    REQUIRE(::chmod(own.c_str(), 0777) == 0);
+    CHECK_FALSE(record_job_image_server(config, 10, state_of(b, launcher::process_start_time(b), me)).ok());
+
+    for (pid_t p : {b, c}) {
+        ::kill(p, SIGKILL);
+        ::waitpid(p, nullptr, 0);
+    }
+    if (old_xdg != nullptr) ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
+    else ::unsetenv("XDG_RUNTIME_DIR");
+    std::string rm = "rm -rf '" + dir + "'";
+    CHECK(std::system(rm.c_str()) == 0);
+}
+
