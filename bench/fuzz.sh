@@ -7,7 +7,8 @@
 # SECONDS is wall-clock time; with GANTRY_FUZZ_CLOCK=cpu it is the fuzzer's own CPU time (user+sys,
 # read from /proc), so a campaign run niced beside other work still gets its full share: the fuzzer is
 # stopped with SIGINT (libFuzzer prints its final stats) once it has used that much CPU.
-# Prints a summary line: execs, execs/s, cov, ft, CPU and wall seconds, corpus growth.
+# Prints a summary line: execs, execs/s (of the last piece), cov, ft, CPU and wall seconds, corpus
+# growth, and how many timeouts were found to be starvation (below).
 # Usage: bench/fuzz.sh TARGET [SECONDS] [extra libFuzzer flags, e.g. -jobs=2 -workers=2]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,28 +38,53 @@ cpu_of() {  # user+sys seconds of a running process (fields 14 and 15 of /proc/P
   set -- $f
   echo $(( (${12} + ${13}) / tick ))
 }
+# A niced fuzzer can be starved (a build, CI) for longer than libFuzzer's -timeout, which is wall
+# time: it then reports a timeout on an input that takes milliseconds. Under the CPU clock such a
+# timeout is checked: its input runs again alone, and if that takes under a CPU second the artifact
+# is set aside as starved-<name> and the campaign goes on from its corpus for the CPU time left
+# (each piece's libFuzzer log is kept as $log.N). A real timeout (or any other finding) ends it.
 rc=0
 t0=$SECONDS
-"$bin" -max_total_time="$limit" -timeout=10 -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 \
-  -artifact_prefix="$build/artifacts/$target-" "$@" "$work" >"$log" 2>&1 &
-pid=$!
-cpu=0
-while kill -0 "$pid" 2>/dev/null; do
-  cpu=$(cpu_of "$pid") || break
-  if [ "$clock" = cpu ] && [ "$cpu" -ge "$seconds" ]; then kill -INT "$pid"; break; fi
-  sleep 5
+used=0 piece=0 starved=0 execs=0
+while :; do
+  piece=$((piece + 1))
+  "$bin" -max_total_time="$limit" -timeout=10 -rss_limit_mb=2048 -max_len=$maxlen -print_final_stats=1 \
+    -artifact_prefix="$build/artifacts/$target-" "$@" "$work" >"$log.$piece" 2>&1 &
+  pid=$!
+  cpu=0
+  while kill -0 "$pid" 2>/dev/null; do
+    now=$(cpu_of "$pid") || break
+    cpu=$now
+    if [ "$clock" = cpu ] && [ $((used + cpu)) -ge "$seconds" ]; then kill -INT "$pid"; break; fi
+    sleep 5
+  done
+  rc=0
+  wait "$pid" || rc=$?
+  used=$((used + cpu))
+  cp "$log.$piece" "$log"
+  n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  execs=$((execs + ${n:-0}))
+  # libFuzzer exits 72 after a SIGINT it asked for; that is the end of a CPU-clock run, not a finding.
+  if [ "$clock" = cpu ] && [ "$rc" -eq 72 ] && ! grep -qE 'ERROR: |runtime error|invariant' "$log"; then rc=0; fi
+  if [ "$clock" != cpu ] || [ "$rc" -eq 0 ] || ! grep -q 'ERROR: libFuzzer: timeout' "$log"; then break; fi
+  art=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
+  [ -f "$art" ] || break
+  TIMEFORMAT='%U %S'
+  took=$({ time "$bin" "$art" >/dev/null 2>&1; } 2>&1 | tail -1) || break
+  [ "$(echo "$took" | awk '{ print ($1 + $2 < 1) }')" = 1 ] || break
+  echo "bench/fuzz.sh: $target: a timeout after $((used)) CPU s on an input that runs in $took s (user, sys) alone: starved, going on"
+  mv "$art" "$(dirname "$art")/starved-$(basename "$art")"
+  starved=$((starved + 1))
+  [ "$used" -lt "$seconds" ] || break
 done
-wait "$pid" || rc=$?
+cpu=$used
 wall=$((SECONDS - t0))
-# libFuzzer exits 72 after a SIGINT it asked for; that is the end of a CPU-clock run, not a finding.
-if [ "$clock" = cpu ] && [ "$rc" -eq 72 ] && ! grep -qE 'ERROR: |runtime error|invariant' "$log"; then rc=0; fi
 grep -E '^#[0-9]+ *DONE|ERROR|runtime error|invariant|Test unit written|stat::' "$log" || true
-execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
 cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
 ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
 before=$(ls "$seeds" | wc -l)
 "$bin" -merge=1 -max_len=$maxlen "$seeds" "$work" >/dev/null 2>&1
-echo "bench/fuzz.sh: $target: execs ${execs:-?} execs/s ${speed:-?} cov ${cov:-?} ft ${ft:-?}" \
-  "cpu ${cpu}s wall ${wall}s corpus $before -> $(ls "$seeds" | wc -l) files (rc $rc)"
+echo "bench/fuzz.sh: $target: execs $execs execs/s ${speed:-?} cov ${cov:-?} ft ${ft:-?}" \
+  "cpu ${cpu}s wall ${wall}s corpus $before -> $(ls "$seeds" | wc -l) files, $starved starved timeouts (rc $rc)"
 exit "$rc"
