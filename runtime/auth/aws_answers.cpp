@@ -140,8 +140,9 @@ Result<EcrToken> parse_ecr_token_answer(std::string_view body, std::time_t now, 
     t.expires_at = now + 12 * 3600;
     if (d.contains("expiresAt") && d["expiresAt"].is_number()) {
         double at = d["expiresAt"].get<double>();
-        // A time in range; anything else (NaN, ±inf, beyond time_t) keeps the 12-hour default.
-        if (std::isfinite(at) && at > 0 && at < 1e15) t.expires_at = static_cast<std::time_t>(std::floor(at));
+        // A time in range; anything else (NaN, ±inf, beyond time_t, before 1970-01-01T00:00:01, which
+        // would floor to 0: "no expiry known" in the token cache) keeps the 12-hour default.
+        if (std::isfinite(at) && at >= 1 && at < 1e15) t.expires_at = static_cast<std::time_t>(std::floor(at));
     }
     return t;
 }

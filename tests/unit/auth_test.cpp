@@ -613,6 +613,18 @@ TEST_CASE("credential JSON (IMDS, container endpoint, credential_process) and EC
         "ecr");
     REQUIRE(no_expiry.ok());
     CHECK(no_expiry->expires_at == now + 12 * 3600);
+    // Below one second after the epoch (it would floor to 0, "unknown"): the default too; 1 is a time.
+    auto expiry_at = [&](const std::string& value) {
+        return auth::parse_ecr_token_answer(R"({"authorizationData":[{"authorizationToken":")" + base64_encode("AWS:p") +
+                                                R"(","expiresAt":)" + value + "}]}",
+                                            now, "ecr")
+            ->expires_at;
+    };
+    CHECK(expiry_at("0.5") == now + 12 * 3600);
+    CHECK(expiry_at("0") == now + 12 * 3600);
+    CHECK(expiry_at("-3") == now + 12 * 3600);
+    CHECK(expiry_at("1") == 1);
+    CHECK(expiry_at("1.9") == 1);
     CHECK(auth::parse_ecr_token_answer(R"({"authorizationData":[]})", now, "ecr").error().message ==
           "ecr: unexpected answer");
     CHECK(auth::parse_ecr_token_answer(R"({"authorizationData":[{"authorizationToken":7}]})", now, "ecr")
