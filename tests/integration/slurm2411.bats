@@ -97,9 +97,17 @@ slurmd_alive() {
   sleep 1
   # Any fuse daemon left is an image server's (the job's, until its epilog ends it, or a gantry run's
   # in another suite, until mount_idle_seconds), never one the step's holder ran itself.
+  # The job's server may be ending just now (the epilog SIGKILLs it; its daemon follows, orphaned for
+  # a moment): a daemon counts as left only if it outlives 5 s without a server as its parent.
   for p in $(pgrep -x 'gantry-imagefs|squashfuse_ll'); do
-    parent=$(ps -o ppid= -p "$p" | tr -d ' ')
-    tr '\0' ' ' <"/proc/$parent/cmdline" | grep -q -- ' --serve-image ' || { echo "step daemon $p left"; false; }
+    for i in $(seq 25); do
+      parent=$(ps -o ppid= -p "$p" | tr -d ' ')
+      [ -n "$parent" ] || break
+      tr '\0' ' ' <"/proc/$parent/cmdline" 2>/dev/null | grep -q -- ' --serve-image ' && break
+      sleep 0.2
+    done
+    [ -z "$parent" ] || tr '\0' ' ' <"/proc/$parent/cmdline" 2>/dev/null | grep -q -- ' --serve-image ' ||
+      { echo "step daemon $p left (parent $parent)"; false; }
   done
   slurmd_alive
 }
