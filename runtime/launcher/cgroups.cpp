@@ -6,7 +6,6 @@
 // into the job's cgroups, and is recorded in root's runtime directory so that the job's epilog
 // ends it whatever the process tracking (linuxproc, cgroup v2: a job cgroup takes no process).
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -156,11 +155,7 @@ Status record_job_image_server(const Config& config, uint32_t jobid, const Conta
     // runtime directory (made 0700 here, never a user's path; O_NOFOLLOW). Only numbers go in: the
     // pid our holder found serving it, its start time, the container's owner.
     if (state.server_pid <= 0) return {};
-    std::string dir = runtime_dir(config) + "/servers";
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return system_error("creating " + dir);
-    struct stat st {};
-    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0)
-        return make_error("refusing " + dir + ": not a directory of ours that only we can write");
+    GANTRY_TRY(launcher::ensure_own_dir(runtime_dir(config) + "/servers", 0700, true, "the image servers' directory"));
     std::string path = job_servers_file(config, jobid);
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd) return system_error("opening " + path);

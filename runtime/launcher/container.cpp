@@ -65,16 +65,25 @@ std::string runtime_dir(const Config& config) {
     return "/tmp/gantry-" + std::to_string(::geteuid());
 }
 
+namespace launcher {
+
+Status ensure_own_dir(const std::string& dir, mode_t mode, bool closed, const std::string& what) {
+    if (::mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) return system_error("creating " + what + " " + dir);
+    struct stat st {};
+    // In a shared /tmp somebody else could have made the directory first: it must be ours.
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+        (closed && (st.st_mode & 022) != 0))
+        return make_error(what + " " + dir + " is not a directory owned by uid " + std::to_string(::geteuid()) +
+                          (closed ? " that only it can write" : ""));
+    return {};
+}
+
+}  // namespace launcher
+
 namespace {
 
 Status ensure_private_dir(const std::string& dir) {
-    if (::mkdir(dir.c_str(), ::geteuid() == 0 ? 0755 : 0700) != 0 && errno != EEXIST)
-        return system_error("creating runtime directory " + dir);
-    struct stat st {};
-    // In a shared /tmp somebody else could have made the directory first: it must be ours.
-    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
-        return make_error("runtime directory " + dir + " is not a directory owned by uid " + std::to_string(::geteuid()));
-    return {};
+    return launcher::ensure_own_dir(dir, ::geteuid() == 0 ? 0755 : 0700, false, "runtime directory");
 }
 
 bool valid_name(const std::string& n) {

@@ -116,10 +116,10 @@ sockaddr_un socket_address(int dir) {
 }
 
 ucred peer_of(int sock) {
-    ucred cred{-1, static_cast<uid_t>(-1), static_cast<gid_t>(-1)};
+    const ucred none{-1, static_cast<uid_t>(-1), static_cast<gid_t>(-1)};
+    ucred cred = none;
     socklen_t len = sizeof cred;
-    if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return {-1, static_cast<uid_t>(-1), static_cast<gid_t>(-1)};
-    return cred;
+    return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred : none;
 }
 
 uid_t peer_uid(int sock) { return peer_of(sock).uid; }

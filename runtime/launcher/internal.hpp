@@ -125,6 +125,10 @@ Status attach_served_image(Setup& s);
 Status bind_extracted_image(Setup& s);
 void remove_tree(int dirfd, const std::string& name);
 
+// container.cpp: makes DIR (with `mode`) unless it exists, then checks that it is a directory (not a
+// symlink) owned by us and, with `closed`, that nobody else may write it; `what` names it in errors.
+Status ensure_own_dir(const std::string& dir, mode_t mode, bool closed, const std::string& what);
+
 // privileged.cpp
 bool running_as_real_root();
 // Root-owned (or owned by gantry.conf's store_owner account) and not writable by others, file and
