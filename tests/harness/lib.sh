@@ -180,11 +180,14 @@ PY
 # (debootstrap --variant=minbase bookworm; /dev and apt caches emptied, like Debian's container images)
 # and print its path. Shared by the test images, packaging/test-install.sh and the deployment builds.
 gantry_bookworm_minbase_tar() {
-  local cache=$GANTRY_HARNESS_DIR/cache tarball mirror tmp
+  local cache=$GANTRY_HARNESS_DIR/cache tarball mirror tmp lock_fd
   tarball=$cache/debian-bookworm-minbase.tar
+  mkdir -p "$cache"
+  # One debootstrap at a time (CTest's two lanes may both ask first); the others wait and reuse it.
+  exec {lock_fd}>"$cache/debian-bookworm-minbase.lock"
+  flock "$lock_fd"
   if [ ! -s "$tarball" ]; then
     gantry_require_cmd debootstrap debootstrap
-    mkdir -p "$cache"
     mirror=$(gantry_debian_mirror) || gantry_die "no bookworm mirror in /etc/apt/sources.list*; set GANTRY_TEST_DEBIAN_MIRROR"
     gantry_note "debootstrap --variant=minbase bookworm from $mirror (about a minute; cached as $tarball)"
     tmp=$(mktemp -d "$cache/debootstrap.XXXXXX")
@@ -199,6 +202,7 @@ gantry_bookworm_minbase_tar() {
     mv -f "$tarball.tmp" "$tarball"
     rm -rf --one-file-system "$tmp"
   fi
+  exec {lock_fd}>&-
   echo "$tarball"
 }
 

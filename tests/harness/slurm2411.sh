@@ -222,7 +222,8 @@ cmd_build() {
   mkdir -p "$bdir"
   local t0=$SECONDS
   note "building gantry, gantry-entry and spank_gantry.so against $suite's Slurm in $bdir (log: $state/build.log)"
-  if ! in_root sh -ec '
+  # At low priority: CTest runs this beside other tests (tests/CMakeLists.txt, the build lane).
+  if ! in_root "$src/tests/harness/low-priority.sh" sh -ec '
       cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGANTRY_WERROR=ON -DGANTRY_BUILD_TESTS=OFF
       cmake --build "$2" -j"$3" --target gantry gantry-entry spank_gantry' build "$src" "$bdir" "$(nproc)" \
       >"$state/build.log" 2>&1; then

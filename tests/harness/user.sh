@@ -19,6 +19,11 @@ for cmd in useradd groupadd getent; do
   command -v "$cmd" >/dev/null 2>&1 || die "$cmd not found (Debian package passwd); run scripts/install-deps"
 done
 
+# One run at a time: CTest runs harness scripts of two lanes at once (tests/CMakeLists.txt), and a
+# second useradd fails while the first holds /etc/passwd's lock.
+exec 9>/run/lock/gantry-harness-user.lock
+flock 9
+
 # The group first: useradd -g needs it, and a gid clash is as fatal as a uid clash.
 if getent group "$user" >/dev/null; then
   have_gid=$(getent group "$user" | cut -d: -f3)

@@ -1,9 +1,10 @@
-# fixtures: registry images
+# fixtures: registry images packages
 # The .deb and .rpm (packaging/): contents, dependencies, conffiles and scripts, lintian, documented
 # configuration keys, the packaged CLI running a container from the test registry, and the .deb
 # installed with apt into a clean debootstrap root (packaging/test-install.sh).
 # The packages are built once per run by packaging/build-packages.sh into $GANTRY_BUILD_DIR/package
-# (or $GANTRY_PACKAGE_BUILD_DIR); an incremental rebuild takes seconds.
+# (or $GANTRY_PACKAGE_BUILD_DIR): under CTest by the fixture harness.packages.build, beside other
+# tests; setup_file's own call then only re-packs them (an incremental rebuild takes seconds).
 
 load helpers
 bats_require_minimum_version 1.5.0  # run --separate-stderr
