@@ -68,6 +68,20 @@ Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, con
                                        const std::function<Status(size_t index)>& wait_for = {},
                                        std::optional<LimitBreach>* breach = nullptr);
 
+// Overlay form (issue #19, per-layer images): writes `output` from ONE layer so that overlayfs can
+// stack it with the others as a lower layer and show what convert_layers would have merged: the
+// layer's whiteouts (and devices, which images never carry) become overlayfs whiteouts (character
+// devices 0/0), and a directory whose lower contents it hides (an opaque marker, or a path it deletes
+// and recreates) gets `opaque_xattr` = "y": "trusted.overlay.opaque" for an overlay mounted by root,
+// "user.overlay.opaque" for one mounted with `userxattr` in a user namespace. A layer's own
+// trusted.overlay.* and user.overlay.* xattrs are dropped, as in convert_layers. Directories the
+// layer has no entry for (its root included) get root-owned 0755 attributes, which overlayfs shows
+// in place of a lower layer's: compose with it only layers whose tars list their directories, or
+// key such a layer by the stack below it. Limits and errors as for convert_layers.
+Result<ConversionStats> convert_layer_for_overlay(const LayerBlob& layer, const std::string& output,
+                                                  const SquashfsOptions& options,
+                                                  const std::string& opaque_xattr = "trusted.overlay.opaque");
+
 // A file to add to an image: its path inside the image ("/etc/rc"), content and permission bits;
 // owned by root, modified now.
 struct AddedFile {

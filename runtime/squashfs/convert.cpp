@@ -65,10 +65,11 @@ std::string entry_name(archive_entry* e) {
 }
 
 // Only xattr namespaces squashfs can store; others (system.*, e.g. POSIX ACLs) are dropped, and so
-// are overlayfs's own trusted.overlay.* which would change the meaning of the image once it is an
-// overlay lower layer.
+// are overlayfs's own trusted.overlay.* and user.overlay.* (its `userxattr` names), which would
+// change the meaning of the image once it is an overlay lower layer (an author's opaque markers or
+// redirects).
 bool keep_xattr(std::string_view key) {
-    if (key.rfind("trusted.overlay.", 0) == 0) return false;
+    if (key.rfind("trusted.overlay.", 0) == 0 || key.rfind("user.overlay.", 0) == 0) return false;
     return key.rfind("user.", 0) == 0 || key.rfind("trusted.", 0) == 0 || key.rfind("security.", 0) == 0;
 }
 
@@ -360,9 +361,10 @@ private:
     std::vector<PendingData> pending_;
 };
 
+// `overlay_xattr`: non-null for the overlay form of one layer (convert_layer_for_overlay).
 Result<ConversionStats> convert(const std::vector<LayerBlob>& layers, const std::string& output,
                                 const SquashfsOptions& options, const std::function<Status(size_t)>& wait_for,
-                                std::optional<LimitBreach>* breach) {
+                                std::optional<LimitBreach>* breach, const std::string* overlay_xattr = nullptr) {
     // Declared first so it is destroyed last: the writer's block processor still points into the
     // tree's inodes until it is finished or destroyed.
     ImageTree tree;
@@ -385,11 +387,25 @@ Result<ConversionStats> convert(const std::vector<LayerBlob>& layers, const std:
             return st.error().wrap(what);
         }
     }
+    if (overlay_xattr != nullptr) tree.to_overlay_form(*overlay_xattr);
     auto size = writer->finish(tree, stats, options.sync);
     if (!size) return size.error();
     stats.image_bytes = *size;
     remove_partial.dismiss();
     return stats;
+}
+
+// Nothing may unwind out of the public entry points (the SPANK plugin calls them).
+template <typename F>
+Result<ConversionStats> without_exceptions(const std::string& output, F&& f) {
+    try {
+        return f();
+    } catch (const std::exception& e) {
+        // The partial output, if any, was removed while unwinding (see convert()).
+        return make_error("converting layers into " + output + ": " + e.what());
+    } catch (...) {
+        return make_error("converting layers into " + output + ": unexpected exception");
+    }
 }
 
 }  // namespace
@@ -398,15 +414,12 @@ Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, con
                                        const SquashfsOptions& options,
                                        const std::function<Status(size_t index)>& wait_for,
                                        std::optional<LimitBreach>* breach) {
-    // Nothing may unwind out of here (the SPANK plugin calls this): turn exceptions into errors.
-    try {
-        return convert(layers, output, options, wait_for, breach);
-    } catch (const std::exception& e) {
-        // The partial output, if any, was removed while unwinding (see convert()).
-        return make_error("converting layers into " + output + ": " + e.what());
-    } catch (...) {
-        return make_error("converting layers into " + output + ": unexpected exception");
-    }
+    return without_exceptions(output, [&] { return convert(layers, output, options, wait_for, breach); });
+}
+
+Result<ConversionStats> convert_layer_for_overlay(const LayerBlob& layer, const std::string& output,
+                                                  const SquashfsOptions& options, const std::string& opaque_xattr) {
+    return without_exceptions(output, [&] { return convert({layer}, output, options, {}, nullptr, &opaque_xattr); });
 }
 
 }  // namespace gantry

@@ -4,6 +4,8 @@
 
 #include <sqfs/predef.h>
 
+#include <algorithm>
+
 #include "gantry/squashfs.hpp"
 
 namespace gantry::squashfs {
@@ -148,6 +150,54 @@ bool ImageTree::make_opaque(const std::vector<std::string>& dir, int layer) {
     node->implied = true;  // the marker says this is a directory in `layer`
     if (node->opaque < 0) node->opaque = layer;
     return true;
+}
+
+namespace {
+
+// Gives `dir` the opaque xattr; a directory the layer has no entry for gets the attributes the
+// serializer would give it (squashfs_writer.cpp, default_directory).
+void mark_opaque(ImageTree& tree, TreeNode& dir, const std::string& opaque_xattr) {
+    if (dir.inode == nullptr) {
+        auto d = std::make_unique<Inode>();
+        d->mode = 0040755;
+        dir.inode = tree.adopt(std::move(d));
+    }
+    auto& xattrs = dir.inode->xattrs;
+    xattrs.emplace_back(opaque_xattr, "y");
+    std::sort(xattrs.begin(), xattrs.end());
+}
+
+size_t overlay_form(ImageTree& tree, TreeNode& dir, const std::string& opaque_xattr) {
+    size_t made = 0;
+    for (auto& [name, child] : dir.children) {
+        TreeNode& node = *child;
+        // Deleted here and not recreated by an entry of this layer: a whiteout hides the lower path.
+        if ((node.whiteout >= 0 && node.decided < 0 && !node.implied) || node.tombstone()) {
+            auto w = std::make_unique<Inode>();
+            w->mode = 0020000;  // S_IFCHR, device 0/0, no permission bits, as overlayfs makes them
+            node.inode = tree.adopt(std::move(w));
+            node.decided = 0;
+            node.children.clear();
+            ++made;
+            continue;
+        }
+        if (node.inode != nullptr && !node.inode->is_dir()) continue;
+        // A directory, or a node on the way to a deeper whiteout: the way must exist in this layer.
+        const size_t below = overlay_form(tree, node, opaque_xattr);
+        if (below > 0) node.implied = true;
+        // Opaque: the layer says so, or it deleted the path and made a directory there again (the
+        // lower contents are gone, so overlayfs must not merge them in).
+        if (node.emitted() && (node.opaque >= 0 || node.whiteout >= 0)) mark_opaque(tree, node, opaque_xattr);
+        made += below;
+    }
+    return made;
+}
+
+}  // namespace
+
+size_t ImageTree::to_overlay_form(const std::string& opaque_xattr) {
+    if (root_.opaque >= 0) mark_opaque(*this, root_, opaque_xattr);
+    return overlay_form(*this, root_, opaque_xattr);
 }
 
 }  // namespace gantry::squashfs

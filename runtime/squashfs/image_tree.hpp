@@ -45,6 +45,8 @@ struct Inode {
 
     [[nodiscard]] bool is_dir() const { return (mode & 0170000) == 0040000; }
     [[nodiscard]] bool is_reg() const { return (mode & 0170000) == 0100000; }
+    // Character devices exist in a tree only as overlayfs whiteouts (device number 0/0).
+    [[nodiscard]] bool is_whiteout() const { return (mode & 0170000) == 0020000; }
 };
 
 struct TreeNode {
@@ -84,6 +86,13 @@ public:
 
     // Takes ownership; the returned pointer stays valid for the tree's lifetime.
     Inode* adopt(std::unique_ptr<Inode> inode);
+
+    // Overlay form, for a tree of ONE layer (layer 0) that is to be an overlayfs lower layer: what the
+    // layer deletes becomes an overlayfs whiteout (a character device 0/0: its whiteouts, and devices,
+    // which Gantry never carries and which hide lower versions of their path), and a directory whose
+    // lower children it hides (an opaque marker, or a path it whites out and recreates) gets the
+    // xattr `opaque_xattr` = "y". Returns how many whiteouts were made.
+    size_t to_overlay_form(const std::string& opaque_xattr);
 
     TreeNode& root() { return root_; }
 

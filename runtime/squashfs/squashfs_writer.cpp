@@ -447,6 +447,14 @@ private:
             node->data.slink.target_size = static_cast<sqfs_u32>(target.size());
             std::memcpy(node->extra, target.data(), target.size());
             ++stats_.symlinks;
+        } else if (type == 0020000) {
+            // An overlayfs whiteout (ImageTree::to_overlay_form): character device 0/0.
+            node = static_cast<sqfs_inode_generic_t*>(std::calloc(1, sizeof(sqfs_inode_generic_t)));
+            if (node == nullptr) return make_error("out of memory");
+            node->base.type = SQFS_INODE_CDEV;
+            node->data.dev.nlink = in.nlink;
+            node->data.dev.devno = 0;
+            ++stats_.others;
         } else {
             node = static_cast<sqfs_inode_generic_t*>(std::calloc(1, sizeof(sqfs_inode_generic_t)));
             if (node == nullptr) return make_error("out of memory");

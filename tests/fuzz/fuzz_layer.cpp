@@ -8,7 +8,10 @@
 //   - no whiteout (.wh.*) survives into the image;
 //   - with the blob as the upper layer over a fixed lower one (bit 2 of the first byte), a whiteout or
 //     an opaque marker in the upper tar (listed here with libarchive on its own) hides the lower
-//     entries it names unless the upper layer puts them back.
+//     entries it names unless the upper layer puts them back;
+//   - a single layer also goes through convert_layer_for_overlay (overlay form, issue #19): the same
+//     checks, every path of the merged image is there too, and what it adds are only whiteouts
+//     (character devices) and the directories on the way to them.
 #include <archive.h>
 #include <archive_entry.h>
 #include <sqfs/compressor.h>
@@ -116,8 +119,10 @@ struct Destroy {
     void operator()(T* p) const { sqfs_destroy(p); }
 };
 
-// Walks the image: every name checked, every file's data read; fills `paths` ("dir/b").
-void check_image(const std::string& image, std::set<std::string>& paths) {
+// Walks the image: every name checked, every file's data read; fills `paths` ("dir/b") and, when
+// given, `whiteouts_or_dirs` with the paths that are character devices or directories.
+void check_image(const std::string& image, std::set<std::string>& paths,
+                 std::set<std::string>* whiteouts_or_dirs = nullptr) {
     std::unique_ptr<sqfs_file_t, Destroy<sqfs_file_t>> file(sqfs_open_file(image.c_str(), SQFS_FILE_OPEN_READ_ONLY));
     FUZZ_CHECK(file != nullptr);
     sqfs_super_t super{};
@@ -152,6 +157,10 @@ void check_image(const std::string& image, std::set<std::string>& paths) {
             FUZZ_CHECK(seen.insert(name).second);
             std::string child = path.empty() ? name : path + "/" + name;
             paths.insert(child);
+            const auto type = c->inode->base.type;
+            if (whiteouts_or_dirs != nullptr && (type == SQFS_INODE_CDEV || type == SQFS_INODE_EXT_CDEV ||
+                                                 type == SQFS_INODE_DIR || type == SQFS_INODE_EXT_DIR))
+                whiteouts_or_dirs->insert(child);
             sqfs_u64 size = 0;
             if (sqfs_inode_get_file_size(c->inode, &size) == 0 &&
                 (c->inode->base.type == SQFS_INODE_FILE || c->inode->base.type == SQFS_INODE_EXT_FILE)) {
@@ -199,7 +208,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::set<std::string> paths;
     check_image(output, paths);
     ::unlink(output.c_str());
-    if (!two_layers) return 0;
+    if (!two_layers) {
+        auto overlay = convert_layer_for_overlay(layers.back(), output, options);
+        FUZZ_CHECK(overlay.ok());  // the same layer converted merged, so in overlay form too
+        std::set<std::string> overlay_paths, extra_ok;
+        check_image(output, overlay_paths, &extra_ok);
+        ::unlink(output.c_str());
+        for (const auto& p : paths) FUZZ_CHECK(overlay_paths.count(p) == 1);
+        for (const auto& p : overlay_paths)
+            if (paths.count(p) == 0) FUZZ_CHECK(extra_ok.count(p) == 1);
+        return 0;
+    }
 
     auto names = upper_names(data + 1, size - 1);
     if (!names) return 0;

@@ -29,6 +29,7 @@
 
 #include "../../runtime/squashfs/image_tree.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/fd.hpp"
 
 namespace fs = std::filesystem;
 using gantry::LayerBlob;
@@ -203,13 +204,14 @@ LayerBlob blob(const fs::path& dir, const Layer& layer, Comp comp = Comp::gzip, 
 int run(const std::string& cmd) { return std::system(cmd.c_str()); }
 
 struct Entry {
-    char type = '?';  // f d l p s
+    char type = '?';  // f d l p s c b
     unsigned mode = 0;  // permission bits incl. setuid/setgid/sticky
     unsigned uid = 0, gid = 0;
     int64_t mtime = 0;
     std::string content, target;
     nlink_t nlink = 0;
     ino_t ino = 0;
+    dev_t rdev = 0;  // c and b
     std::map<std::string, std::string> xattrs;
 };
 using Tree = std::map<std::string, Entry>;
@@ -221,7 +223,14 @@ Tree read_tree(const fs::path& root) {
         struct stat st {};
         REQUIRE(::lstat(p.c_str(), &st) == 0);
         Entry e;
-        e.type = S_ISREG(st.st_mode) ? 'f' : S_ISDIR(st.st_mode) ? 'd' : S_ISLNK(st.st_mode) ? 'l' : S_ISFIFO(st.st_mode) ? 'p' : 's';
+        e.type = S_ISREG(st.st_mode)    ? 'f'
+                 : S_ISDIR(st.st_mode)  ? 'd'
+                 : S_ISLNK(st.st_mode)  ? 'l'
+                 : S_ISFIFO(st.st_mode) ? 'p'
+                 : S_ISCHR(st.st_mode)  ? 'c'
+                 : S_ISBLK(st.st_mode)  ? 'b'
+                                        : 's';
+        e.rdev = st.st_rdev;
         e.mode = st.st_mode & 07777;
         e.uid = st.st_uid;
         e.gid = st.st_gid;
@@ -914,6 +923,127 @@ TEST_CASE("the kernel mounts the image and sees the same tree") {
     CHECK(mounted["etc/a"].nlink == 2);
     CHECK(mounted["etc/a"].ino == mounted["etc/b"].ino);
     CHECK(mounted["etc/a"].mode == 04711);
+}
+
+TEST_CASE("overlay form: whiteouts become 0/0 character devices, hidden lower directories get the opaque xattr",
+          "[root]") {
+    REQUIRE(::geteuid() == 0);  // unsquashfs makes the device nodes and reads trusted.* xattrs
+    TempDir tmp;
+    Layer l;
+    l.dir("etc").file("etc/.wh.gone");
+    l.dir("opq").file("opq/.wh..wh..opq").file("opq/new", "n");
+    l.file(".wh.wd").dir("wd").file("wd/x", "x");  // deleted and recreated in one layer
+    l.file("a/b/.wh.c");                          // below directories the layer does not list
+    l.node("dev", AE_IFCHR);                      // devices are never carried: deleted
+    l.file("keep", "k").last().xattrs = {{"user.overlay.opaque", "y"}, {"trusted.overlay.redirect", "/x"},
+                                         {"user.note", "kept"}};
+    const fs::path out = tmp.path / "layer.sqfs";
+    auto r = gantry::convert_layer_for_overlay(blob(tmp.path, l), out.string(), {});
+    REQUIRE(r.ok());
+    CHECK(r->others == 3);
+    Tree t = unsquash(out, tmp.path / "x");
+    for (const char* w : {"etc/gone", "a/b/c", "dev"}) {
+        INFO(w);
+        CHECK(t[w].type == 'c');
+        CHECK(t[w].rdev == 0);
+    }
+    CHECK(t["etc"].xattrs.empty());
+    CHECK(t["opq"].xattrs == std::map<std::string, std::string>{{"trusted.overlay.opaque", "y"}});
+    CHECK(t["opq/new"].content == "n");
+    CHECK(t["wd"].xattrs.count("trusted.overlay.opaque") == 1);
+    CHECK(t["wd/x"].content == "x");
+    CHECK(t["a"].type == 'd');
+    CHECK(t["a"].xattrs.empty());
+    CHECK(t["a/b"].type == 'd');
+    CHECK(t.count("etc/.wh.gone") == 0);
+    CHECK(t.count("opq/.wh..wh..opq") == 0);
+    // The layer's own overlay xattrs would be markers of its author's choosing: dropped.
+    CHECK(t["keep"].xattrs == std::map<std::string, std::string>{{"user.note", "kept"}});
+
+    // For an overlay mounted with userxattr (a user namespace): the user.* name.
+    const fs::path out_user = tmp.path / "layer-user.sqfs";
+    REQUIRE(gantry::convert_layer_for_overlay(blob(tmp.path, l), out_user.string(), {}, "user.overlay.opaque").ok());
+    Tree u = unsquash(out_user, tmp.path / "y");
+    CHECK(u["opq"].xattrs == std::map<std::string, std::string>{{"user.overlay.opaque", "y"}});
+}
+
+TEST_CASE("overlay form: overlayfs over each layer's image shows the tree convert_layers merges", "[root]") {
+    REQUIRE(::geteuid() == 0);  // loop and overlay mounts
+    Image img;
+    // Every layer lists the directories it changes (as image builders do): a directory the layer
+    // has no entry for would show root-owned 0755 in place of the lower one (see squashfs.hpp).
+    img.add(Layer()
+                .dir("etc").file("etc/keep", "keep").file("etc/gone", "gone")
+                .dir("opq").file("opq/lower", "lower").dir("opq/sub").file("opq/sub/deep", "deep")
+                .dir("d2f").file("d2f/child", "c")
+                .file("f2d", "was a file")
+                .dir("wd").file("wd/old", "old")
+                .dir("deep").dir("deep/a").dir("deep/a/b").file("deep/a/b/f", "f")
+                .file("linked", "one inode", 0600).hardlink("linked2", "linked")
+                .symlink("sym", "etc/keep").node("fifo", AE_IFIFO),
+            Comp::plain)
+        .add(Layer()
+                 .dir("etc").file("etc/.wh.gone").file("etc/new", "new", 0640)
+                 .dir("opq").file("opq/.wh..wh..opq").file("opq/upper", "upper")
+                 .file("d2f", "now a file")
+                 .dir("f2d").file("f2d/inside", "now a dir")
+                 .file(".wh.wd").dir("wd").file("wd/new", "new")
+                 .dir("deep").dir("deep/a").file("deep/a/.wh.b"),
+             Comp::zstd);
+    Layer top;
+    top.dir("etc").file("etc/keep", "replaced", 0600).node("etc/tty", AE_IFCHR);
+    top.file(".wh.sym").file(".wh.fifo");
+    top.dir("xa").file("xa/f", "x").last().xattrs = {{"user.comment", "kept"}};
+    img.add(top, Comp::gzip);
+    REQUIRE(img.convert().ok());
+    Tree whole = img.tree();
+    CHECK(whole.count("etc/tty") == 0);
+    CHECK(whole.count("deep/a/b") == 0);
+
+    for (const std::string opaque : {"trusted.overlay.opaque", "user.overlay.opaque"}) {
+        INFO(opaque);
+        const fs::path dir = img.tmp.path / opaque;
+        fs::create_directories(dir / "merged");
+        std::vector<std::string> mounts;  // unmounted in reverse order, also when a check fails
+        gantry::Defer unmount([&] {
+            for (auto it = mounts.rbegin(); it != mounts.rend(); ++it) run("umount '" + *it + "' 2>/dev/null");
+        });
+        std::string lowerdir;  // top layer first
+        for (size_t i = 0; i < img.layers.size(); ++i) {
+            const fs::path image = dir / ("layer" + std::to_string(i) + ".sqfs");
+            const fs::path mnt = dir / ("layer" + std::to_string(i));
+            REQUIRE(gantry::convert_layer_for_overlay(img.layers[i], image.string(), {}, opaque).ok());
+            fs::create_directory(mnt);
+            REQUIRE(run("mount -t squashfs -o loop,ro '" + image.string() + "' '" + mnt.string() + "'") == 0);
+            mounts.push_back(mnt.string());
+            lowerdir = mnt.string() + (lowerdir.empty() ? "" : ":" + lowerdir);
+        }
+        const std::string merged = (dir / "merged").string();
+        const std::string options =
+            "ro,lowerdir=" + lowerdir + (opaque.rfind("user.", 0) == 0 ? ",userxattr" : "");
+        REQUIRE(run("mount -t overlay overlay -o '" + options + "' '" + merged + "'") == 0);
+        mounts.push_back(merged);
+        Tree stacked = read_tree(merged);
+        CHECK(stacked.size() == whole.size());
+        for (auto& [path, e] : whole) {
+            INFO(path);
+            REQUIRE(stacked.count(path) == 1);
+            const Entry& o = stacked[path];
+            CHECK(o.type == e.type);
+            CHECK(o.mode == e.mode);
+            CHECK(o.uid == e.uid);
+            CHECK(o.gid == e.gid);
+            CHECK(o.mtime == e.mtime);
+            CHECK(o.content == e.content);
+            CHECK(o.target == e.target);
+            CHECK(o.xattrs == e.xattrs);
+            if (e.type == 'f') CHECK(o.nlink == e.nlink);
+        }
+        for (auto& [path, o] : stacked) {
+            INFO(path);
+            CHECK(whole.count(path) == 1);
+        }
+    }
 }
 
 // Not a test: `unit_squashfs "[.driver]"` converts the layers named in GANTRY_SQFS_LAYERS
