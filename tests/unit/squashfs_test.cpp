@@ -322,15 +322,20 @@ TEST_CASE("merge rules: whiteouts and opaque directories only hide lower layers"
     CHECK(t.place({"f"}, 2, false) != nullptr);
 }
 
+// A lower layer with something for each kind of change above it to act on (the whiteout tests).
+static Layer changes_lower() {
+    Layer l;
+    l.dir("etc").file("etc/keep", "keep").file("etc/gone", "gone");
+    l.dir("opq").file("opq/lower", "lower").dir("opq/sub").file("opq/sub/deep", "deep");
+    l.dir("d2f").file("d2f/child", "c");
+    l.file("f2d", "was a file");
+    l.dir("wd").file("wd/old", "old");
+    return l;
+}
+
 TEST_CASE("whiteouts, opaque directories and replacements across layers") {
     Image img;
-    img.add(Layer()
-                .dir("etc").file("etc/keep", "keep").file("etc/gone", "gone")
-                .dir("opq").file("opq/lower", "lower").dir("opq/sub").file("opq/sub/deep", "deep")
-                .dir("d2f").file("d2f/child", "c")
-                .file("f2d", "was a file")
-                .dir("wd").file("wd/old", "old"),
-            Comp::plain)
+    img.add(changes_lower(), Comp::plain)
         .add(Layer()
                  .file("etc/.wh.gone")
                  .dir("opq").file("opq/.wh..wh..opq").file("opq/upper", "upper")
@@ -972,16 +977,11 @@ TEST_CASE("overlay form: overlayfs over each layer's image shows the tree conver
     Image img;
     // Every layer lists the directories it changes (as image builders do): a directory the layer
     // has no entry for would show root-owned 0755 in place of the lower one (see squashfs.hpp).
-    img.add(Layer()
-                .dir("etc").file("etc/keep", "keep").file("etc/gone", "gone")
-                .dir("opq").file("opq/lower", "lower").dir("opq/sub").file("opq/sub/deep", "deep")
-                .dir("d2f").file("d2f/child", "c")
-                .file("f2d", "was a file")
-                .dir("wd").file("wd/old", "old")
-                .dir("deep").dir("deep/a").dir("deep/a/b").file("deep/a/b/f", "f")
-                .file("linked", "one inode", 0600).hardlink("linked2", "linked")
-                .symlink("sym", "etc/keep").node("fifo", AE_IFIFO),
-            Comp::plain)
+    Layer lower = changes_lower();
+    lower.dir("deep").dir("deep/a").dir("deep/a/b").file("deep/a/b/f", "f");
+    lower.file("linked", "one inode", 0600).hardlink("linked2", "linked");
+    lower.symlink("sym", "etc/keep").node("fifo", AE_IFIFO);
+    img.add(lower, Comp::plain)
         .add(Layer()
                  .dir("etc").file("etc/.wh.gone").file("etc/new", "new", 0640)
                  .dir("opq").file("opq/.wh..wh..opq").file("opq/upper", "upper")
