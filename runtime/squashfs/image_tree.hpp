@@ -45,8 +45,6 @@ struct Inode {
 
     [[nodiscard]] bool is_dir() const { return (mode & 0170000) == 0040000; }
     [[nodiscard]] bool is_reg() const { return (mode & 0170000) == 0100000; }
-    // Character devices exist in a tree only as overlayfs whiteouts (device number 0/0).
-    [[nodiscard]] bool is_whiteout() const { return (mode & 0170000) == 0020000; }
 };
 
 struct TreeNode {
