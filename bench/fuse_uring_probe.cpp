@@ -13,8 +13,7 @@
 // picking the queue by the client's CPU; in dev mode the /dev/fuse thread on CPU 0 too),
 // --negative-entries (answer a miss as gantry-imagefs does: node 0 with a timeout, instead of
 // ENOENT), --same-process (the client a thread of the server's process: no address-space switch),
-// --apart (all ring threads on the last CPU, the client on CPU 0), --busy-poll (ring threads spin
-// on their completion queue), --queue-depth D (ring entries per queue, default 2).
+// --queue-depth D (ring entries per queue, default 2).
 // Prints one line: "mode=... lookups=N total_ms=... us_per_lookup=..." and how many requests each
 // path answered (a uring run whose requests all went over /dev/fuse is not a uring measurement).
 // Not part of Gantry: a measurement, so that #20's io_uring route is decided by a number.
@@ -90,9 +89,6 @@ int g_fuse = -1;
 bool g_uring = false;
 std::atomic<bool> g_init_done{false};
 bool g_negative_entries = false;
-bool g_apart = false;      // --apart: every ring thread on the last CPU, the client on CPU 0
-bool g_busy_poll = false;  // --busy-poll: ring threads spin on their completion queue
-unsigned g_server_cpu = 0;
 std::atomic<long> g_by_dev{0}, g_by_ring{0};  // requests answered on each path
 
 // Answers one request; returns the reply's body size (written to `body`) and sets `error`.
@@ -176,7 +172,7 @@ void dev_loop(bool pin) {
 // One ring per CPU (the kernel makes a queue per possible CPU and routes a request to the queue of
 // the CPU its caller runs on), `depth` entries each.
 void ring_loop(uint16_t qid, unsigned depth, bool pin) {
-    if (pin) pin_to(g_apart ? g_server_cpu : qid);
+    if (pin) pin_to(qid);
     io_uring ring;
     if (int e = io_uring_queue_init(depth * 2, &ring, IORING_SETUP_SQE128); e < 0) die("io_uring_queue_init", -e);
     constexpr size_t kPayload = 128 * 1024;  // >= max(8 KiB, max_write, max_pages * 4 KiB)
@@ -206,14 +202,7 @@ void ring_loop(uint16_t qid, unsigned depth, bool pin) {
     if (int r = io_uring_submit(&ring); r < 0) die("io_uring_submit (register)", -r);
     for (;;) {
         io_uring_cqe* cqe = nullptr;
-        int r = 0;
-        if (g_busy_poll) {
-            // Never sleep: the completion's task work interrupts this thread where it spins.
-            while ((r = io_uring_peek_cqe(&ring, &cqe)) == -EAGAIN) {
-            }
-        } else {
-            r = io_uring_wait_cqe(&ring, &cqe);
-        }
+        int r = io_uring_wait_cqe(&ring, &cqe);
         if (r == -EINTR) continue;
         if (r < 0) die("io_uring_wait_cqe", -r);
         auto* e = static_cast<Entry*>(io_uring_cqe_get_data(cqe));
@@ -266,7 +255,7 @@ void report(const std::string& mode, long lookups, double ms, bool pin, unsigned
 int main(int argc, char** argv) {
     if (argc < 2) {
         std::fprintf(stderr, "usage: fuse_uring_probe dev|uring [--lookups N] [--pin] [--queue-depth D] [--negative-entries] "
-                     "[--same-process] [--apart] [--busy-poll]\n");
+                     "[--same-process]\n");
         return 2;
     }
     std::string mode = argv[1];
@@ -291,8 +280,6 @@ int main(int argc, char** argv) {
         else if (a == "--pin") pin = true;
         else if (a == "--negative-entries") g_negative_entries = true;
         else if (a == "--same-process") same_process = true;
-        else if (a == "--apart") g_apart = pin = true;
-        else if (a == "--busy-poll") g_busy_poll = true;
         else die(("unknown argument " + a).c_str(), EINVAL);
     }
 
@@ -305,7 +292,6 @@ int main(int argc, char** argv) {
 
     std::thread(dev_loop, pin && !g_uring).detach();
     while (!g_init_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    g_server_cpu = static_cast<unsigned>(sysconf(_SC_NPROCESSORS_ONLN) - 1);
     if (g_uring) {
         long cpus = sysconf(_SC_NPROCESSORS_CONF);  // the kernel's queues: one per possible CPU
         for (long q = 0; q < cpus; ++q) std::thread(ring_loop, static_cast<uint16_t>(q), depth, pin).detach();

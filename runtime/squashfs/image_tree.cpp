@@ -12,6 +12,12 @@ namespace gantry::squashfs {
 
 Inode::~Inode() { sqfs_free(file); }
 
+std::unique_ptr<Inode> default_directory() {
+    auto in = std::make_unique<Inode>();
+    in->mode = 0040755;
+    return in;
+}
+
 Result<std::vector<std::string>> split_entry_path(std::string_view name, std::string* broken_limit) {
     if (name.empty()) return make_error("empty entry name");
     if (name.front() == '/') return make_error("absolute path escapes the image root");
@@ -155,13 +161,9 @@ bool ImageTree::make_opaque(const std::vector<std::string>& dir, int layer) {
 namespace {
 
 // Gives `dir` the opaque xattr; a directory the layer has no entry for gets the attributes the
-// serializer would give it (squashfs_writer.cpp, default_directory).
+// serializer would give it.
 void mark_opaque(ImageTree& tree, TreeNode& dir, const std::string& opaque_xattr) {
-    if (dir.inode == nullptr) {
-        auto d = std::make_unique<Inode>();
-        d->mode = 0040755;
-        dir.inode = tree.adopt(std::move(d));
-    }
+    if (dir.inode == nullptr) dir.inode = tree.adopt(default_directory());
     auto& xattrs = dir.inode->xattrs;
     xattrs.emplace_back(opaque_xattr, "y");
     std::sort(xattrs.begin(), xattrs.end());

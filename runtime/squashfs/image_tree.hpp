@@ -47,6 +47,10 @@ struct Inode {
     [[nodiscard]] bool is_reg() const { return (mode & 0170000) == 0100000; }
 };
 
+// A directory no layer lists (an entry a/b/c without a/): root-owned 0755, time 0, which is what tar
+// and umoci create for missing parents apart from the time (they use "now").
+std::unique_ptr<Inode> default_directory();
+
 struct TreeNode {
     Inode* inode = nullptr;  // the winning version; nullptr with decided >= 0 means "deleted" (skipped device)
     int decided = -1;        // layer whose entry won this path

@@ -381,14 +381,6 @@ public:
     [[nodiscard]] uint32_t count() const { return count_; }
 
 private:
-    static std::unique_ptr<Inode> default_directory() {
-        // Parents that no layer lists (an entry a/b/c without a/): root-owned 0755, time 0, which is
-        // what tar and umoci create for missing parents apart from the time (they use "now").
-        auto in = std::make_unique<Inode>();
-        in->mode = 0040755;
-        return in;
-    }
-
     static Status check(int rc, const char* what, const std::string& name = {}) {
         if (rc == 0) return {};
         return make_error(std::string(what) + (name.empty() ? "" : " '" + name + "'") + ": " + sqfs_error_name(rc));
