@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gantry/result.hpp"
 
@@ -38,5 +39,12 @@ Status validate_digest(std::string_view digest);
 
 // The hex part of a digest, for file names: "sha256:ab.." -> "ab..".
 std::string digest_hex(std::string_view digest);
+
+// The chain ID of a layer on top of the stack `parent_chain_id` names (the OCI image spec's
+// ChainID): the bottom layer's (empty parent) is its own diff_id, each next one is
+// sha256("<parent chain ID> <diff_id>"). It names a layer together with everything below it.
+std::string chain_id(std::string_view parent_chain_id, std::string_view diff_id);
+// The chain IDs of a whole stack of diff_ids, bottom first.
+std::vector<std::string> chain_ids(const std::vector<std::string>& diff_ids);
 
 }  // namespace gantry

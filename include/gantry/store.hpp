@@ -3,6 +3,8 @@
 // Layout under the store root (see docs/store.md):
 //   images/<hex>.sqsh   published squashfs, <hex> = manifest digest; its existence is the commit point
 //   images/<hex>.json   metadata (references, config, layers, sizes, when pulled), renamed in first
+//   images/layer-<chain hex>.sqsh/.json  one layer in overlay form, named by its chain ID (the
+//                       per-layer store of docs/store.md, "Layers"); same rules as an image's files
 //   refs/<hex>.json     tag -> digest records, <hex> = sha256 of the canonical reference
 //   used/<hex>          empty file whose mtime is the last use (gc is least-recently-used first)
 //   locks/<hex>.lock    producer lock: flock(LOCK_EX) held by the one process building <hex>
@@ -51,6 +53,27 @@ struct ImageMetadata {
     std::string compressor;
     uint32_t block_size = 0;
     int64_t pulled_at = 0;  // unix seconds
+    // The chain IDs of the stored layers (images/layer-*) this image is made of, bottom first; gc
+    // keeps a layer while any image names it. Empty for a whole-image squashfs.
+    std::vector<std::string> layer_chain;
+};
+
+// One layer of the per-layer store (docs/store.md, "Layers"): its squashfs in overlay form
+// (convert_layer_for_overlay, opaque directories marked with user.overlay.opaque so that one file
+// serves root's overlay mount and a user namespace's, both with `userxattr`), named by its chain ID.
+struct LayerRecord {
+    std::string chain_id;     // the stack up to and including this layer (chain_id() in digest.hpp)
+    std::string diff_id;      // the layer's uncompressed digest
+    std::string parent;       // the chain ID below it; empty for the bottom layer
+    std::string blob_digest;  // the (compressed) blob it was converted from
+    uint64_t layer_bytes = 0; // size of the squashfs
+    int64_t converted_at = 0; // unix seconds
+};
+
+struct StoredLayer {
+    LayerRecord record;
+    std::string squashfs_path;
+    int64_t last_used = 0;  // unix seconds
 };
 
 struct StoredImage {
@@ -160,12 +183,29 @@ public:
     Result<UniqueFd> open_in_use(const std::string& digest) const;
     bool in_use(const std::string& digest) const;
 
+    // The per-layer store (docs/store.md, "Layers"): a layer's files live in images/ beside the
+    // images and are accepted by the same rules (regular files of an accepted owner, writable by
+    // nobody else, metadata that names the chain ID asked for).
+    [[nodiscard]] std::string layer_squashfs_path(const std::string& chain_id) const;
+    std::optional<StoredLayer> find_layer(const std::string& chain_id) const;
+    Result<std::vector<StoredLayer>> list_layers(std::vector<std::string>* ignored = nullptr) const;
+    // Publishes a finished layer squashfs (same filesystem as the store) atomically, after checking
+    // that record.chain_id is chain_id(record.parent, record.diff_id). The returned descriptor holds
+    // the layer's shared lock from before it appears in the store, so that no gc removes it before
+    // the producer has recorded the image that uses it; keep it until then.
+    Result<UniqueFd> publish_layer(const std::string& squashfs_tmp, LayerRecord record) const;
+    // Opens a layer for a container (or a producer): the fd holds a shared lock while it lives.
+    Result<UniqueFd> open_layer_in_use(const std::string& chain_id) const;
+    // Removes one layer. Refused while in use (errnum EBUSY); it does not look at image records (gc does).
+    Status remove_layer(const std::string& chain_id) const;
+
     // Removes one image and the tag records pointing at it. Refused while in use: then the error's
     // errnum is EBUSY (any other failure carries the failing call's errno, or 0).
     Status remove(const std::string& digest) const;
 
     struct GcResult {
         std::vector<std::string> removed;
+        std::vector<std::string> removed_layers;  // chain IDs
         std::vector<std::string> kept_in_use;
         std::vector<Error> failed;  // images and staging areas that could not be removed, and why
         uint64_t bytes_freed = 0;
@@ -173,7 +213,9 @@ public:
     };
     // Removes least recently used images until the store is under `max_bytes` (0: no size target) and
     // every image unused for `unused_for` (0: no age target), never one in use; also clears staging
-    // areas no producer holds.
+    // areas no producer holds. Layers count once however many images name them: removing an image
+    // removes each of its layers no remaining image names and nothing holds in use, and a layer no
+    // image names at all (a producer's left-over) goes when nothing holds it.
     Result<GcResult> gc(uint64_t max_bytes, std::chrono::seconds unused_for) const;
 
 private:
@@ -184,6 +226,9 @@ private:
     [[nodiscard]] bool accepted_file(const struct stat& st) const;
     // find's work; the error says why an image is not accepted.
     [[nodiscard]] Result<StoredImage> load(const std::string& digest) const;
+    [[nodiscard]] Result<StoredLayer> load_layer(const std::string& chain_id) const;
+    // Marks used/<name> used now.
+    void touch_name(const std::string& name) const;
 
     std::string root_;
     std::shared_ptr<const Dirs> dirs_;

@@ -382,6 +382,7 @@ int cmd_gc(const GcArgs& a) {
     auto r = store->gc(max_bytes, std::chrono::seconds(unused));
     if (!r) return fail(r.error().wrap("collecting garbage"));
     for (const auto& d : r->removed) std::printf("removed %s\n", d.c_str());
+    for (const auto& d : r->removed_layers) std::printf("removed layer %s\n", d.c_str());
     for (const auto& d : r->kept_in_use) std::printf("kept %s (in use)\n", d.c_str());
     std::printf("freed %s, %s left\n", format_bytes(r->bytes_freed).c_str(), format_bytes(r->bytes_left).c_str());
     // A removal that failed is an error, not an image kept: reported as one, and the exit status says so.

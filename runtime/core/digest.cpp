@@ -59,4 +59,16 @@ std::string digest_hex(std::string_view digest) {
     return std::string(colon == std::string_view::npos ? digest : digest.substr(colon + 1));
 }
 
+std::string chain_id(std::string_view parent_chain_id, std::string_view diff_id) {
+    if (parent_chain_id.empty()) return std::string(diff_id);
+    return Sha256::of(std::string(parent_chain_id) + " " + std::string(diff_id));
+}
+
+std::vector<std::string> chain_ids(const std::vector<std::string>& diff_ids) {
+    std::vector<std::string> out;
+    out.reserve(diff_ids.size());
+    for (const auto& diff_id : diff_ids) out.push_back(chain_id(out.empty() ? std::string_view{} : out.back(), diff_id));
+    return out;
+}
+
 }  // namespace gantry

@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstdlib>
 #include <ctime>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -60,7 +61,8 @@ json to_json(const ImageMetadata& m) {
             {"image_bytes", m.image_bytes},
             {"compressor", m.compressor},
             {"block_size", m.block_size},
-            {"pulled_at", m.pulled_at}};
+            {"pulled_at", m.pulled_at},
+            {"layer_chain", m.layer_chain}};
 }
 
 Result<ImageMetadata> metadata_from_json(const std::string& text, const std::string& path) {
@@ -79,10 +81,50 @@ Result<ImageMetadata> metadata_from_json(const std::string& text, const std::str
         m.compressor = j.value("compressor", "");
         m.block_size = j.value("block_size", uint32_t{0});
         m.pulled_at = j.value("pulled_at", int64_t{0});
+        m.layer_chain = j.value("layer_chain", std::vector<std::string>{});
     } catch (const json::exception& e) {
         return make_error("reading image metadata " + path + ": " + e.what());
     }
     return m;
+}
+
+json to_json(const LayerRecord& r) {
+    return {{"chain_id", r.chain_id},       {"diff_id", r.diff_id},         {"parent", r.parent},
+            {"blob_digest", r.blob_digest}, {"layer_bytes", r.layer_bytes}, {"converted_at", r.converted_at}};
+}
+
+Result<LayerRecord> layer_record_from_json(const std::string& text, const std::string& path) {
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return make_error("reading layer metadata " + path + ": not valid JSON");
+    LayerRecord r;
+    try {
+        r.chain_id = j.value("chain_id", "");
+        r.diff_id = j.value("diff_id", "");
+        r.parent = j.value("parent", "");
+        r.blob_digest = j.value("blob_digest", "");
+        r.layer_bytes = j.value("layer_bytes", uint64_t{0});
+        r.converted_at = j.value("converted_at", int64_t{0});
+    } catch (const json::exception& e) {
+        return make_error("reading layer metadata " + path + ": " + e.what());
+    }
+    return r;
+}
+
+// A layer's record must say what its name says: its chain ID is the one of its parent and diff_id.
+Status check_layer_record(const LayerRecord& r) {
+    GANTRY_TRY(validate_digest(r.chain_id));
+    GANTRY_TRY(validate_digest(r.diff_id));
+    if (!r.parent.empty()) GANTRY_TRY(validate_digest(r.parent));
+    if (chain_id(r.parent, r.diff_id) != r.chain_id)
+        return make_error("layer " + r.chain_id + " is not the chain ID of parent '" + r.parent + "' and diff_id " +
+                          r.diff_id);
+    return {};
+}
+
+constexpr std::string_view kLayerPrefix = "layer-";
+
+std::string layer_name(const std::string& chain_id, const char* suffix) {
+    return std::string(kLayerPrefix) + digest_hex(chain_id) + suffix;
 }
 
 std::string ref_key(const ImageReference& ref) {
@@ -417,6 +459,125 @@ Status ImageStore::publish(const std::string& digest, const std::string& squashf
     return {};
 }
 
+std::string ImageStore::layer_squashfs_path(const std::string& chain_id) const {
+    return root_ + "/images/" + layer_name(chain_id, ".sqsh");
+}
+
+Result<StoredLayer> ImageStore::load_layer(const std::string& chain_id) const {
+    const Dirs& d = *dirs_;
+    const std::string sqsh = layer_name(chain_id, ".sqsh");
+    const std::string meta = layer_name(chain_id, ".json");
+    struct stat sqsh_st {};
+    if (::fstatat(d.images.fd(), sqsh.c_str(), &sqsh_st, AT_SYMLINK_NOFOLLOW) != 0)
+        return system_error("finding " + d.images.path_of(sqsh));
+    if (!accepted_file(sqsh_st)) return not_accepted(d.images.path_of(sqsh), sqsh_st);
+    struct stat meta_st {};
+    auto text = read_regular_at(d.images, meta, kMaxStoreRecordBytes, &meta_st);
+    if (!text) return text.error().wrap("ignoring " + d.images.path_of(sqsh));
+    if (!accepted_file(meta_st)) return not_accepted(d.images.path_of(meta), meta_st);
+    auto record = layer_record_from_json(*text, d.images.path_of(meta));
+    if (!record) return record.error();
+    if (record->chain_id != chain_id)
+        return make_error("ignoring " + d.images.path_of(meta) + ": it describes " + record->chain_id);
+    if (auto st = check_layer_record(*record); !st) return st.error().wrap("ignoring " + d.images.path_of(meta));
+    StoredLayer layer{std::move(*record), layer_squashfs_path(chain_id), 0};
+    struct stat used_st {};
+    if (::fstatat(d.used.fd(), layer_name(chain_id, "").c_str(), &used_st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(used_st.st_mode))
+        layer.last_used = static_cast<int64_t>(used_st.st_mtime);
+    if (layer.last_used == 0) layer.last_used = layer.record.converted_at;
+    return layer;
+}
+
+std::optional<StoredLayer> ImageStore::find_layer(const std::string& chain_id) const {
+    if (!validate_digest(chain_id)) return std::nullopt;
+    auto layer = load_layer(chain_id);
+    if (!layer) return std::nullopt;
+    return std::move(*layer);
+}
+
+Result<std::vector<StoredLayer>> ImageStore::list_layers(std::vector<std::string>* ignored) const {
+    auto names = list_directory(dirs_->images);
+    if (!names) return names.error().wrap("listing image store " + root_);
+    std::vector<StoredLayer> out;
+    for (const auto& name : *names) {
+        if (!starts_with(name, kLayerPrefix) || !ends_with(name, ".sqsh")) continue;
+        std::string hex = name.substr(kLayerPrefix.size(), name.size() - kLayerPrefix.size() - 5);
+        if (!is_hex_digest(hex)) continue;
+        auto layer = load_layer("sha256:" + hex);
+        if (layer) {
+            out.push_back(std::move(*layer));
+        } else if (layer.error().errnum != ENOENT && ignored != nullptr) {
+            ignored->push_back(layer.error().message);
+        }
+    }
+    return out;
+}
+
+Result<UniqueFd> ImageStore::publish_layer(const std::string& squashfs_tmp, LayerRecord record) const {
+    GANTRY_TRY(check_root_may_modify());
+    if (auto st = check_layer_record(record); !st) return st.error().wrap("publishing a layer");
+    const Directory& images = dirs_->images;
+    const std::string sqsh = layer_name(record.chain_id, ".sqsh");
+    const std::string meta = layer_name(record.chain_id, ".json");
+    // As publish(): a layer of this chain ID from an account the store does not trust is removed when
+    // we may, else a clear error instead of a failing rename.
+    for (const std::string& name : {meta, sqsh}) {
+        struct stat st {};
+        if (::fstatat(images.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || accepted_file(st)) continue;
+        if (::unlinkat(images.fd(), name.c_str(), 0) != 0)
+            return make_error("publishing " + images.path_of(name) + ": the store holds this layer from uid " +
+                              std::to_string(st.st_uid) +
+                              ", which it does not trust, and this account cannot replace it; ask the file's owner "
+                              "or the admin to remove it, or use a per-user store (docs/store.md)");
+    }
+    UniqueFd f(::open(squashfs_tmp.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st {};
+    if (!f || ::fstat(f.get(), &st) != 0) return system_error("publishing " + squashfs_tmp);
+    if (!S_ISREG(st.st_mode)) return make_error("publishing " + squashfs_tmp + ": not a regular file");
+    record.layer_bytes = static_cast<uint64_t>(st.st_size);
+    if (record.converted_at == 0) record.converted_at = now_seconds();
+    // Locked before it has a name in the store: gc (LOCK_EX, non-blocking) can never take a layer
+    // whose image record its producer has not written yet.
+    if (::flock(f.get(), LOCK_SH) != 0) return system_error("locking " + squashfs_tmp);
+    const mode_t sqsh_mode = dirs_->private_images ? 0400 : 0444;
+    const mode_t meta_mode = dirs_->private_images ? 0600 : 0644;
+    // Metadata first, squashfs last: the .sqsh's existence is the commit point, as for images.
+    GANTRY_TRY(write_file_atomic_at(images, meta, to_json(record).dump(1) + "\n", meta_mode));
+    if (::fsync(f.get()) != 0) return system_error("flushing " + squashfs_tmp);
+    if (::fchmod(f.get(), sqsh_mode) != 0) return system_error("making " + squashfs_tmp + " read-only");
+    if (::renameat(AT_FDCWD, squashfs_tmp.c_str(), images.fd(), sqsh.c_str()) != 0)
+        return system_error("publishing " + layer_squashfs_path(record.chain_id));
+    touch_name(layer_name(record.chain_id, ""));
+    return f;
+}
+
+Result<UniqueFd> ImageStore::open_layer_in_use(const std::string& chain_id) const {
+    if (auto st = validate_digest(chain_id); !st) return st.error().wrap("opening layer");
+    const std::string name = layer_name(chain_id, ".sqsh");
+    auto f = open_regular_at(dirs_->images, name, O_RDONLY);
+    if (!f) return f.error().wrap("opening layer");
+    if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap("opening layer");
+    if (::flock(f->fd.get(), LOCK_SH) != 0) return system_error("locking layer " + dirs_->images.path_of(name));
+    touch_name(layer_name(chain_id, ""));
+    return std::move(f->fd);
+}
+
+Status ImageStore::remove_layer(const std::string& chain_id) const {
+    GANTRY_TRY(check_root_may_modify());
+    GANTRY_TRY(validate_digest(chain_id));
+    const Dirs& d = *dirs_;
+    const std::string sqsh = layer_name(chain_id, ".sqsh");
+    UniqueFd guard;
+    if (!lockable_exclusively(d.images, sqsh, &guard))
+        return Error{"layer " + chain_id + " is in use", EBUSY, 0};
+    if (::unlinkat(d.images.fd(), sqsh.c_str(), 0) != 0 && errno != ENOENT)
+        return system_error("removing " + d.images.path_of(sqsh));
+    ::unlinkat(d.images.fd(), layer_name(chain_id, ".json").c_str(), 0);
+    ::unlinkat(d.used.fd(), layer_name(chain_id, "").c_str(), 0);
+    return {};
+}
+
 std::optional<std::string> ImageStore::read_failure_note(const std::string& digest, int64_t since) const {
     struct stat st {};
     auto text = read_regular_at(dirs_->locks, digest_hex(digest) + ".failed", kMaxStoreRecordBytes, &st);
@@ -481,9 +642,13 @@ bool ImageStore::trusted(const Config& config) const {
 }
 
 void ImageStore::touch(const std::string& digest) const {
+    touch_name(digest_hex(digest));
+}
+
+void ImageStore::touch_name(const std::string& name) const {
     // Best effort; root leaves a store that users can write alone (check_root_may_modify).
     if (!check_root_may_modify()) return;
-    auto f = open_regular_at(dirs_->used, digest_hex(digest), O_WRONLY | O_CREAT, 0644);
+    auto f = open_regular_at(dirs_->used, name, O_WRONLY | O_CREAT, 0644);
     if (f) ::futimens(f->fd.get(), nullptr);
 }
 
@@ -531,14 +696,42 @@ Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::sec
     GANTRY_TRY(check_root_may_modify());
     auto images = list();
     if (!images) return images.error();
+    auto layers = list_layers();
+    if (!layers) return layers.error();
     std::sort(images->begin(), images->end(), [](const auto& a, const auto& b) { return a.last_used < b.last_used; });
     GcResult r;
-    for (const auto& img : *images) r.bytes_left += img.metadata.image_bytes;
-    int64_t cutoff = unused_for.count() > 0 ? now_seconds() - unused_for.count() : INT64_MIN;
+    // How many images name each stored layer; a layer is counted (and freed) once.
+    std::map<std::string, const StoredLayer*> stored;
+    std::map<std::string, size_t> references;
+    for (const auto& layer : *layers) {
+        stored[layer.record.chain_id] = &layer;
+        r.bytes_left += layer.record.layer_bytes;
+    }
     for (const auto& img : *images) {
+        r.bytes_left += img.metadata.image_bytes;
+        for (const auto& chain : img.metadata.layer_chain) ++references[chain];
+    }
+    auto drop_layer = [&](const StoredLayer& layer) {
+        auto st = remove_layer(layer.record.chain_id);
+        if (!st) {
+            if (st.error().errnum == EBUSY)
+                r.kept_in_use.push_back(layer.record.chain_id);
+            else
+                r.failed.push_back(st.error());
+            return;
+        }
+        r.removed_layers.push_back(layer.record.chain_id);
+        r.bytes_freed += layer.record.layer_bytes;
+        r.bytes_left -= layer.record.layer_bytes;
+    };
+    int64_t cutoff = unused_for.count() > 0 ? now_seconds() - unused_for.count() : INT64_MIN;
+    auto collectable = [&](int64_t last_used) {
         bool too_big = max_bytes > 0 && r.bytes_left > max_bytes;
-        bool too_old = unused_for.count() > 0 && img.last_used < cutoff;
-        if (!too_big && !too_old) continue;
+        bool too_old = unused_for.count() > 0 && last_used < cutoff;
+        return too_big || too_old;
+    };
+    for (const auto& img : *images) {
+        if (!collectable(img.last_used)) continue;
         auto st = remove(img.digest);
         if (!st) {
             if (st.error().errnum == EBUSY)
@@ -550,7 +743,21 @@ Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::sec
         r.removed.push_back(img.digest);
         r.bytes_freed += img.metadata.image_bytes;
         r.bytes_left -= img.metadata.image_bytes;
+        // Its layers that no remaining image names go with it (unless a container holds them).
+        for (const auto& chain : img.metadata.layer_chain) {
+            auto n = references.find(chain);
+            if (n == references.end() || n->second == 0 || --n->second > 0) continue;
+            if (auto it = stored.find(chain); it != stored.end()) drop_layer(*it->second);
+        }
     }
+    // Layers no image names (a producer that died between its layers and its image record left
+    // them; a later pull of that image would reuse them): collected by the same targets as images.
+    std::vector<const StoredLayer*> orphans;
+    for (const auto& layer : *layers)
+        if (references.find(layer.record.chain_id) == references.end()) orphans.push_back(&layer);
+    std::sort(orphans.begin(), orphans.end(), [](const auto* a, const auto* b) { return a->last_used < b->last_used; });
+    for (const auto* layer : orphans)
+        if (collectable(layer->last_used)) drop_layer(*layer);
     // Staging areas whose producer lock nobody holds are leftovers of dead producers that no one
     // resumed; a later pull would reuse their blobs, but gc reclaims the space. gc holds the producer
     // lock itself (creating the lock file if it is missing) while it removes, so no producer starts

@@ -632,3 +632,208 @@ TEST_CASE("private_images publishes owner-only files") {
     CHECK((st.st_mode & 07777) == 0600);
     CHECK(store.find(d).has_value());
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The per-layer store (docs/store.md, "Layers").
+
+namespace {
+
+// A stack of fake layers: diff_ids from seeds, their chain IDs, each published with `bytes` bytes.
+struct FakeStack {
+    std::vector<std::string> diff_ids, chain;
+};
+
+FakeStack fake_stack(const std::vector<std::string>& seeds) {
+    FakeStack s;
+    for (const auto& seed : seeds) s.diff_ids.push_back(Sha256::of("diff " + seed));
+    s.chain = chain_ids(s.diff_ids);
+    return s;
+}
+
+UniqueFd publish_fake_layer(const ImageStore& store, const FakeStack& s, size_t i, size_t bytes) {
+    std::string tmp = store.staging_dir(s.chain[i]) + ".layer";
+    REQUIRE(make_directories(store.root() + "/staging").ok());
+    std::ofstream(tmp) << std::string(bytes, 'l');
+    LayerRecord r;
+    r.chain_id = s.chain[i];
+    r.diff_id = s.diff_ids[i];
+    r.parent = i == 0 ? std::string() : s.chain[i - 1];
+    r.blob_digest = Sha256::of("blob " + s.diff_ids[i]);
+    auto fd = store.publish_layer(tmp, r);
+    REQUIRE(fd.ok());
+    return std::move(*fd);
+}
+
+void publish_layered_image(const ImageStore& store, const std::string& digest, const FakeStack& s) {
+    std::string tmp = store.staging_dir(digest) + ".sqsh";
+    std::ofstream(tmp) << "";
+    ImageMetadata meta;
+    meta.layer_chain = s.chain;
+    REQUIRE(store.publish(digest, tmp, meta).ok());
+}
+
+void set_layer_used(const TempStore& t, const std::string& chain, time_t when) {
+    struct timespec ts[2] = {{when, 0}, {when, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, (t.dir + "/used/layer-" + digest_hex(chain)).c_str(), ts, 0) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("chain IDs follow the OCI image spec") {
+    const std::string a = "sha256:" + std::string(64, '1'), b = "sha256:" + std::string(64, '2'),
+                      c = "sha256:" + std::string(64, '3');
+    // Expected values from Python's hashlib: sha256("<parent chain ID> <diff_id>").
+    auto chain = chain_ids({a, b, c});
+    REQUIRE(chain.size() == 3);
+    CHECK(chain[0] == a);
+    CHECK(chain[1] == "sha256:9932074217c35353d2e03a3f5a86549f7c67bfeb0ba53e23d69f4d4c8f7958f5");
+    CHECK(chain[2] == "sha256:50127c0d6b338be78246434b4bce23ecf75e505158ea0bbd15effeb162fbf3ec");
+    CHECK(chain_id(chain[1], c) == chain[2]);
+    CHECK(chain_ids({}).empty());
+}
+
+TEST_CASE("a published layer is found by its chain ID, and only a record that matches its name counts") {
+    TempStore t;
+    auto store = t.open();
+    auto s = fake_stack({"base", "top"});
+    CHECK_FALSE(store.find_layer(s.chain[1]).has_value());
+    { auto fd = publish_fake_layer(store, s, 0, 300); }
+    { auto fd = publish_fake_layer(store, s, 1, 50); }
+    auto top = store.find_layer(s.chain[1]);
+    REQUIRE(top.has_value());
+    CHECK(top->record.diff_id == s.diff_ids[1]);
+    CHECK(top->record.parent == s.chain[0]);
+    CHECK(top->record.layer_bytes == 50);
+    CHECK(top->squashfs_path == t.dir + "/images/layer-" + digest_hex(s.chain[1]) + ".sqsh");
+    auto layers = store.list_layers();
+    REQUIRE(layers.ok());
+    CHECK(layers->size() == 2);
+    // Layers are not images: `gantry images` and image gc never see them as such.
+    CHECK(store.list()->empty());
+
+    // A record whose chain ID is not that of its parent and diff_id is refused at publication...
+    LayerRecord bad;
+    bad.chain_id = s.chain[1];
+    bad.diff_id = s.diff_ids[0];
+    bad.parent = s.chain[0];
+    std::string tmp = store.staging_dir(s.chain[1]) + ".bad";
+    std::ofstream(tmp) << "x";
+    auto refused = store.publish_layer(tmp, bad);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().message.find("is not the chain ID") != std::string::npos);
+    // ...and on reading: metadata rewritten to describe another layer makes the layer not count.
+    std::string meta = t.dir + "/images/layer-" + digest_hex(s.chain[1]) + ".json";
+    std::string text = slurp(meta);
+    auto at = text.find(digest_hex(s.diff_ids[1]));
+    REQUIRE(at != std::string::npos);
+    text.replace(at, 64, digest_hex(s.diff_ids[0]));
+    REQUIRE(write_file_atomic(meta, text, 0644).ok());
+    CHECK_FALSE(store.find_layer(s.chain[1]).has_value());
+    std::vector<std::string> ignored;
+    CHECK(store.list_layers(&ignored)->size() == 1);
+    REQUIRE(ignored.size() == 1);
+    CHECK(ignored[0].find("is not the chain ID") != std::string::npos);
+    // Names that are not chain IDs are never turned into paths.
+    CHECK_FALSE(store.find_layer("sha256:../../etc/passwd").has_value());
+    CHECK_FALSE(store.open_layer_in_use("../x").ok());
+}
+
+TEST_CASE("gc counts a layer once, keeps layers another image or a container uses, and frees the rest") {
+    TempStore t;
+    auto store = t.open();
+    // Two tags on one base: old = base+mid+a, new = base+mid+b.
+    auto old_tag = fake_stack({"base", "mid", "a"});
+    auto new_tag = fake_stack({"base", "mid", "b"});
+    REQUIRE(old_tag.chain[1] == new_tag.chain[1]);
+    for (size_t i = 0; i < 3; ++i) (void)publish_fake_layer(store, old_tag, i, i == 0 ? 1000 : 100);
+    (void)publish_fake_layer(store, new_tag, 2, 100);
+    auto old_digest = fake_digest("old"), new_digest = fake_digest("new");
+    publish_layered_image(store, old_digest, old_tag);
+    publish_layered_image(store, new_digest, new_tag);
+    time_t now = ::time(nullptr);
+    struct timespec old_ts[2] = {{now - 3000, 0}, {now - 3000, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, (t.dir + "/used/" + digest_hex(old_digest)).c_str(), old_ts, 0) == 0);
+
+    // A size target the store meets: nothing goes, and the shared layers count once.
+    auto r = store.gc(10000, 0s);
+    REQUIRE(r.ok());
+    CHECK(r->removed.empty());
+    CHECK(r->bytes_left == 1300);
+
+    // A target that needs the old tag gone: its image and its own top layer, not the shared base.
+    r = store.gc(1250, 0s);
+    REQUIRE(r.ok());
+    CHECK(r->removed == std::vector<std::string>{old_digest});
+    CHECK(r->removed_layers == std::vector<std::string>{old_tag.chain[2]});
+    CHECK(r->bytes_left == 1200);
+    CHECK(store.find_layer(old_tag.chain[0]).has_value());
+    CHECK(store.find_layer(old_tag.chain[1]).has_value());
+    CHECK(store.find(new_digest).has_value());
+
+    // A container holding a layer keeps it when its image goes; the others are freed.
+    {
+        auto held = store.open_layer_in_use(new_tag.chain[0]);
+        REQUIRE(held.ok());
+        CHECK_FALSE(store.remove_layer(new_tag.chain[0]).ok());
+        r = store.gc(1, 0s);
+        REQUIRE(r.ok());
+        CHECK(r->removed == std::vector<std::string>{new_digest});
+        CHECK(r->removed_layers == std::vector<std::string>{new_tag.chain[1], new_tag.chain[2]});
+        CHECK(r->kept_in_use == std::vector<std::string>{new_tag.chain[0]});
+        CHECK(store.find_layer(new_tag.chain[0]).has_value());
+    }
+    // Now named by no image: an orphan, collected by the same targets as images.
+    set_layer_used(t, new_tag.chain[0], now - 100);
+    r = store.gc(0, 3600s);
+    REQUIRE(r.ok());
+    CHECK(r->removed_layers.empty());
+    r = store.gc(0, 10s);
+    REQUIRE(r.ok());
+    CHECK(r->removed_layers == std::vector<std::string>{new_tag.chain[0]});
+    CHECK(store.list_layers()->empty());
+    CHECK(r->bytes_left == 0);
+}
+
+TEST_CASE("a layer is locked before it appears, so gc never takes one whose image is not yet recorded") {
+    TempStore t;
+    auto store = t.open();
+    auto s = fake_stack({"only"});
+    auto producer = publish_fake_layer(store, s, 0, 10);
+    REQUIRE(producer.valid());
+    auto r = store.gc(1, 1s);  // wants everything gone
+    REQUIRE(r.ok());
+    CHECK(r->removed_layers.empty());
+    CHECK(r->kept_in_use == std::vector<std::string>{s.chain[0]});
+    producer.reset();
+    CHECK(store.remove_layer(s.chain[0]).ok());
+    CHECK_FALSE(store.find_layer(s.chain[0]).has_value());
+}
+
+TEST_CASE("a layer planted by another account, or through a symlink, is ignored", "[root]") {
+    require_root();  // chown
+    TempStore t;
+    auto store = t.open();
+    auto s = fake_stack({"planted"});
+    { auto fd = publish_fake_layer(store, s, 0, 10); }
+    const std::string base = t.dir + "/images/layer-" + digest_hex(s.chain[0]);
+    REQUIRE(store.find_layer(s.chain[0]).has_value());
+    for (const char* ext : {".sqsh", ".json"})
+        REQUIRE(::chown((base + ext).c_str(), kOtherUid, kOtherUid) == 0);
+    CHECK_FALSE(store.find_layer(s.chain[0]).has_value());
+    CHECK_FALSE(store.open_layer_in_use(s.chain[0]).ok());
+    std::vector<std::string> ignored;
+    CHECK(store.list_layers(&ignored)->empty());
+    REQUIRE(ignored.size() == 1);
+    CHECK(ignored[0].find("owned by uid " + std::to_string(kOtherUid)) != std::string::npos);
+    // Publishing over it replaces the untrusted files (the caller may remove them from images/).
+    { auto fd = publish_fake_layer(store, s, 0, 20); }
+    auto mine = store.find_layer(s.chain[0]);
+    REQUIRE(mine.has_value());
+    CHECK(mine->record.layer_bytes == 20);
+    // A symlink in the layer's place (to a real squashfs elsewhere) is neither found nor opened.
+    REQUIRE(::unlink((base + ".sqsh").c_str()) == 0);
+    std::ofstream(t.dir + "/elsewhere.sqsh") << "y";
+    REQUIRE(::symlink((t.dir + "/elsewhere.sqsh").c_str(), (base + ".sqsh").c_str()) == 0);
+    CHECK_FALSE(store.find_layer(s.chain[0]).has_value());
+    CHECK_FALSE(store.open_layer_in_use(s.chain[0]).ok());
+}
