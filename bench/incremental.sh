@@ -9,9 +9,11 @@
 #           would pay for +top at best (download and convert that layer, nothing else)
 #   above   the middle tag's layers from the replaced one up, into a store of its own: what a per-layer
 #           store would pay for the middle tag
+# base, +top and middle are pulled twice: as whole images (what Gantry stores by default) and with
+# `gantry pull --layered` into a store of their own (one squashfs per layer, docs/store.md "Layers").
 # Prints each pull's time, the registry blob GETs it made (layers and the config), how much its store
-# grew, and the ratios of issue #19's targets: +top <= 1.5 x alone + 0.5 s, its store growth <= 1.1 x
-# alone's squashfs; the middle tag converts only the replaced layer and those above it (vs `above`).
+# grew, and the ratios of issue #19's targets for both: +top <= 1.5 x alone + 0.5 s, its store growth
+# <= 1.1 x alone's squashfs; the middle tag converts only the replaced layer and those above it (vs `above`).
 # Run as root with the registry up:
 #   tests/harness/registry.sh start && bench/incremental.sh [BASE_MB] [NEW_MB] [LAYERS]
 set -euo pipefail
@@ -88,15 +90,17 @@ image alone top
 image above "${middle[@]:$middle_at}"
 printf 'images made and pushed in %.0f s\n\n' "$(echo "$(now) - $t0" | bc -l)"
 
-# pull NAME TAG STORE: prints "seconds blob-GETs store-growth-bytes squashfs-bytes".
+# pull TAG STORE [--layered]: prints "seconds blob-GETs store-growth-bytes squashfs-bytes" (a layered
+# pull: the size of its record, not of a squashfs).
 pull() {
   local tag=$1 store=$2 before gets_before t1 out
+  shift 2
   mkdir -p "$store"
   before=$(du -sb "$store" | cut -f1)
   gets_before=$(gantry_registry_blob_gets "$GANTRY_TEST_REGISTRY_HTTP_LOG" 'sha256:[0-9a-f]+')
   drop_caches
   t1=$(now)
-  out=$("$gantry" pull --quiet --store "$store" "$reg/$repo:$tag")
+  out=$("$gantry" pull --quiet "$@" --store "$store" "$reg/$repo:$tag")
   local secs
   secs=$(echo "$(now) - $t1" | bc -l)
   printf '%.2f %d %d %d\n' "$secs" \
@@ -109,6 +113,9 @@ read -r t_top g_top grow_top sq_top < <(pull top "$work/store")
 read -r t_mid g_mid grow_mid sq_mid < <(pull middle "$work/store")
 read -r t_alone g_alone grow_alone sq_alone < <(pull alone "$work/store-alone")
 read -r t_above g_above grow_above sq_above < <(pull above "$work/store-above")
+read -r lt_base lg_base lgrow_base _ < <(pull base "$work/store-layered" --layered)
+read -r lt_top lg_top lgrow_top _ < <(pull top "$work/store-layered" --layered)
+read -r lt_mid lg_mid lgrow_mid _ < <(pull middle "$work/store-layered" --layered)
 
 mib() { echo $(( $1 >> 20 )); }
 printf '%-46s %8s %6s %12s %14s\n' pull seconds GETs "store +MiB" "squashfs MiB"
@@ -118,15 +125,25 @@ row "+top: base + 1 layer (base stored)" "$t_top" "$g_top" "$grow_top" "$sq_top"
 row "middle: layer $middle_at replaced (both stored)" "$t_mid" "$g_mid" "$grow_mid" "$sq_mid"
 row "alone: the +top layer only (own store)" "$t_alone" "$g_alone" "$grow_alone" "$sq_alone"
 row "above: layers $middle_at.. of middle (own store)" "$t_above" "$g_above" "$grow_above" "$sq_above"
+row "layered base: cold, $nlayers layers" "$lt_base" "$lg_base" "$lgrow_base" 0
+row "layered +top (base stored as layers)" "$lt_top" "$lg_top" "$lgrow_top" 0
+row "layered middle (both stored as layers)" "$lt_mid" "$lg_mid" "$lgrow_mid" 0
 
 verdict() { if [ "$(echo "$1 <= $2" | bc -l)" = 1 ]; then echo met; else echo "not met"; fi; }
 limit_top=$(echo "1.5 * $t_alone + 0.5" | bc -l)
-printf '\n+top time / (1.5 x alone + 0.5 s):     %.2fx  (%.2f s of %.2f s: %s)\n' \
-  "$(echo "$t_top / $limit_top" | bc -l)" "$t_top" "$limit_top" "$(verdict "$t_top" "$limit_top")"
-printf '+top store growth / alone squashfs:     %.2fx  (target <= 1.1x: %s)\n' \
-  "$(echo "$grow_top / $sq_alone" | bc -l)" "$(verdict "$grow_top" "$(echo "1.1 * $sq_alone" | bc -l)")"
-printf 'middle time / above time:               %.2fx  (a per-layer store converts only those: about 1x)\n' \
-  "$(echo "$t_mid / $t_above" | bc -l)"
-printf 'middle store growth / above squashfs:   %.2fx  (target <= 1.1x: %s)\n' \
-  "$(echo "$grow_mid / $sq_above" | bc -l)" "$(verdict "$grow_mid" "$(echo "1.1 * $sq_above" | bc -l)")"
-printf 'blob GETs: +top %d, middle %d (a per-layer store: the new layer and the config, 2 each)\n' "$g_top" "$g_mid"
+# targets LABEL T_TOP GROW_TOP T_MID GROW_MID GETS_TOP GETS_MID
+targets() {
+  printf '\n%s\n' "$1"
+  printf '  +top time / (1.5 x alone + 0.5 s):     %.2fx  (%.2f s of %.2f s: %s)\n' \
+    "$(echo "$2 / $limit_top" | bc -l)" "$2" "$limit_top" "$(verdict "$2" "$limit_top")"
+  printf '  +top store growth / alone squashfs:     %.2fx  (target <= 1.1x: %s)\n' \
+    "$(echo "$3 / $sq_alone" | bc -l)" "$(verdict "$3" "$(echo "1.1 * $sq_alone" | bc -l)")"
+  printf '  middle time / above time:               %.2fx  (a per-layer store converts only those: about 1x)\n' \
+    "$(echo "$4 / $t_above" | bc -l)"
+  printf '  middle store growth / above squashfs:   %.2fx  (target <= 1.1x: %s)\n' \
+    "$(echo "$5 / $sq_above" | bc -l)" "$(verdict "$5" "$(echo "1.1 * $sq_above" | bc -l)")"
+  printf '  blob GETs: +top %d, middle %d (only new layers and the config: 2 and %d)\n' "$6" "$7" $(( nlayers - middle_at + 1 ))
+}
+targets "whole images (the default):" "$t_top" "$grow_top" "$t_mid" "$grow_mid" "$g_top" "$g_mid"
+targets "layered (gantry pull --layered):" "$lt_top" "$lgrow_top" "$lt_mid" "$lgrow_mid" "$lg_top" "$lg_mid"
+printf '\nlayered cold base / whole cold base:    %.2fx\n' "$(echo "$lt_base / $t_base" | bc -l)"

@@ -42,13 +42,19 @@ struct PullOptions {
     std::string credential_sources;  // names what `credentials` consults, for "no credentials" messages
     std::function<void(const PullProgress&)> on_progress;
     std::chrono::seconds producer_timeout{3600};
+    // Store the image as layers (docs/store.md, "Layers"): each layer converted on its own into the
+    // overlay form and published under its chain ID, only the layers the store lacks downloaded and
+    // converted, then an image record naming them. Not runnable yet (issue #19): off by default.
+    bool layered = false;
 };
 
 struct PullResult {
     std::string digest;
-    std::string squashfs_path;
+    std::string squashfs_path;  // a layered image: its record, images/<hex>.json
     bool produced = false;  // false: it was already in the store (or another producer made it)
     ConversionStats stats;
+    size_t layers_converted = 0;  // a layered pull: the layers it downloaded and converted
+    size_t layers_reused = 0;     // a layered pull: the layers the store had already
 };
 
 // Makes sure the image `ref` names is in `store`, pulling and converting it if needed.

@@ -66,6 +66,7 @@ struct LayerRecord {
     std::string diff_id;      // the layer's uncompressed digest
     std::string parent;       // the chain ID below it; empty for the bottom layer
     std::string blob_digest;  // the (compressed) blob it was converted from
+    uint64_t uncompressed_bytes = 0;  // the layer's tar, counted against max_image_bytes of each image
     uint64_t layer_bytes = 0; // size of the squashfs
     int64_t converted_at = 0; // unix seconds
 };
@@ -78,9 +79,11 @@ struct StoredLayer {
 
 struct StoredImage {
     std::string digest;
-    std::string squashfs_path;
+    std::string squashfs_path;  // empty for a layered image (its layers: metadata.layer_chain)
     ImageMetadata metadata;
     int64_t last_used = 0;  // unix seconds
+    // Stored as layers (gantry pull --layered; docs/store.md, "Layers"): no whole-image squashfs.
+    [[nodiscard]] bool layered() const { return squashfs_path.empty(); }
 };
 
 struct TagRecord {
@@ -153,6 +156,9 @@ public:
     Result<ProducerLock> lock_producer(const std::string& digest, std::chrono::seconds timeout,
                                        const std::function<void(const std::string& holder)>& on_wait = {}) const;
 
+    // Publishes a layered image: its record (images/<hex>.json, no .sqsh) naming metadata.layer_chain,
+    // every layer of which must be in the store. The record's rename is the commit point.
+    Status publish_layered(const std::string& digest, ImageMetadata metadata) const;
     // Atomically publishes a finished squashfs (same filesystem as the store) with its metadata.
     // With private_images, the .sqsh is 0400 and the .json 0600 (owner only), else 0444 and 0644.
     Status publish(const std::string& digest, const std::string& squashfs_tmp, ImageMetadata metadata) const;

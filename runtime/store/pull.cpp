@@ -62,6 +62,10 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
                                   const PullOptions& options, RegistryClient& client, const std::string& digest,
                                   PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
                                   std::atomic<uint64_t>& bytes_done);
+Result<PullResult> produce_layered(const Config& config, const ImageStore& store, const ImageReference& ref,
+                                   RegistryClient& client, const std::string& digest, const ResolvedImage& image,
+                                   const std::vector<std::string>& diff_ids, const std::string& platform,
+                                   PullResult result, const ProgressUpdate& update);
 
 }  // namespace
 
@@ -74,18 +78,33 @@ Result<PullPolicy> parse_pull_policy(const std::string& text) {
 
 namespace {
 
+// The store holds `digest` in a form this pull serves: a whole image always; one stored as layers only
+// for a layered pull (nothing can run it yet, so a plain pull makes the whole squashfs).
+bool has_image(const ImageStore& store, const std::string& digest, bool layered) {
+    auto img = store.find(digest);
+    return img && (layered || !img->layered());
+}
+
+// The path a pull reports for a stored image: its squashfs, or a layered image's record.
+std::string reported_path(const ImageStore& store, const std::string& digest) {
+    auto img = store.find(digest);
+    if (img && img->layered()) return store.root() + "/images/" + digest_hex(digest) + ".json";
+    return store.squashfs_path(digest);
+}
+
 // The image the store can serve for `ref` without the registry, under `policy`: a digest-pinned
 // reference by its own digest (or the platform manifest it was resolved to before), a tag by the
 // store's last resolution unless the policy is `always`. Both records pass the store's owner rule
 // (lookup_tag, find), so another user cannot redirect a tag to an image of their choosing.
-std::optional<std::string> stored_digest(const ImageStore& store, const ImageReference& ref, PullPolicy policy) {
+std::optional<std::string> stored_digest(const ImageStore& store, const ImageReference& ref, PullPolicy policy,
+                                         bool layered) {
     if (!ref.digest.empty()) {
-        if (store.find(ref.digest)) return ref.digest;
+        if (has_image(store, ref.digest, layered)) return ref.digest;
     } else if (policy == PullPolicy::always) {
         return std::nullopt;
     }
     auto record = store.lookup_tag(ref);
-    if (record && validate_digest(record->digest) && store.find(record->digest)) return record->digest;
+    if (record && validate_digest(record->digest) && has_image(store, record->digest, layered)) return record->digest;
     return std::nullopt;
 }
 
@@ -165,11 +184,11 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         return make_error("the pull policy 'never' is not available for " + ref.str() +
                           ": in this store every pull is authorized by the registry (private_images or a "
                           "store_owner pull); use --pull=always or missing");
-    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy)) {
+    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy, options.layered)) {
         store.touch(*stored);
         PullResult result;
         result.digest = *stored;
-        result.squashfs_path = store.squashfs_path(*stored);
+        result.squashfs_path = reported_path(store, *stored);
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
     }
@@ -188,7 +207,8 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     PullResult result;
     result.digest = digest;
     result.squashfs_path = store.squashfs_path(digest);
-    if (store.find(digest)) {
+    if (has_image(store, digest, options.layered)) {
+        result.squashfs_path = reported_path(store, digest);
         store.touch(digest);
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
@@ -211,7 +231,8 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         });
     });
     if (!lock) return lock.error();
-    if (store.find(digest)) {
+    if (has_image(store, digest, options.layered)) {
+        result.squashfs_path = reported_path(store, digest);
         store.touch(digest);
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
@@ -270,6 +291,10 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
     if (!cfg->diff_ids.empty() && cfg->diff_ids.size() != image->layers.size())
         return make_error("pulling " + ref.str() + ": the config lists " + std::to_string(cfg->diff_ids.size()) +
                           " layers but the manifest " + std::to_string(image->layers.size()));
+
+    if (options.layered)
+        return produce_layered(config, store, ref, client, digest, *image, cfg->diff_ids, options.platform.str(),
+                               std::move(result), update);
 
     // The staging area survives a producer that dies: its verified blobs are reused by the next one.
     auto staging = store.prepare_staging(digest);
@@ -367,6 +392,126 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
 
     result.produced = true;
     result.stats = *stats;
+    update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+    return result;
+}
+
+// The layered producer (docs/store.md, "Layers"), run while holding the image's producer lock: the
+// layers the store lacks are downloaded (in parallel, as for a whole image), each converted on its own
+// into the overlay form and published under its chain ID, one producer per layer (a layer two images
+// being pulled at once share is converted once); every layer is held in use until the image record
+// naming them is published. The image's limits hold for the whole stack, stored layers included.
+Result<PullResult> produce_layered(const Config& config, const ImageStore& store, const ImageReference& ref,
+                                   RegistryClient& client, const std::string& digest, const ResolvedImage& image,
+                                   const std::vector<std::string>& diff_ids, const std::string& platform,
+                                   PullResult result, const ProgressUpdate& update) {
+    const std::string context = "pulling " + ref.str() + " as layers";
+    if (image.layers.empty()) return make_error(context + ": the image has no layers");
+    if (diff_ids.size() != image.layers.size())
+        return make_error(context + ": the config lists no diff_ids for its layers, which name them in the store");
+    const uint64_t max_image_bytes = config.limits.max_image_bytes;
+    const std::vector<std::string> chain = chain_ids(diff_ids);
+    std::vector<UniqueFd> held(chain.size());
+    std::vector<size_t> missing;
+    std::vector<Descriptor> to_fetch;
+    uint64_t declared = 0, expanded = 0;  // both saturate: a manifest may declare sizes near 2^64
+    auto add = [](uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; };
+    for (size_t i = 0; i < chain.size(); ++i) {
+        declared = add(declared, image.layers[i].size);
+        auto stored = store.find_layer(chain[i]);
+        auto fd = stored ? store.open_layer_in_use(chain[i]) : Result<UniqueFd>(make_error("not stored"));
+        if (fd) {
+            held[i] = std::move(*fd);
+            expanded = add(expanded, stored->record.uncompressed_bytes);
+        } else {
+            missing.push_back(i);
+            to_fetch.push_back(image.layers[i]);
+        }
+    }
+    // The whole stack, not only the layers fetched now: compressed layers cannot be larger than the
+    // tars they expand to (as the registry client's own check for a whole image).
+    if (declared > max_image_bytes)
+        return make_error(context + ": the manifest declares " + format_bytes(declared) +
+                          " of compressed layers, more than max_image_bytes = " + std::to_string(max_image_bytes) + " (" +
+                          format_bytes(max_image_bytes) + ") allows uncompressed; raise max_image_bytes in gantry.conf "
+                          "if the image is genuine");
+    uint64_t bytes_total = 0;
+    for (const auto& d : to_fetch) bytes_total += d.size;
+    update([&](PullProgress& p) {
+        p.phase = PullProgress::Phase::downloading;
+        p.layers_total = missing.size();
+        p.bytes_total = bytes_total;
+    });
+
+    auto staging = store.prepare_staging(digest);
+    if (!staging) return staging.error().wrap(context);
+    const std::string blobs_dir = *staging + "/blobs";
+    GANTRY_TRY(make_directories(blobs_dir, 0755));
+    if (!to_fetch.empty()) {
+        auto fetched = client.fetch_blobs(ref, to_fetch, blobs_dir, [](size_t) {});
+        if (!fetched) return fetched.error().wrap(context);
+    }
+    update([&](PullProgress& p) { p.bytes_done = bytes_total; });
+
+    SquashfsOptions options = squashfs_options(config);
+    for (size_t n = 0; n < missing.size(); ++n) {
+        const size_t i = missing[n];
+        const Descriptor& d = image.layers[i];
+        auto layer_lock = store.lock_producer(chain[i], std::chrono::seconds(3600));
+        if (!layer_lock) return layer_lock.error().wrap(context);
+        auto stored = store.find_layer(chain[i]);  // made meanwhile by the producer of another image
+        auto fd = stored ? store.open_layer_in_use(chain[i]) : Result<UniqueFd>(make_error("not stored"));
+        if (fd) {
+            held[i] = std::move(*fd);
+            expanded = add(expanded, stored->record.uncompressed_bytes);
+        } else {
+            const std::string tmp = *staging + "/layer.sqsh." + std::to_string(::getpid());
+            ::unlink(tmp.c_str());
+            LayerBlob blob{blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest, diff_ids[i]};
+            // What is left of the image's budget bounds this layer (the converter's limits are per image).
+            options.limits.max_image_bytes = max_image_bytes - std::min(max_image_bytes, expanded);
+            auto stats = convert_layer_for_overlay(blob, tmp, options, "user.overlay.opaque");
+            if (!stats) {
+                ::unlink(tmp.c_str());
+                return stats.error().wrap(context);
+            }
+            LayerRecord record;
+            record.chain_id = chain[i];
+            record.diff_id = diff_ids[i];
+            record.parent = i == 0 ? std::string() : chain[i - 1];
+            record.blob_digest = d.digest;
+            record.uncompressed_bytes = stats->uncompressed_bytes;
+            auto published = store.publish_layer(tmp, record);
+            if (!published) {
+                ::unlink(tmp.c_str());
+                return published.error().wrap(context);
+            }
+            held[i] = std::move(*published);
+            expanded = add(expanded, stats->uncompressed_bytes);
+            result.stats.files += stats->files;
+            result.stats.uncompressed_bytes += stats->uncompressed_bytes;
+            result.stats.image_bytes += stats->image_bytes;
+            ++result.layers_converted;
+            ::unlink(blob.path.c_str());
+        }
+        update([&](PullProgress& p) { p.layers_done = n + 1; });
+    }
+    result.layers_reused = chain.size() - result.layers_converted;
+
+    update([&](PullProgress& p) { p.phase = PullProgress::Phase::publishing; });
+    ImageMetadata meta;
+    meta.references.push_back(ref.str());
+    meta.platform = platform;
+    meta.manifest_json = image.manifest_json;
+    meta.config_json = image.config_json;
+    meta.layers = image.layers;
+    meta.compressor = config.compressor;
+    meta.block_size = config.block_size;
+    meta.layer_chain = chain;
+    if (auto st = store.publish_layered(digest, meta); !st) return st.error().wrap(context);
+    store.remove_staging(digest);
+    result.produced = true;
+    result.squashfs_path = reported_path(store, digest);
     update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
     return result;
 }

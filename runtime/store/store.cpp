@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -90,7 +91,8 @@ Result<ImageMetadata> metadata_from_json(const std::string& text, const std::str
 
 json to_json(const LayerRecord& r) {
     return {{"chain_id", r.chain_id},       {"diff_id", r.diff_id},         {"parent", r.parent},
-            {"blob_digest", r.blob_digest}, {"layer_bytes", r.layer_bytes}, {"converted_at", r.converted_at}};
+            {"blob_digest", r.blob_digest}, {"uncompressed_bytes", r.uncompressed_bytes},
+            {"layer_bytes", r.layer_bytes}, {"converted_at", r.converted_at}};
 }
 
 Result<LayerRecord> layer_record_from_json(const std::string& text, const std::string& path) {
@@ -102,6 +104,7 @@ Result<LayerRecord> layer_record_from_json(const std::string& text, const std::s
         r.diff_id = j.value("diff_id", "");
         r.parent = j.value("parent", "");
         r.blob_digest = j.value("blob_digest", "");
+        r.uncompressed_bytes = j.value("uncompressed_bytes", uint64_t{0});
         r.layer_bytes = j.value("layer_bytes", uint64_t{0});
         r.converted_at = j.value("converted_at", int64_t{0});
     } catch (const json::exception& e) {
@@ -259,20 +262,32 @@ Result<StoredImage> ImageStore::load(const std::string& digest) const {
     const Dirs& d = *dirs_;
     const std::string hex = digest_hex(digest);
     // The .sqsh is only looked at here (its bytes are for the mount), so fstatat without following;
-    // open_in_use and the launcher check the file they open again.
+    // open_in_use and the launcher check the file they open again. Without one, the image is a
+    // layered one if its record says so (else a producer between its .json and its .sqsh: nothing yet).
     struct stat sqsh_st {};
-    if (::fstatat(d.images.fd(), (hex + ".sqsh").c_str(), &sqsh_st, AT_SYMLINK_NOFOLLOW) != 0)
-        return system_error("finding " + d.images.path_of(hex + ".sqsh"));
-    if (!accepted_file(sqsh_st)) return not_accepted(d.images.path_of(hex + ".sqsh"), sqsh_st);
+    const bool whole = ::fstatat(d.images.fd(), (hex + ".sqsh").c_str(), &sqsh_st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (!whole && errno != ENOENT) return system_error("finding " + d.images.path_of(hex + ".sqsh"));
+    if (whole && !accepted_file(sqsh_st)) return not_accepted(d.images.path_of(hex + ".sqsh"), sqsh_st);
     struct stat meta_st {};
     auto text = read_regular_at(d.images, hex + ".json", kMaxImageMetadataBytes, &meta_st);
-    if (!text) return text.error().wrap("ignoring " + d.images.path_of(hex + ".sqsh"));
+    if (!text) return text.error().wrap("ignoring " + d.images.path_of(hex + (whole ? ".sqsh" : ".json")));
     if (!accepted_file(meta_st)) return not_accepted(d.images.path_of(hex + ".json"), meta_st);
     auto meta = metadata_from_json(*text, d.images.path_of(hex + ".json"));
     if (!meta) return meta.error();
     if (meta->manifest_digest != digest)
         return make_error("ignoring " + d.images.path_of(hex + ".json") + ": it describes " + meta->manifest_digest);
-    StoredImage img{digest, squashfs_path(digest), std::move(*meta), 0};
+    if (!whole) {
+        if (meta->layer_chain.empty()) return Error{"finding " + d.images.path_of(hex + ".sqsh"), ENOENT, 0};
+        // A layered image counts only with every one of its layers in the store, each accepted.
+        for (const auto& chain : meta->layer_chain) {
+            if (auto st = validate_digest(chain); !st)
+                return st.error().wrap("ignoring " + d.images.path_of(hex + ".json"));
+            if (auto layer = load_layer(chain); !layer)
+                return make_error("ignoring " + d.images.path_of(hex + ".json") + ": its layer " + chain +
+                                  " is not usable (" + layer.error().message + ")");
+        }
+    }
+    StoredImage img{digest, whole ? squashfs_path(digest) : std::string(), std::move(*meta), 0};
     struct stat used_st {};
     if (::fstatat(d.used.fd(), hex.c_str(), &used_st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(used_st.st_mode))
         img.last_used = static_cast<int64_t>(used_st.st_mtime);
@@ -291,9 +306,14 @@ Result<std::vector<StoredImage>> ImageStore::list(std::vector<std::string>* igno
     auto names = list_directory(dirs_->images);
     if (!names) return names.error().wrap("listing image store " + root_);
     std::vector<StoredImage> out;
+    // Whole images by their .sqsh, layered ones by their record alone.
+    std::set<std::string> hexes;
     for (const auto& name : *names) {
-        if (!ends_with(name, ".sqsh") || !is_hex_digest(name.substr(0, name.size() - 5))) continue;
-        auto img = load("sha256:" + name.substr(0, 64));
+        for (const char* suffix : {".sqsh", ".json"})
+            if (ends_with(name, suffix) && is_hex_digest(name.substr(0, name.size() - 5))) hexes.insert(name.substr(0, 64));
+    }
+    for (const auto& hex : hexes) {
+        auto img = load("sha256:" + hex);
         if (img) {
             out.push_back(std::move(*img));
         } else if (img.error().errnum != ENOENT && ignored != nullptr) {
@@ -421,6 +441,36 @@ Result<std::string> ImageStore::prepare_staging(const std::string& digest) const
 
 void ImageStore::remove_staging(const std::string& digest) const {
     (void)remove_tree_at(dirs_->staging, digest_hex(digest));
+}
+
+Status ImageStore::publish_layered(const std::string& digest, ImageMetadata metadata) const {
+    GANTRY_TRY(check_root_may_modify());
+    const Directory& images = dirs_->images;
+    const std::string hex = digest_hex(digest);
+    if (metadata.layer_chain.empty()) return make_error("publishing layered image " + digest + ": it names no layers");
+    uint64_t bytes = 0;
+    for (const auto& chain : metadata.layer_chain) {
+        auto layer = find_layer(chain);
+        if (!layer) return make_error("publishing layered image " + digest + ": its layer " + chain + " is not in the store");
+        bytes += layer->record.layer_bytes;
+    }
+    // As publish(): files of this digest from an account the store does not trust go first.
+    for (const std::string& name : {hex + ".json", hex + ".sqsh"}) {
+        struct stat st {};
+        if (::fstatat(images.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || accepted_file(st)) continue;
+        if (::unlinkat(images.fd(), name.c_str(), 0) != 0)
+            return make_error("publishing " + images.path_of(name) + ": the store holds this digest from uid " +
+                              std::to_string(st.st_uid) +
+                              ", which it does not trust, and this account cannot replace it; ask the file's owner "
+                              "or the admin to remove it, or use a per-user store (docs/store.md)");
+    }
+    metadata.manifest_digest = digest;
+    metadata.image_bytes = bytes;  // shown by `gantry images`; gc counts the layers themselves
+    if (metadata.pulled_at == 0) metadata.pulled_at = now_seconds();
+    GANTRY_TRY(write_file_atomic_at(images, hex + ".json", to_json(metadata).dump(1) + "\n",
+                                    dirs_->private_images ? 0600 : 0644));
+    touch(digest);
+    return {};
 }
 
 Status ImageStore::publish(const std::string& digest, const std::string& squashfs_tmp, ImageMetadata metadata) const {
@@ -655,6 +705,11 @@ void ImageStore::touch_name(const std::string& name) const {
 Result<UniqueFd> ImageStore::open_in_use(const std::string& digest) const {
     const std::string name = digest_hex(digest) + ".sqsh";
     auto f = open_regular_at(dirs_->images, name, O_RDONLY);
+    if (!f && f.error().errnum == ENOENT) {
+        if (auto img = find(digest); img && img->layered())
+            return make_error("image " + digest + " is stored as layers (gantry pull --layered), which this version " +
+                              "cannot run yet (docs/store.md, \"Layers\"); pull it without --layered");
+    }
     if (!f) return f.error().wrap("opening image");
     if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap("opening image");
     if (::flock(f->fd.get(), LOCK_SH) != 0) return system_error("locking image " + dirs_->images.path_of(name));
@@ -663,7 +718,9 @@ Result<UniqueFd> ImageStore::open_in_use(const std::string& digest) const {
 }
 
 bool ImageStore::in_use(const std::string& digest) const {
-    return !lockable_exclusively(dirs_->images, digest_hex(digest) + ".sqsh");
+    // A layered image's users hold its record (and its layers), a whole image's its squashfs.
+    const std::string hex = digest_hex(digest);
+    return !lockable_exclusively(dirs_->images, hex + ".sqsh") || !lockable_exclusively(dirs_->images, hex + ".json");
 }
 
 Status ImageStore::remove(const std::string& digest) const {
@@ -671,8 +728,8 @@ Status ImageStore::remove(const std::string& digest) const {
     const Dirs& d = *dirs_;
     const std::string hex = digest_hex(digest);
     const std::string sqsh = hex + ".sqsh";
-    UniqueFd guard;
-    if (!lockable_exclusively(d.images, sqsh, &guard))
+    UniqueFd guard, record_guard;
+    if (!lockable_exclusively(d.images, sqsh, &guard) || !lockable_exclusively(d.images, hex + ".json", &record_guard))
         return Error{"image " + digest + " is in use by a running container", EBUSY, 0};
     // The .sqsh goes first so that no reader finds an image without metadata.
     if (::unlinkat(d.images.fd(), sqsh.c_str(), 0) != 0 && errno != ENOENT)
@@ -708,7 +765,7 @@ Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::sec
         r.bytes_left += layer.record.layer_bytes;
     }
     for (const auto& img : *images) {
-        r.bytes_left += img.metadata.image_bytes;
+        r.bytes_left += img.layered() ? 0 : img.metadata.image_bytes;
         for (const auto& chain : img.metadata.layer_chain) ++references[chain];
     }
     auto drop_layer = [&](const StoredLayer& layer) {
@@ -741,8 +798,10 @@ Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::sec
             continue;
         }
         r.removed.push_back(img.digest);
-        r.bytes_freed += img.metadata.image_bytes;
-        r.bytes_left -= img.metadata.image_bytes;
+        if (!img.layered()) {
+            r.bytes_freed += img.metadata.image_bytes;
+            r.bytes_left -= img.metadata.image_bytes;
+        }
         // Its layers that no remaining image names go with it (unless a container holds them).
         for (const auto& chain : img.metadata.layer_chain) {
             auto n = references.find(chain);

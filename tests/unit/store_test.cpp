@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -665,11 +666,10 @@ UniqueFd publish_fake_layer(const ImageStore& store, const FakeStack& s, size_t 
 }
 
 void publish_layered_image(const ImageStore& store, const std::string& digest, const FakeStack& s) {
-    std::string tmp = store.staging_dir(digest) + ".sqsh";
-    std::ofstream(tmp) << "";
     ImageMetadata meta;
+    meta.references.push_back("reg/layered:" + digest_hex(digest).substr(0, 8));
     meta.layer_chain = s.chain;
-    REQUIRE(store.publish(digest, tmp, meta).ok());
+    REQUIRE(store.publish_layered(digest, meta).ok());
 }
 
 void set_layer_used(const TempStore& t, const std::string& chain, time_t when) {
@@ -836,4 +836,48 @@ TEST_CASE("a layer planted by another account, or through a symlink, is ignored"
     REQUIRE(::symlink((t.dir + "/elsewhere.sqsh").c_str(), (base + ".sqsh").c_str()) == 0);
     CHECK_FALSE(store.find_layer(s.chain[0]).has_value());
     CHECK_FALSE(store.open_layer_in_use(s.chain[0]).ok());
+}
+
+TEST_CASE("a layered image is a record naming its layers, which counts only with all of them") {
+    TempStore t;
+    auto store = t.open();
+    auto s = fake_stack({"base", "app"});
+    auto d = fake_digest("layered");
+    ImageMetadata meta;
+    meta.layer_chain = s.chain;
+    // Its layers first: a record naming a layer the store lacks is refused.
+    auto early = store.publish_layered(d, meta);
+    REQUIRE_FALSE(early.ok());
+    CHECK(early.error().message.find("is not in the store") != std::string::npos);
+    for (size_t i = 0; i < 2; ++i) (void)publish_fake_layer(store, s, i, 100 * (i + 1));
+    REQUIRE(store.publish_layered(d, meta).ok());
+    auto img = store.find(d);
+    REQUIRE(img.has_value());
+    CHECK(img->layered());
+    CHECK(img->squashfs_path.empty());
+    CHECK(img->metadata.layer_chain == s.chain);
+    CHECK(img->metadata.image_bytes == 300);
+    CHECK(store.list()->size() == 1);
+    // Nothing can run it yet, and says so.
+    auto opened = store.open_in_use(d);
+    REQUIRE_FALSE(opened.ok());
+    CHECK(opened.error().message.find("stored as layers") != std::string::npos);
+    // Its users hold the record: then it is in use and neither removed nor collected.
+    {
+        auto record = open_regular_at(*Directory::open(t.dir + "/images"), digest_hex(d) + ".json", O_RDONLY);
+        REQUIRE(record.ok());
+        REQUIRE(::flock(record->fd.get(), LOCK_SH) == 0);
+        CHECK(store.in_use(d));
+        auto rm = store.remove(d);
+        REQUIRE_FALSE(rm.ok());
+        CHECK(rm.error().errnum == EBUSY);
+    }
+    CHECK_FALSE(store.in_use(d));
+    // A layer gone from under it (removed by hand): the image no longer counts, and says why.
+    REQUIRE(store.remove_layer(s.chain[1]).ok());
+    CHECK_FALSE(store.find(d).has_value());
+    std::vector<std::string> ignored;
+    CHECK(store.list(&ignored)->empty());
+    REQUIRE(ignored.size() == 1);
+    CHECK(ignored[0].find("its layer " + s.chain[1] + " is not usable") != std::string::npos);
 }

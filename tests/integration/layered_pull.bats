@@ -1,0 +1,165 @@
+# fixtures: registry images
+# `gantry pull --layered` (issue #19, docs/store.md "Layers") against the real harness registry: one
+# squashfs per layer in overlay form, named by chain ID; the kernel's overlayfs stacking them (with
+# `userxattr`, the one form both backends use) must show exactly umoci's tree of the image; a new tag
+# on a stored base downloads and converts only its new layer; gc counts layers per reference. Needs
+# root (loop mounts, overlayfs).
+
+load helpers
+
+setup() {
+  gantry_load_env registry images
+  GANTRY=$GANTRY_BUILD_DIR/runtime/gantry
+  REG=$GANTRY_TEST_REGISTRY_HTTP
+  T=$(mktemp -d /tmp/gantry-layered-test.XXXXXX)
+  STORE=$T/store
+  TREECMP=$GANTRY_SOURCE_DIR/tests/integration/treecmp.py
+  COUNT=$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh
+  MOUNTS=()
+}
+
+teardown() {
+  local m i
+  for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
+    m=${MOUNTS[$i]}
+    mountpoint -q "$m" && umount "$m"
+  done
+  rm -rf "$T"
+}
+
+# layer_chain DIGEST: the image record's chain IDs, bottom first, one per line.
+layer_chain() {
+  python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["layer_chain"]))' \
+    "$STORE/images/${1#sha256:}.json"
+}
+
+# mount_stack DIGEST DIR: every layer loop-mounted read-only, stacked by overlayfs (userxattr) at DIR,
+# with an empty directory at the bottom (overlayfs needs two lower layers without an upper one).
+mount_stack() {
+  local digest=$1 dir=$2 chain lowers="" n=0 m
+  mkdir -p "$T/empty" "$dir"
+  while read -r chain; do
+    m=$T/l.${digest#sha256:}.$n  # no colon: overlayfs separates lower layers with them
+    mkdir -p "$m"
+    mount -t squashfs -o loop,ro "$STORE/images/layer-${chain#sha256:}.sqsh" "$m"
+    MOUNTS+=("$m")
+    lowers="$m${lowers:+:$lowers}"
+    n=$((n + 1))
+  done < <(layer_chain "$digest")
+  mount -t overlay overlay -o "ro,userxattr,lowerdir=$lowers:$T/empty" "$dir"
+  MOUNTS+=("$dir")
+}
+
+@test "pull --layered: one squashfs per layer, and their overlay stack is umoci's tree of each test image" {
+  local name var ref digest n layers
+  for name in tiny layers debian zstd tiny-docker; do
+    var=$(echo "$name" | tr 'a-z-' 'A-Z_')
+    ref=GANTRY_TEST_REF_$var image=GANTRY_TEST_IMAGE_$var digest=GANTRY_TEST_DIGEST_$var
+    [ -n "${!image:-}" ] && [ -d "${!ref:-}" ] || { echo "no test image $name" >&2; false; }
+    echo "# $name" >&3
+    run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/${!image}"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | tail -n1)" = "${!digest} $STORE/images/${!digest#sha256:}.json" ]
+    # No whole-image squashfs; one layer file per layer of the manifest.
+    [ ! -e "$STORE/images/${!digest#sha256:}.sqsh" ]
+    layers=$(python3 -c 'import json, sys; print(len(json.loads(json.load(open(sys.argv[1]))["manifest"])["layers"]))' \
+      "$STORE/images/${!digest#sha256:}.json")
+    n=$(layer_chain "${!digest}" | wc -l)
+    [ "$n" -eq "$layers" ]
+    while read -r chain; do [ -f "$STORE/images/layer-${chain#sha256:}.sqsh" ]; done < <(layer_chain "${!digest}")
+    run "$GANTRY" images --store "$STORE" --format json
+    python3 -c 'import json, sys; d = {i["digest"]: i for i in json.loads(sys.argv[1])}; assert d[sys.argv[2]]["layers"] == int(sys.argv[3]), d' \
+      "$output" "${!digest}" "$layers"
+    mount_stack "${!digest}" "$T/merged-$name"
+    python3 "$TREECMP" --ignore-dir-mtime "${!ref}" "$T/merged-$name"
+  done
+}
+
+# top_blob LAYOUT: the digest of the top layer's blob of the image tagged latest.
+top_blob() {
+  python3 - "$1" <<'PY'
+import json, sys
+layout = sys.argv[1]
+def load(d): return json.load(open(f"{layout}/blobs/{d.replace(':', '/')}"))
+idx = json.load(open(f"{layout}/index.json"))
+desc = next(m for m in idx["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == "latest")
+print(load(desc["digest"])["layers"][-1]["digest"])
+PY
+}
+
+@test "pull --layered of a new tag on a stored base downloads and converts only its new layer" {
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  base_layers=$(ls "$STORE"/images/layer-*.sqsh | wc -l)
+  base_bytes=$(du -sb "$STORE/images" | cut -f1)
+  name=layered-$RANDOM$RANDOM
+  digest=$(gantry_fresh_image "$T" "$name" 200000)
+  top=$(top_blob "$T/layout-$name")
+  base_blobs=$(python3 -c 'import json, sys; print(" ".join(l["digest"] for l in json.loads(json.load(open(sys.argv[1]))["manifest"])["layers"]))' \
+    "$STORE/images/${GANTRY_TEST_DIGEST_TINY#sha256:}.json")
+  declare -A before
+  for b in $base_blobs; do before[$b]=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
+  run "$GANTRY" pull --layered --store "$STORE" "$REG/gantry-test/$name:latest"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *"as layers in "*": 1 layers converted ("*"), $base_layers reused"* ]]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$digest" ]
+  # One GET of the new layer's blob; none of the base's, which came from the store (their blobs are
+  # the same in both repositories of this registry).
+  [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$top")" -eq 1 ]
+  for b in $base_blobs; do [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")" -eq "${before[$b]}" ]; done
+  [ "$(ls "$STORE"/images/layer-*.sqsh | wc -l)" -eq $((base_layers + 1)) ]
+  # The store grew by the new layer's squashfs and a few small records, nothing more.
+  top_chain=$(layer_chain "$digest" | tail -n1)
+  top_sqsh=$(stat -c %s "$STORE/images/layer-${top_chain#sha256:}.sqsh")
+  grown=$(($(du -sb "$STORE/images" | cut -f1) - base_bytes))
+  echo "# store grew $grown bytes; the new layer's squashfs is $top_sqsh" >&3
+  [ "$grown" -le $((top_sqsh * 11 / 10 + 65536)) ]
+  # The two images share the base's chain IDs.
+  [ "$(layer_chain "$digest" | head -n "$base_layers")" = "$(layer_chain "$GANTRY_TEST_DIGEST_TINY")" ]
+  mount_stack "$digest" "$T/merged"
+  [ -f "$T/merged/unique/id" ]
+  [ "$(stat -c %s "$T/merged/unique/payload")" -eq 200000 ]
+  [ -d "$T/merged/bin" ]
+}
+
+@test "an image stored as layers: a plain pull makes its whole squashfs, run is not handed the layers" {
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  hex=${GANTRY_TEST_DIGEST_TINY#sha256:}
+  [ ! -e "$STORE/images/$hex.sqsh" ]
+  # Stored layers do not satisfy a plain pull, even under --pull=never's "is it stored" question.
+  run "$GANTRY" pull --quiet --pull never --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -ne 0 ]
+  [[ $output == *"is not in the store"* ]]
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1)" = "$GANTRY_TEST_DIGEST_TINY $STORE/images/$hex.sqsh" ]
+  [ -f "$STORE/images/$hex.sqsh" ]
+  run "$GANTRY" pull --layered --report-fd 1 --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 2 ]
+}
+
+@test "gc: removing a layered image frees its own layers and keeps those another image names" {
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  name=layered-gc-$RANDOM$RANDOM
+  digest=$(gantry_fresh_image "$T" "$name")
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
+  [ "$status" -eq 0 ]
+  total=$(ls "$STORE"/images/layer-*.sqsh | wc -l)
+  top_chain=$(layer_chain "$digest" | tail -n1)
+  # By age: the fresh image unused for two hours, tiny just used.
+  touch -d '2 hours ago' "$STORE/used/${digest#sha256:}"
+  run "$GANTRY" gc --store "$STORE" --unused-for 1h
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *"removed $digest"* ]]
+  [[ $output == *"removed layer $top_chain"* ]]
+  [ "$(ls "$STORE"/images/layer-*.sqsh | wc -l)" -eq $((total - 1)) ]
+  # Tiny's layers stay, and its stack still mounts.
+  mount_stack "$GANTRY_TEST_DIGEST_TINY" "$T/merged"
+  python3 "$TREECMP" --ignore-dir-mtime "$GANTRY_TEST_REF_TINY" "$T/merged"
+}
