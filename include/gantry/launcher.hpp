@@ -57,7 +57,10 @@ struct ProcessDefaults {
 
 // Everything `Container::create` needs.
 struct ContainerSpec {
-    std::string image_path;      // the squashfs file
+    std::string image_path;      // the squashfs file (a layered image: its top layer's)
+    // A store image kept as layers (gantry pull --layered; docs/store.md, "Layers"): every layer's
+    // squashfs, bottom first, stacked read-only by overlayfs. Kernel backend only (trusted store, root).
+    std::vector<std::string> image_layers;
     bool image_trusted = false;  // the file lies in the trusted store: may be kernel-mounted when root.
                                  // NEVER set for a file a user supplied (see privileged.cpp).
     ImageConfig image_config;

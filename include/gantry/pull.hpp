@@ -46,6 +46,9 @@ struct PullOptions {
     // overlay form and published under its chain ID, only the layers the store lacks downloaded and
     // converted, then an image record naming them. Not runnable yet (issue #19): off by default.
     bool layered = false;
+    // A stored layered image serves this pull (the caller can stack its layers: gantry run with the
+    // kernel backend); otherwise such an image counts as absent and the whole squashfs is made.
+    bool accept_layered = false;
 };
 
 struct PullResult {

@@ -29,6 +29,7 @@ struct RunRequest {
     uid_t uid = static_cast<uid_t>(-1);
     gid_t gid = static_cast<gid_t>(-1);
     std::string image_path;
+    std::vector<std::string> image_layers;  // a layered store image (ContainerSpec::image_layers)
     ImageConfig image_config;
     ImageSource image_source = ImageSource::local_file;
     std::vector<std::string> env;  // the job's environment (gantry run: the caller's)

@@ -66,7 +66,8 @@ Result<PullPolicy> pull_policy(const Config& config, const std::optional<std::st
 }
 
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
-                                             const std::string& image, bool quiet, PullPolicy policy) {
+                                             const std::string& image, bool quiet, PullPolicy policy,
+                                             bool layers_ok) {
     RunnableImage out;
     if (is_local_image_path(image)) {
         if (::access(image.c_str(), R_OK) != 0) return system_error("opening image file " + image);
@@ -79,6 +80,8 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     if (!store) return store.error();
     PullOptions opts;
     opts.policy = policy;
+    // Layers are stacked by the kernel backend only, whose mounts need a trusted store.
+    opts.accept_layered = layers_ok && store->trusted(config);
     ProgressPrinter printer(quiet);
     opts.on_progress = [&](const PullProgress& p) { printer.show(p); };
     auto pulled = pull_image(config, *store, *ref, opts);
@@ -89,6 +92,10 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     auto cfg = parse_image_config(img->metadata.config_json);
     if (!cfg) return cfg.error();
     out.squashfs_path = img->squashfs_path;
+    if (img->layered()) {
+        for (const auto& chain : img->metadata.layer_chain) out.layer_paths.push_back(store->layer_squashfs_path(chain));
+        out.squashfs_path = out.layer_paths.back();
+    }
     out.config = std::move(*cfg);
     out.digest = pulled->digest;
     out.in_trusted_store = store->trusted(config);

@@ -34,12 +34,18 @@ struct RunnableImage {
     ImageConfig config;        // empty for a local squashfs file
     std::string digest;        // empty for a local squashfs file
     bool in_trusted_store = false;  // published by the store (never true for a user-named file)
+    // A store image kept as layers (only with resolve_runnable_image's layers_ok): the layers'
+    // squashfs files, bottom first; squashfs_path is then the top one's.
+    std::vector<std::string> layer_paths;
 };
 
 // A path starting with '.' or '/' is a local squashfs file; anything else is a registry reference that
 // is pulled into the store unless already there.
+// `layers_ok`: the caller can run an image the store keeps as layers (the kernel backend: root and a
+// trusted store); otherwise such an image is pulled again as one squashfs.
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
-                                             const std::string& image, bool quiet, PullPolicy policy);
+                                             const std::string& image, bool quiet, PullPolicy policy,
+                                             bool layers_ok = false);
 
 // The pull policy: --pull=POLICY, else GANTRY_PULL_POLICY (how a job's environment sets it for the
 // plugin's pulls), else gantry.conf's pull_policy.

@@ -309,8 +309,13 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     GANTRY_TRY(resolve_identity(spec, s.id));
     GANTRY_TRY(check_user_paths(spec, s.id));
     bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted && launcher::is_trusted_path(spec.image_path, spec.config.store_owner);
+    for (const auto& layer : spec.image_layers)
+        privileged_ok = privileged_ok && launcher::is_trusted_path(layer, spec.config.store_owner);
     auto backend = launcher::choose_backend(spec, privileged_ok);
     if (!backend) return backend.error();
+    if (!spec.image_layers.empty() && *backend != MountBackend::kernel)
+        return make_error("the image " + spec.image_path + " is stored as layers, which only the kernel backend (root, "
+                          "a trusted store) can stack yet; use the kernel backend, or pull the image without --layered");
     s.backend = *backend;
     // Every privileged start also releases the node-wide image mounts idle for too long.
     if (launcher::running_as_real_root()) (void)release_idle_mounts(spec.config);

@@ -55,8 +55,61 @@ bool is_trusted_path(const std::string& path, const std::string& store_owner) {
     return true;
 }
 
+namespace {
+
+// A layered image (ContainerSpec::image_layers): each layer's node-wide shared mount (one per layer
+// file, shared by every image that has the layer), attached below the staging tmpfs, then a read-only
+// overlayfs of them at image_dir. Safe for the same reasons as a whole image: every layer file passed
+// the trusted-path check (our writer's bytes, in a store only a trusted account writes), and overlayfs
+// reads only what those bytes say: whiteouts and `user.overlay.opaque` (`userxattr`), which the
+// converter writes and never copies from a layer (docs/squashfs.md, "Overlay form"). The overlay is
+// ro,nosuid,nodev; it keeps private clones of its lower mounts, so the container's namespace needs
+// none of the attach points once it has pivoted.
+Status mount_layers_kernel(Setup& s) {
+    const auto& layers = s.spec->image_layers;
+    std::vector<SharedImageMount> shared;
+    for (const auto& layer : layers) {
+        if (!is_trusted_path(layer, s.spec->config.store_owner))
+            return make_error("refusing to kernel-mount the layer " + layer + ": not a trusted store file");
+        auto mount = acquire_shared_mount(layer, s.spec->config);
+        if (!mount) return mount.error();
+        s.layer_leases.push_back(std::move(mount->lease));
+        shared.push_back(std::move(*mount));
+    }
+    if (::unshare(CLONE_NEWNS) != 0) return system_error("creating a private mount namespace");
+    GANTRY_TRY(make_mounts_private());
+    GANTRY_TRY(mount_staging_area(s));
+    const std::string base = s.staging + "/layers";
+    // overlayfs separates lower layers with ':' and options with ',': the staging path must have neither.
+    if (base.find_first_of(":,") != std::string::npos)
+        return make_error("cannot stack image layers below " + base + ": the path holds ':' or ','");
+    if (::mkdir(base.c_str(), 0700) != 0 || ::mkdir((base + "/empty").c_str(), 0755) != 0)
+        return system_error("creating " + base);
+    std::string lowers;
+    for (size_t i = 0; i < shared.size(); ++i) {
+        std::string dir = base + "/" + std::to_string(i);
+        if (::mkdir(dir.c_str(), 0755) != 0) return system_error("creating " + dir);
+        if (::move_mount(shared[i].tree.get(), "", AT_FDCWD, dir.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            return system_error("attaching the mount of " + layers[i] + " (" + shared[i].mount_point + ") at " + dir);
+        lowers = dir + (lowers.empty() ? "" : ":" + lowers);  // top layer first
+    }
+    // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
+    std::string opts = "lowerdir=" + lowers + ":" + base + "/empty,userxattr";
+    if (::mount("overlay", s.image_dir.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+        return system_error("stacking the " + std::to_string(layers.size()) + " layers of " + s.spec->image_path +
+                            " with overlayfs at " + s.image_dir);
+    return {};
+}
+
+}  // namespace
+
 Status mount_image_kernel(Setup& s) {
     const std::string& image = s.spec->image_path;
+    if (!s.spec->image_layers.empty()) {
+        if (!running_as_real_root() || !s.spec->image_trusted)
+            return make_error("refusing to kernel-mount the layers of " + image + ": not a trusted store image or not root");
+        return mount_layers_kernel(s);
+    }
     if (!running_as_real_root() || !s.spec->image_trusted || !is_trusted_path(image, s.spec->config.store_owner))
         return make_error("refusing to kernel-mount " + image + ": not a trusted store image or not root");
     // Still in the host mount namespace: find or make the node-wide mount and take a reference.

@@ -15,6 +15,7 @@ Result<PreparedSpec> container_spec_for(RunRequest request) {
     spec.uid = request.uid;
     spec.gid = request.gid;
     spec.image_path = std::move(request.image_path);
+    spec.image_layers = std::move(request.image_layers);
     spec.image_config = std::move(request.image_config);
     const uid_t requester = request.uid == static_cast<uid_t>(-1) ? ::getuid() : request.uid;
     // Only a trusted store's image, or a file root itself named, may ever reach the kernel's squashfs

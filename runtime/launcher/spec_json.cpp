@@ -36,7 +36,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeviceSymlink, path, target)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SysfsView, path, entries, files)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerEdits, devices, mounts, symlinks, sysfs_views, env, ld_library_dirs,
                                    warnings, summary)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerSpec, image_path, image_trusted, image_config, backend, mounts, writable,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerSpec, image_path, image_layers, image_trusted, image_config, backend, mounts, writable,
                                    remap_root, mount_home, unshare, workdir, env_names, env_values, uid, gid, name,
                                    detach, config, devices, holder_program, fuse_server_scope)
 

@@ -184,7 +184,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         return make_error("the pull policy 'never' is not available for " + ref.str() +
                           ": in this store every pull is authorized by the registry (private_images or a "
                           "store_owner pull); use --pull=always or missing");
-    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy, options.layered)) {
+    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy, options.layered || options.accept_layered)) {
         store.touch(*stored);
         PullResult result;
         result.digest = *stored;
@@ -207,7 +207,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     PullResult result;
     result.digest = digest;
     result.squashfs_path = store.squashfs_path(digest);
-    if (has_image(store, digest, options.layered)) {
+    if (has_image(store, digest, options.layered || options.accept_layered)) {
         result.squashfs_path = reported_path(store, digest);
         store.touch(digest);
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
@@ -231,7 +231,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         });
     });
     if (!lock) return lock.error();
-    if (has_image(store, digest, options.layered)) {
+    if (has_image(store, digest, options.layered || options.accept_layered)) {
         result.squashfs_path = reported_path(store, digest);
         store.touch(digest);
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });

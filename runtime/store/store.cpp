@@ -707,8 +707,9 @@ Result<UniqueFd> ImageStore::open_in_use(const std::string& digest) const {
     auto f = open_regular_at(dirs_->images, name, O_RDONLY);
     if (!f && f.error().errnum == ENOENT) {
         if (auto img = find(digest); img && img->layered())
-            return make_error("image " + digest + " is stored as layers (gantry pull --layered), which this version " +
-                              "cannot run yet (docs/store.md, \"Layers\"); pull it without --layered");
+            return make_error("image " + digest + " is stored as layers (gantry pull --layered), which only " +
+                              "`gantry run` with the kernel backend stacks yet (docs/store.md, \"Layers\"); pull it "
+                              "without --layered for the other ways of running it");
     }
     if (!f) return f.error().wrap("opening image");
     if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap("opening image");

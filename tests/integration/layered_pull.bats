@@ -163,3 +163,33 @@ PY
   mount_stack "$GANTRY_TEST_DIGEST_TINY" "$T/merged"
   python3 "$TREECMP" --ignore-dir-mtime "$GANTRY_TEST_REF_TINY" "$T/merged"
 }
+
+@test "gantry run as root stacks a layered image's layers with the kernel backend, read-only and --writable" {
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  name=layered-run-$RANDOM$RANDOM
+  digest=$(gantry_fresh_image "$T" "$name")
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
+  [ "$status" -eq 0 ]
+  id=$(cat "$T/uniq-$name/unique/id")
+  # No network: the stored layers serve it, and no whole squashfs is made.
+  run "$GANTRY" run --store "$STORE" --pull never --backend kernel "$REG/gantry-test/$name:latest" \
+    sh -c 'cat /unique/id; test -x /bin/busybox && echo has-busybox; grep " /bin " /proc/self/mountinfo'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *"$id"* ]]
+  [[ $output == *has-busybox* ]]
+  [[ $output == *" - overlay "* ]]
+  [ ! -e "$STORE/images/${digest#sha256:}.sqsh" ]
+  # Each layer is mounted once on the node, shared: tiny's layer mount serves both images' stacks.
+  run "$GANTRY" run --store "$STORE" --pull never --backend kernel --writable "$REG/gantry-test/$name:latest" \
+    sh -c 'echo written > /unique/new && cat /unique/new /unique/id'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *written* ]]
+  # The fuse backend cannot stack layers yet: the stored layers do not serve it.
+  run "$GANTRY" run --store "$STORE" --pull never --backend fuse "$REG/gantry-test/$name:latest" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [[ $output == *"is not in the store"* ]]
+}
