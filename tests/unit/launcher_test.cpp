@@ -837,6 +837,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     spec.devices.sysfs_views = {{"/sys/class/x", {{"a", "../../a"}}, {{"dev", "1:2\n"}}}};
     spec.holder_program = "/usr/libexec/gantry/gantry-holder";
     spec.fuse_server_scope = "job 12 on node3";  // the plugin's: which image server the holder may share
+    spec.image_layers = {"/store/images/layer-a.sqsh", "/store/images/layer-b.sqsh"};  // a layered image, bottom first
 
     std::string text = container_spec_to_json(spec);
     auto back = container_spec_from_json(text);
@@ -853,6 +854,7 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(back->devices.devices == spec.devices.devices);
     CHECK(back->devices.sysfs_views == spec.devices.sysfs_views);
     CHECK(back->fuse_server_scope == "job 12 on node3");
+    CHECK(back->image_layers == spec.image_layers);
     CHECK(back->unshare.net);
     CHECK_FALSE(back->unshare.ipc);
 
