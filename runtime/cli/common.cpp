@@ -80,8 +80,7 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     if (!store) return store.error();
     PullOptions opts;
     opts.policy = policy;
-    // Layers are stacked by the kernel backend only, whose mounts need a trusted store.
-    opts.accept_layered = layers_ok && store->trusted(config);
+    opts.accept_layered = layers_ok;
     ProgressPrinter printer(quiet);
     opts.on_progress = [&](const PullProgress& p) { printer.show(p); };
     auto pulled = pull_image(config, *store, *ref, opts);

@@ -41,8 +41,8 @@ struct RunnableImage {
 
 // A path starting with '.' or '/' is a local squashfs file; anything else is a registry reference that
 // is pulled into the store unless already there.
-// `layers_ok`: the caller can run an image the store keeps as layers (the kernel backend: root and a
-// trusted store); otherwise such an image is pulled again as one squashfs.
+// `layers_ok`: the caller can run an image the store keeps as layers (the kernel or fuse backend);
+// otherwise such an image is pulled again as one squashfs.
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
                                              const std::string& image, bool quiet, PullPolicy policy,
                                              bool layers_ok = false);

@@ -107,14 +107,13 @@ int run_verb(const RunArgs& a) {
     }
     auto policy = pull_policy(req.config, pull_option);
     if (!policy) return setup_failed(policy.error());
-    // An image the store keeps as layers runs as a stack with the kernel backend only: real root, and
-    // no other backend asked for (here or by gantry.conf).
+    // An image the store keeps as layers runs as a stack with the kernel or the fuse backend, not with
+    // extract (asked for here or by gantry.conf); then the whole squashfs is made instead.
     auto conf_backend = parse_mount_backend(req.config.mount_backend);
     MountBackend wanted = req.backend != MountBackend::auto_ ? req.backend
                           : conf_backend                      ? *conf_backend
                                                               : MountBackend::auto_;
-    bool layers_ok = ::getuid() == 0 && ::geteuid() == 0 &&
-                     (wanted == MountBackend::auto_ || wanted == MountBackend::kernel);
+    bool layers_ok = wanted != MountBackend::extract;
     auto resolved = resolve_runnable_image(req.config, store_option, image, false, *policy, layers_ok);
     if (!resolved) return setup_failed(resolved.error());
     req.image_path = resolved->squashfs_path;

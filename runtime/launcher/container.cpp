@@ -313,9 +313,9 @@ Result<Container> Container::create(const ContainerSpec& spec) {
         privileged_ok = privileged_ok && launcher::is_trusted_path(layer, spec.config.store_owner);
     auto backend = launcher::choose_backend(spec, privileged_ok);
     if (!backend) return backend.error();
-    if (!spec.image_layers.empty() && *backend != MountBackend::kernel)
-        return make_error("the image " + spec.image_path + " is stored as layers, which only the kernel backend (root, "
-                          "a trusted store) can stack yet; use the kernel backend, or pull the image without --layered");
+    if (!spec.image_layers.empty() && *backend == MountBackend::extract)
+        return make_error("the image " + spec.image_path + " is stored as layers, which the extract backend cannot "
+                          "stack; use the kernel or fuse backend, or pull the image without --layered");
     s.backend = *backend;
     // Every privileged start also releases the node-wide image mounts idle for too long.
     if (launcher::running_as_real_root()) (void)release_idle_mounts(spec.config);

@@ -66,7 +66,8 @@ Status set_up_container(Setup& s) {
     if (s.backend == MountBackend::kernel) GANTRY_TRY(mount_image_kernel(s));  // privileged: see privileged.cpp
     GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
     if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
-    if (s.backend == MountBackend::fuse) share_fuse_image(s);  // image_server.cpp; else a daemon of our own
+    // image_server.cpp; else a daemon of our own (always, for a layered image: one per layer)
+    if (s.backend == MountBackend::fuse && s.spec->image_layers.empty()) share_fuse_image(s);
     if (s.image_tree)
         GANTRY_TRY(enter_server_user_namespace(s));
     else
@@ -124,6 +125,7 @@ void send_line(int fd, const std::string& line) {
     if (!st) {
         send_line(channel, "error " + st.error().message);
         if (s.fuse_daemon > 0) ::kill(s.fuse_daemon, SIGKILL);
+        for (pid_t d : s.layer_daemons) ::kill(d, SIGKILL);
         if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
         if (s.rw_scratch_dir) launcher::remove_tree(s.rw_scratch_dir.get(), s.rw_scratch_name);
         ::_exit(1);
@@ -138,13 +140,22 @@ void send_line(int fd, const std::string& line) {
         if (info.si_signo != SIGCHLD) break;
         bool daemon_gone = false;
         pid_t p;
-        while ((p = ::waitpid(-1, nullptr, WNOHANG)) > 0)
-            if (p == s.fuse_daemon) daemon_gone = true;
-        if (daemon_gone) {
-            s.fuse_daemon = -1;
-            break;  // the image is gone: the container is of no use any more
+        while ((p = ::waitpid(-1, nullptr, WNOHANG)) > 0) {
+            auto reaped = [&](pid_t& d) {
+                if (d <= 0 || p != d) return;
+                d = -1;  // reaped: never signalled again
+                daemon_gone = true;
+            };
+            reaped(s.fuse_daemon);
+            for (pid_t& d : s.layer_daemons) reaped(d);
         }
+        if (daemon_gone) break;  // (a layer of) the image is gone: the container is of no use any more
     }
+    for (pid_t d : s.layer_daemons)
+        if (d > 0) {
+            ::kill(d, SIGKILL);  // as the whole image's daemon below
+            ::waitpid(d, nullptr, 0);
+        }
     if (s.fuse_daemon > 0) {
         // SIGKILL, not SIGTERM: a squashfuse_ll that exits cleanly unmounts its image itself, and with
         // libfuse 3.17 (Debian 13's squashfuse 0.5) that unmount looks the mount point up through the

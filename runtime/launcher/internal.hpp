@@ -53,6 +53,7 @@ struct Setup {
     std::string home;       // HOME inside
     std::string workdir;    // working directory inside
     pid_t fuse_daemon = -1;
+    std::vector<pid_t> layer_daemons;  // fuse, layered image: one server per layer (mount_image_fuse)
     std::vector<UniqueFd> layer_leases;  // kernel, layered image: the image_lease of each layer's mount
     UniqueFd image_lease;         // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp);
                                   // fuse: the connection to the user's image server (image_server.cpp)

@@ -187,9 +187,35 @@ PY
   echo "$output"
   [ "$status" -eq 0 ]
   [[ $output == *written* ]]
-  # The fuse backend cannot stack layers yet: the stored layers do not serve it.
-  run "$GANTRY" run --store "$STORE" --pull never --backend fuse "$REG/gantry-test/$name:latest" true
+  # The extract backend cannot stack layers: the stored layers do not serve it.
+  run "$GANTRY" run --store "$STORE" --pull never --backend extract "$REG/gantry-test/$name:latest" true
   echo "$output"
   [ "$status" -ne 0 ]
   [[ $output == *"is not in the store"* ]]
+}
+
+@test "an unprivileged user runs a layered image from a store of their own with the fuse backend" {
+  TUSER=$("$GANTRY_SOURCE_DIR/tests/harness/user.sh")
+  gantry_open_fuse
+  chmod 0755 "$T"
+  USTORE=$T/ustore
+  mkdir "$USTORE"
+  chown "$TUSER" "$USTORE"
+  name=layered-fuse-$RANDOM$RANDOM
+  digest=$(gantry_fresh_image "$T" "$name")
+  id=$(cat "$T/uniq-$name/unique/id")
+  run runuser -u "$TUSER" -- "$GANTRY" pull --layered --quiet --store "$USTORE" "$REG/gantry-test/$name:latest"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  run runuser -u "$TUSER" -- "$GANTRY" run --store "$USTORE" --pull never "$REG/gantry-test/$name:latest" \
+    sh -c 'cat /unique/id; id -u; grep " /bin " /proc/self/mountinfo; test -x /bin/busybox && echo has-busybox'
+  echo "$output"
+  gantry_restore_fuse
+  [ "$status" -eq 0 ]
+  [[ $output == *"$id"* ]]
+  [[ $output == *has-busybox* ]]
+  [[ $output == *" - overlay "* ]]
+  [ ! -e "$USTORE/images/${digest#sha256:}.sqsh" ]
+  # The servers went with the container: no gantry-imagefs of the user's is left serving a layer.
+  ! pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" || false
 }
