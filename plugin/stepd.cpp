@@ -158,6 +158,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (!cfg) return cfg.error().wrap("failed to import docker image " + image);
         st.digest = pulled->digest;
         spec.image_path = pulled->squashfs_path;
+        spec.image_layers = pulled->layer_paths;  // a layered image (gantry.conf layered_images)
         spec.image_config = std::move(*cfg);
         spec.image_source = two_halves ? ImageSource::trusted_store : ImageSource::store;
         if (two_halves) {

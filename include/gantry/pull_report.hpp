@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gantry/result.hpp"
 
@@ -23,7 +24,8 @@ std::string_view to_string(PullErrorKind kind);
 
 struct PullReport {
     std::string digest;         // manifest digest, "sha256:<hex>"
-    std::string squashfs_path;  // the image file in the store; empty for --credentials-only
+    std::string squashfs_path;  // the image file in the store (a layered image: its top layer); empty for --credentials-only
+    std::vector<std::string> layer_paths;  // a layered image: its layers' squashfs files, bottom first
     std::string config_json;    // the image's OCI config as stored
     PullErrorKind error = PullErrorKind::none;
     std::string message;        // the error, one line, without the "gantry: " prefix

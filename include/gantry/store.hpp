@@ -185,7 +185,8 @@ public:
 
     // Marks the image used now (for least-recently-used collection).
     void touch(const std::string& digest) const;
-    // Opens the image for a container: the fd holds a shared lock while the container lives.
+    // Opens the image for a container: the fd holds a shared lock while the container lives (on the
+    // .sqsh; for a layered image on its record, which keeps gc from its layers too).
     Result<UniqueFd> open_in_use(const std::string& digest) const;
     bool in_use(const std::string& digest) const;
 

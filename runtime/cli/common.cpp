@@ -81,6 +81,7 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     PullOptions opts;
     opts.policy = policy;
     opts.accept_layered = layers_ok;
+    opts.layered = layers_ok && config.layered_images;
     ProgressPrinter printer(quiet);
     opts.on_progress = [&](const PullProgress& p) { printer.show(p); };
     auto pulled = pull_image(config, *store, *ref, opts);

@@ -141,7 +141,7 @@ struct PullArgs {
 void report_usage_error(const PullArgs& a, const std::string& message) {
     if (a.report_opt->count() == 0) return;
     if (auto fd = parse_fd("--report-fd", a.report_fd))
-        send_pull_report(*fd, PullReport{{}, {}, {}, PullErrorKind::usage, message});
+        send_pull_report(*fd, PullReport{{}, {}, {}, {}, PullErrorKind::usage, message});
 }
 
 int cmd_pull(const PullArgs& a) {
@@ -157,7 +157,7 @@ int cmd_pull(const PullArgs& a) {
     int report_fd = -1;
     // Every outcome goes to stderr (people) and, with --report-fd, into the report (the plugin).
     auto finish = [&](PullErrorKind kind, const Error& error) {
-        if (report_fd >= 0) send_pull_report(report_fd, PullReport{{}, {}, {}, kind, error.message});
+        if (report_fd >= 0) send_pull_report(report_fd, PullReport{{}, {}, {}, {}, kind, error.message});
         return fail(error);
     };
     // A wrong command line: reported the same way, exit status 2.
@@ -170,8 +170,6 @@ int cmd_pull(const PullArgs& a) {
         if (!fd) return usage_error(fd.error());
         report_fd = *fd;
     }
-    if (a.layered && report_fd >= 0)
-        return finish_usage(make_error("pull: --layered is for the store's layers only; the plugin's pulls make whole images"));
     if (credentials_only_flag != creds_out_opt.has_value())
         return finish_usage(make_error("pull: --credentials-only and --credentials-out-fd go together"));
     auto ref = parse_reference(args[0]);
@@ -187,7 +185,8 @@ int cmd_pull(const PullArgs& a) {
     auto policy = pull_policy(*config, pull_opt);
     if (!policy) return finish_usage(policy.error());
     opts.policy = *policy;
-    opts.layered = a.layered;
+    // gantry.conf's layered_images, unless the extract backend (which needs whole images) is the site's.
+    opts.layered = a.layered || (config->layered_images && config->mount_backend != "extract");
     if (platform_opt) {
         auto p = Platform::parse(*platform_opt);
         if (!p) return finish_usage(p.error().wrap("pull: --platform"));
@@ -214,7 +213,7 @@ int cmd_pull(const PullArgs& a) {
     printer.finish();
     if (!result) return finish(PullErrorKind::pull, result.error().wrap("failed to import docker image " + args[0]));
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!quiet && result->produced && a.layered) {
+    if (!quiet && result->produced && opts.layered) {
         char buf[200];
         std::snprintf(buf, sizeof buf, "pulled %s as layers in %.1f s: %zu layers converted (%llu files, %s squashfs), %zu reused",
                       ref->str().c_str(), secs, result->layers_converted,
@@ -233,8 +232,13 @@ int cmd_pull(const PullArgs& a) {
         if (!img)
             return finish(PullErrorKind::store,
                           make_error("image " + result->digest + " is not in the store " + store->root() + " after pulling it"));
-        send_pull_report(report_fd, PullReport{result->digest, img->squashfs_path, img->metadata.config_json,
-                                               PullErrorKind::none, {}});
+        PullReport report{result->digest, img->squashfs_path, {}, img->metadata.config_json, PullErrorKind::none, {}};
+        if (img->layered()) {
+            for (const auto& chain : img->metadata.layer_chain)
+                report.layer_paths.push_back(store->layer_squashfs_path(chain));
+            report.squashfs_path = report.layer_paths.back();
+        }
+        send_pull_report(report_fd, report);
     }
     std::printf("%s %s\n", result->digest.c_str(), result->squashfs_path.c_str());
     return 0;

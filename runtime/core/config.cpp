@@ -126,6 +126,7 @@ const std::map<std::string, Setter>& setters() {
         {"import_progress_seconds", int_key(&Config::import_progress_seconds, 0, 3600)},
         {"mount_idle_seconds", int_key(&Config::mount_idle_seconds, 0, 7 * 24 * 3600)},
         {"fuse_shared", bool_key(&Config::fuse_shared)},
+        {"layered_images", bool_key(&Config::layered_images)},
         {"fuse_poll_us", int_key(&Config::fuse_poll_us, 0, 1000000)},
         {"fuse_server",
          [](Config& c, const std::string& v) -> Status {

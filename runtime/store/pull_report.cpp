@@ -33,6 +33,7 @@ std::string_view to_string(PullErrorKind kind) {
 std::string encode_pull_report(const PullReport& r) {
     nlohmann::json j = {{"digest", r.digest},
                         {"squashfs", r.squashfs_path},
+                        {"layers", r.layer_paths},
                         {"config", r.config_json},
                         {"error", {{"kind", to_string(r.error)}, {"message", r.message}}}};
     // Replace invalid UTF-8 (a registry's error text) rather than throwing.
@@ -49,6 +50,7 @@ Result<PullReport> decode_pull_report(std::string_view text) {
     try {
         r.digest = j.value("digest", "");
         r.squashfs_path = j.value("squashfs", "");
+        r.layer_paths = j.value("layers", std::vector<std::string>{});
         r.config_json = j.value("config", "");
         const auto& e = j.at("error");
         std::string kind = e.at("kind").get<std::string>();

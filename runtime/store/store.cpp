@@ -706,10 +706,17 @@ Result<UniqueFd> ImageStore::open_in_use(const std::string& digest) const {
     const std::string name = digest_hex(digest) + ".sqsh";
     auto f = open_regular_at(dirs_->images, name, O_RDONLY);
     if (!f && f.error().errnum == ENOENT) {
-        if (auto img = find(digest); img && img->layered())
-            return make_error("image " + digest + " is stored as layers (gantry pull --layered), which only " +
-                              "`gantry run` with the kernel backend stacks yet (docs/store.md, \"Layers\"); pull it "
-                              "without --layered for the other ways of running it");
+        // A layered image: its users hold its record, which keeps gc from removing it and so from
+        // removing any of its layers (gc frees a layer only with the last image naming it).
+        if (auto img = find(digest); img && img->layered()) {
+            const std::string record = digest_hex(digest) + ".json";
+            auto r = open_regular_at(dirs_->images, record, O_RDONLY);
+            if (!r) return r.error().wrap("opening image");
+            if (!accepted_file(r->st)) return not_accepted(dirs_->images.path_of(record), r->st).wrap("opening image");
+            if (::flock(r->fd.get(), LOCK_SH) != 0) return system_error("locking image " + dirs_->images.path_of(record));
+            touch(digest);
+            return std::move(r->fd);
+        }
     }
     if (!f) return f.error().wrap("opening image");
     if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap("opening image");

@@ -138,8 +138,30 @@ PY
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | tail -n1)" = "$GANTRY_TEST_DIGEST_TINY $STORE/images/$hex.sqsh" ]
   [ -f "$STORE/images/$hex.sqsh" ]
-  run "$GANTRY" pull --layered --report-fd 1 --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
-  [ "$status" -eq 2 ]
+}
+
+@test "layered_images = yes: a plain pull stores layers, and the plugin's report names them bottom first" {
+  printf 'layered_images = yes\n' >"$T/gantry.conf"
+  export GANTRY_CONFIG=$T/gantry.conf
+  run "$GANTRY" pull --quiet --store "$STORE" --report-fd 3 "$REG/$GANTRY_TEST_IMAGE_TINY" 3>"$T/report"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  hex=${GANTRY_TEST_DIGEST_TINY#sha256:}
+  [ ! -e "$STORE/images/$hex.sqsh" ]
+  python3 - "$T/report" "$STORE" "$(layer_chain "$GANTRY_TEST_DIGEST_TINY" | tr '\n' ' ')" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+chain = sys.argv[3].split()
+want = [f"{sys.argv[2]}/images/layer-{c.split(':')[1]}.sqsh" for c in chain]
+assert r["error"]["kind"] == "none", r
+assert r["layers"] == want, (r["layers"], want)
+assert r["squashfs"] == want[-1], r["squashfs"]
+PY
+  # mount_backend = extract needs whole images: then the pull makes one.
+  printf 'layered_images = yes\nmount_backend = extract\n' >"$T/gantry.conf"
+  run "$GANTRY" pull --quiet --store "$T/store2" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  [ -f "$T/store2/images/$hex.sqsh" ]
 }
 
 @test "gc: removing a layered image frees its own layers and keeps those another image names" {
