@@ -198,6 +198,37 @@ JOB
   [ "$(echo "$output" | awk '{print $2}' | sort -u)" = "$digest" ]
 }
 
+@test "layered_images = yes: srun -N3 stores new tags as layers, pulls each blob once, and a second tag reuses the base's layer" {
+  gantry_plugin_conf "layered_images = yes"
+  count() { "$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$1"; }
+  one="layered-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$one")
+  layers=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$one/manifests/latest" | jq -r '.layers[].digest')
+  base_blob=$(echo "$layers" | head -n1)
+  top_one=$(echo "$layers" | tail -n1)
+  run as_user srun -N3 -n3 --container-image="$REG#gantry-test/$one" \
+    sh -c 'cat /unique/id >/dev/null && awk '\''$5 == "/bin" { for (i = 7; $i != "-"; i++); print $(i + 1) }'\'' /proc/self/mountinfo'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  # Every node stacks the layers (the job user's 1777 store: the fuse backend, one server per layer).
+  [ "$(echo "$output" | grep -cx overlay)" -eq 3 ]
+  [ ! -e "$GANTRY_TEST_FSX/store/images/${digest#sha256:}.sqsh" ]
+  [ -f "$GANTRY_TEST_FSX/store/images/${digest#sha256:}.json" ]
+  # One producer for the three nodes: the new layer crossed the network once.
+  [ "$(count "$top_one")" -eq 1 ]
+  # A second tag on the same base: only its own layer is fetched; the base's came from the store.
+  base_before=$(count "$base_blob")
+  two="layered-$RANDOM$RANDOM"
+  gantry_fresh_image "$WORK" "$two" >/dev/null
+  top=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$two/manifests/latest" | jq -r '.layers[-1].digest')
+  run as_user srun -N3 -n3 --container-image="$REG#gantry-test/$two" cat /unique/id
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | wc -l)" -eq 3 ]
+  [ "$(count "$top")" -eq 1 ]
+  [ "$(count "$base_blob")" -eq "$base_before" ]
+}
+
 @test "--container-entrypoint runs the image's entrypoint in front of the command; off by default" {
   run as_user srun -n2 --container-image="$TINY" --container-entrypoint sh -c 'echo "ep=$GANTRY_ENTRYPOINT_RAN"'
   echo "$output"

@@ -135,6 +135,27 @@ docker_config() {
   [ "$(loops_of_store)" -eq 0 ]
 }
 
+@test "layered_images = yes: srun pulls the image as layers into the trusted store, and the kernel backend stacks them" {
+  write_conf "$REG" "layered_images = yes"
+  run as_user timeout 180 srun -w "$NODE" -N1 -n2 --container-image="$REG#gantry-test/tiny" \
+    sh -c 'cat /work/README; awk '\''$5 == "/bin" { for (i = 7; $i != "-"; i++); print $(i + 1) }'\'' /proc/self/mountinfo'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -cx "tiny work dir")" -eq 2 ]
+  # /bin comes from the overlayfs stack of the layers (whole images: squashfs, above).
+  echo "$output" | grep -qx overlay
+  hex=${GANTRY_TEST_DIGEST_TINY#sha256:}
+  # The image is a record and its layers, written by the store account; no whole squashfs.
+  [ ! -e "$TSTORE/images/$hex.sqsh" ]
+  [ "$(stat -c %U "$TSTORE/images/$hex.json")" = "$OWNER" ]
+  layers=$(ls "$TSTORE"/images/layer-*.sqsh)
+  [ -n "$layers" ]
+  for l in $layers; do [ "$(stat -c %U:%a "$l")" = "$OWNER:444" ]; done
+  # With mount_idle_seconds = 0 every layer's loop mount went with the step.
+  for i in $(seq 200); do [ "$(loops_of_store)" -eq 0 ] && break; sleep 0.1; done
+  [ "$(loops_of_store)" -eq 0 ]
+}
+
 @test "trusted store and a private registry: the job user's credentials authorise the pull; others are refused although the image is stored" {
   node_registry
   PASSWORD=$GANTRY_TEST_REGISTRY_PASSWORD
