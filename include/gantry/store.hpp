@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -236,6 +237,11 @@ private:
     [[nodiscard]] Result<StoredLayer> load_layer(const std::string& chain_id) const;
     // Marks used/<name> used now.
     void touch_name(const std::string& name) const;
+    // used/<name>'s time, or `otherwise` when there is none.
+    [[nodiscard]] int64_t used_at(const std::string& name, int64_t otherwise) const;
+    // Removes the images/ entries `names` (of one image or layer, a `what`) that an account the store
+    // does not trust left, before a publication renames ours over them; an error when we may not.
+    [[nodiscard]] Status remove_untrusted(std::initializer_list<std::string> names, const char* what) const;
 
     std::string root_;
     std::shared_ptr<const Dirs> dirs_;

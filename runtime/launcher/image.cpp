@@ -172,25 +172,14 @@ namespace {
 // parse the layer files unprivileged, as for a whole image.
 Status mount_layers_fuse(Setup& s) {
     const auto& layers = s.spec->image_layers;
-    const std::string base = s.staging + "/layers";
-    if (base.find_first_of(":,") != std::string::npos)
-        return make_error("cannot stack image layers below " + base + ": the path holds ':' or ','");
-    if (::mkdir(base.c_str(), 0700) != 0 || ::mkdir((base + "/empty").c_str(), 0755) != 0)
-        return system_error("creating " + base);
-    std::string lowers;
+    auto dirs = make_layer_dirs(s);
+    if (!dirs) return dirs.error();
     for (size_t i = 0; i < layers.size(); ++i) {
-        std::string dir = base + "/" + std::to_string(i);
-        if (::mkdir(dir.c_str(), 0755) != 0) return system_error("creating " + dir);
-        auto pid = serve_image_with_fuse(layers[i], dir, s.id.inner_uid, s.id.inner_gid, s.spec->config);
+        auto pid = serve_image_with_fuse(layers[i], (*dirs)[i], s.id.inner_uid, s.id.inner_gid, s.spec->config);
         if (!pid) return pid.error();
         s.layer_daemons.push_back(*pid);
-        lowers = dir + (lowers.empty() ? "" : ":" + lowers);  // top layer first
     }
-    std::string opts = "lowerdir=" + lowers + ":" + base + "/empty,userxattr";
-    if (::mount("overlay", s.image_dir.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
-        return system_error("stacking the " + std::to_string(layers.size()) + " layers of " + s.spec->image_path +
-                            " with overlayfs at " + s.image_dir + " (overlayfs in a user namespace needs Linux 5.11)");
-    return {};
+    return mount_layer_stack(s, *dirs);  // in a user namespace: Linux >= 5.11
 }
 
 }  // namespace

@@ -114,6 +114,11 @@ Result<std::string> fuse_server_program(const Config& config);
 Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
                                     const Config& config);
 Status mount_image_fuse(Setup& s);  // a private daemon for this container (the holder's child)
+// A layered image (ContainerSpec::image_layers): one empty attach point per layer below the staging
+// tmpfs (staging/layers/N, bottom first), and the read-only overlayfs of what was attached there,
+// mounted at image_dir (`userxattr`: the form the store's layers mark opaque directories in).
+Result<std::vector<std::string>> make_layer_dirs(Setup& s);
+Status mount_layer_stack(Setup& s, const std::vector<std::string>& dirs);
 Status extract_image(Setup& s);
 
 // image_server.cpp: one FUSE server per (user, image, inner ids, cgroup), shared by that user's containers.

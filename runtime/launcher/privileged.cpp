@@ -79,26 +79,12 @@ Status mount_layers_kernel(Setup& s) {
     if (::unshare(CLONE_NEWNS) != 0) return system_error("creating a private mount namespace");
     GANTRY_TRY(make_mounts_private());
     GANTRY_TRY(mount_staging_area(s));
-    const std::string base = s.staging + "/layers";
-    // overlayfs separates lower layers with ':' and options with ',': the staging path must have neither.
-    if (base.find_first_of(":,") != std::string::npos)
-        return make_error("cannot stack image layers below " + base + ": the path holds ':' or ','");
-    if (::mkdir(base.c_str(), 0700) != 0 || ::mkdir((base + "/empty").c_str(), 0755) != 0)
-        return system_error("creating " + base);
-    std::string lowers;
-    for (size_t i = 0; i < shared.size(); ++i) {
-        std::string dir = base + "/" + std::to_string(i);
-        if (::mkdir(dir.c_str(), 0755) != 0) return system_error("creating " + dir);
-        if (::move_mount(shared[i].tree.get(), "", AT_FDCWD, dir.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
-            return system_error("attaching the mount of " + layers[i] + " (" + shared[i].mount_point + ") at " + dir);
-        lowers = dir + (lowers.empty() ? "" : ":" + lowers);  // top layer first
-    }
-    // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
-    std::string opts = "lowerdir=" + lowers + ":" + base + "/empty,userxattr";
-    if (::mount("overlay", s.image_dir.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
-        return system_error("stacking the " + std::to_string(layers.size()) + " layers of " + s.spec->image_path +
-                            " with overlayfs at " + s.image_dir);
-    return {};
+    auto dirs = make_layer_dirs(s);
+    if (!dirs) return dirs.error();
+    for (size_t i = 0; i < shared.size(); ++i)
+        if (::move_mount(shared[i].tree.get(), "", AT_FDCWD, (*dirs)[i].c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            return system_error("attaching the mount of " + layers[i] + " (" + shared[i].mount_point + ") at " + (*dirs)[i]);
+    return mount_layer_stack(s, *dirs);
 }
 
 }  // namespace

@@ -188,6 +188,32 @@ Status mount_staging_area(Setup& s) {
     return {};
 }
 
+Result<std::vector<std::string>> make_layer_dirs(Setup& s) {
+    const std::string base = s.staging + "/layers";
+    // overlayfs separates lower layers with ':' and options with ',': the staging path must have neither.
+    if (base.find_first_of(":,") != std::string::npos)
+        return make_error("cannot stack image layers below " + base + ": the path holds ':' or ','");
+    if (::mkdir(base.c_str(), 0700) != 0 || ::mkdir((base + "/empty").c_str(), 0755) != 0)
+        return system_error("creating " + base);
+    std::vector<std::string> dirs;
+    for (size_t i = 0; i < s.spec->image_layers.size(); ++i) {
+        dirs.push_back(base + "/" + std::to_string(i));
+        if (::mkdir(dirs.back().c_str(), 0755) != 0) return system_error("creating " + dirs.back());
+    }
+    return dirs;
+}
+
+Status mount_layer_stack(Setup& s, const std::vector<std::string>& dirs) {
+    std::string lowers;
+    for (const auto& dir : dirs) lowers = dir + ":" + lowers;  // top layer first
+    // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
+    std::string opts = "lowerdir=" + lowers + s.staging + "/layers/empty,userxattr";
+    if (::mount("overlay", s.image_dir.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+        return system_error("stacking the " + std::to_string(dirs.size()) + " layers of " + s.spec->image_path +
+                            " with overlayfs at " + s.image_dir);
+    return {};
+}
+
 // Where the writable layer lives: with --writable, a directory of the user's in scratch_path (local
 // NVMe: a job that writes 50 GB into its container must not fill the node's memory), removed when the
 // holder exits; otherwise (only mount points and generated files) a small tmpfs. Runs as the user, in

@@ -258,6 +258,13 @@ Error not_accepted(const std::string& path, const struct stat& st) {
 
 }  // namespace
 
+int64_t ImageStore::used_at(const std::string& name, int64_t otherwise) const {
+    struct stat st {};
+    if (::fstatat(dirs_->used.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && st.st_mtime != 0)
+        return static_cast<int64_t>(st.st_mtime);
+    return otherwise;
+}
+
 Result<StoredImage> ImageStore::load(const std::string& digest) const {
     const Dirs& d = *dirs_;
     const std::string hex = digest_hex(digest);
@@ -288,10 +295,7 @@ Result<StoredImage> ImageStore::load(const std::string& digest) const {
         }
     }
     StoredImage img{digest, whole ? squashfs_path(digest) : std::string(), std::move(*meta), 0};
-    struct stat used_st {};
-    if (::fstatat(d.used.fd(), hex.c_str(), &used_st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(used_st.st_mode))
-        img.last_used = static_cast<int64_t>(used_st.st_mtime);
-    if (img.last_used == 0) img.last_used = img.metadata.pulled_at;
+    img.last_used = used_at(hex, img.metadata.pulled_at);
     return img;
 }
 
@@ -443,6 +447,20 @@ void ImageStore::remove_staging(const std::string& digest) const {
     (void)remove_tree_at(dirs_->staging, digest_hex(digest));
 }
 
+Status ImageStore::remove_untrusted(std::initializer_list<std::string> names, const char* what) const {
+    const Directory& images = dirs_->images;
+    for (const std::string& name : names) {
+        struct stat st {};
+        if (::fstatat(images.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || accepted_file(st)) continue;
+        if (::unlinkat(images.fd(), name.c_str(), 0) != 0)
+            return make_error("publishing " + images.path_of(name) + ": the store holds this " + what + " from uid " +
+                              std::to_string(st.st_uid) +
+                              ", which it does not trust, and this account cannot replace it; ask the file's owner "
+                              "or the admin to remove it, or use a per-user store (docs/store.md)");
+    }
+    return {};
+}
+
 Status ImageStore::publish_layered(const std::string& digest, ImageMetadata metadata) const {
     GANTRY_TRY(check_root_may_modify());
     const Directory& images = dirs_->images;
@@ -455,15 +473,7 @@ Status ImageStore::publish_layered(const std::string& digest, ImageMetadata meta
         bytes += layer->record.layer_bytes;
     }
     // As publish(): files of this digest from an account the store does not trust go first.
-    for (const std::string& name : {hex + ".json", hex + ".sqsh"}) {
-        struct stat st {};
-        if (::fstatat(images.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || accepted_file(st)) continue;
-        if (::unlinkat(images.fd(), name.c_str(), 0) != 0)
-            return make_error("publishing " + images.path_of(name) + ": the store holds this digest from uid " +
-                              std::to_string(st.st_uid) +
-                              ", which it does not trust, and this account cannot replace it; ask the file's owner "
-                              "or the admin to remove it, or use a per-user store (docs/store.md)");
-    }
+    GANTRY_TRY(remove_untrusted({hex + ".json", hex + ".sqsh"}, "digest"));
     metadata.manifest_digest = digest;
     metadata.image_bytes = bytes;  // shown by `gantry images`; gc counts the layers themselves
     if (metadata.pulled_at == 0) metadata.pulled_at = now_seconds();
@@ -479,15 +489,7 @@ Status ImageStore::publish(const std::string& digest, const std::string& squashf
     const std::string hex = digest_hex(digest);
     // An image of this digest from an account the store does not trust is not ours to keep: removed
     // when we may (our own directory), else a clear error instead of a failing rename.
-    for (const std::string& name : {hex + ".json", hex + ".sqsh"}) {
-        struct stat st {};
-        if (::fstatat(images.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || accepted_file(st)) continue;
-        if (::unlinkat(images.fd(), name.c_str(), 0) != 0)
-            return make_error("publishing " + images.path_of(name) + ": the store holds this digest from uid " +
-                              std::to_string(st.st_uid) +
-                              ", which it does not trust, and this account cannot replace it; ask the file's owner "
-                              "or the admin to remove it, or use a per-user store (docs/store.md)");
-    }
+    GANTRY_TRY(remove_untrusted({hex + ".json", hex + ".sqsh"}, "digest"));
     UniqueFd f(::open(squashfs_tmp.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st {};
     if (!f || ::fstat(f.get(), &st) != 0) return system_error("publishing " + squashfs_tmp);
@@ -531,11 +533,7 @@ Result<StoredLayer> ImageStore::load_layer(const std::string& chain_id) const {
         return make_error("ignoring " + d.images.path_of(meta) + ": it describes " + record->chain_id);
     if (auto st = check_layer_record(*record); !st) return st.error().wrap("ignoring " + d.images.path_of(meta));
     StoredLayer layer{std::move(*record), layer_squashfs_path(chain_id), 0};
-    struct stat used_st {};
-    if (::fstatat(d.used.fd(), layer_name(chain_id, "").c_str(), &used_st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        S_ISREG(used_st.st_mode))
-        layer.last_used = static_cast<int64_t>(used_st.st_mtime);
-    if (layer.last_used == 0) layer.last_used = layer.record.converted_at;
+    layer.last_used = used_at(layer_name(chain_id, ""), layer.record.converted_at);
     return layer;
 }
 
@@ -572,15 +570,7 @@ Result<UniqueFd> ImageStore::publish_layer(const std::string& squashfs_tmp, Laye
     const std::string meta = layer_name(record.chain_id, ".json");
     // As publish(): a layer of this chain ID from an account the store does not trust is removed when
     // we may, else a clear error instead of a failing rename.
-    for (const std::string& name : {meta, sqsh}) {
-        struct stat st {};
-        if (::fstatat(images.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || accepted_file(st)) continue;
-        if (::unlinkat(images.fd(), name.c_str(), 0) != 0)
-            return make_error("publishing " + images.path_of(name) + ": the store holds this layer from uid " +
-                              std::to_string(st.st_uid) +
-                              ", which it does not trust, and this account cannot replace it; ask the file's owner "
-                              "or the admin to remove it, or use a per-user store (docs/store.md)");
-    }
+    GANTRY_TRY(remove_untrusted({meta, sqsh}, "layer"));
     UniqueFd f(::open(squashfs_tmp.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st {};
     if (!f || ::fstat(f.get(), &st) != 0) return system_error("publishing " + squashfs_tmp);
