@@ -79,7 +79,8 @@ Result<PullPolicy> parse_pull_policy(const std::string& text) {
 namespace {
 
 // The store holds `digest` in a form this pull serves: a whole image always; one stored as layers only
-// for a layered pull (nothing can run it yet, so a plain pull makes the whole squashfs).
+// for a pull whose caller stacks layers (PullOptions::layered or accept_layered): for the others (the
+// extract backend) a plain pull makes the whole squashfs.
 bool has_image(const ImageStore& store, const std::string& digest, bool layered) {
     auto img = store.find(digest);
     return img && (layered || !img->layered());
@@ -492,7 +493,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
             result.stats.uncompressed_bytes += stats->uncompressed_bytes;
             result.stats.image_bytes += stats->image_bytes;
             ++result.layers_converted;
-            ::unlink(blob.path.c_str());
+            // The blob stays until the staging area goes: an image may list the same blob twice.
         }
         update([&](PullProgress& p) { p.layers_done = n + 1; });
     }

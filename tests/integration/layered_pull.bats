@@ -124,7 +124,7 @@ PY
   [ -d "$T/merged/bin" ]
 }
 
-@test "an image stored as layers: a plain pull makes its whole squashfs, run is not handed the layers" {
+@test "an image stored as layers: a plain pull makes its whole squashfs; --pull=never does not count the layers for it" {
   run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
   [ "$status" -eq 0 ]
   hex=${GANTRY_TEST_DIGEST_TINY#sha256:}
@@ -240,4 +240,26 @@ PY
   [ ! -e "$USTORE/images/${digest#sha256:}.sqsh" ]
   # The servers went with the container: no gantry-imagefs of the user's is left serving a layer.
   ! pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" || false
+}
+
+@test "pull --layered of an image that lists one blob twice: both layers are converted and stacked" {
+  local layout=$T/layout-dup reg=$GANTRY_TEST_REGISTRY_HTTP name=layered-dup-$RANDOM$RANDOM
+  cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
+  mkdir -p "$T/dup/dup"
+  echo "$name" >"$T/dup/dup/id"
+  tar -C "$T/dup" -cf "$T/dup.tar" dup
+  for i in 1 2; do
+    python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$layout" latest "$T/dup.tar" --compress gzip >/dev/null
+  done
+  skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$reg/gantry-test/$name:latest"
+  run "$GANTRY" pull --layered --store "$STORE" "$REG/gantry-test/$name:latest"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  digest=$(echo "$output" | tail -n1 | awk '{print $1}')
+  # Two layers of one blob: two chain IDs, both converted.
+  [ "$(python3 -c 'import json, sys; l = json.loads(json.load(open(sys.argv[1]))["manifest"])["layers"]; print(l[-1]["digest"] == l[-2]["digest"])' \
+    "$STORE/images/${digest#sha256:}.json")" = True ]
+  [ "$(layer_chain "$digest" | sort -u | wc -l)" -eq "$(layer_chain "$digest" | wc -l)" ]
+  mount_stack "$digest" "$T/merged"
+  [ "$(cat "$T/merged/dup/id")" = "$name" ]
 }
