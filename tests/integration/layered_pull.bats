@@ -50,6 +50,17 @@ mount_stack() {
   MOUNTS+=("$dir")
 }
 
+# tiny_and_new_tag KIND: tiny, then a new tag on it (tiny + one layer, gantry_fresh_image), both
+# pulled --layered into STORE; sets name and digest (the new tag's).
+tiny_and_new_tag() {
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  name=layered-$1-$RANDOM$RANDOM
+  digest=$(gantry_fresh_image "$T" "$name")
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
+  [ "$status" -eq 0 ]
+}
+
 @test "pull --layered: one squashfs per layer, and their overlay stack is umoci's tree of each test image" {
   local name var ref digest n layers
   for name in tiny layers debian zstd tiny-docker; do
@@ -165,12 +176,7 @@ PY
 }
 
 @test "gc: removing a layered image frees its own layers and keeps those another image names" {
-  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
-  [ "$status" -eq 0 ]
-  name=layered-gc-$RANDOM$RANDOM
-  digest=$(gantry_fresh_image "$T" "$name")
-  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
-  [ "$status" -eq 0 ]
+  tiny_and_new_tag gc
   total=$(ls "$STORE"/images/layer-*.sqsh | wc -l)
   top_chain=$(layer_chain "$digest" | tail -n1)
   # By age: the fresh image unused for two hours, tiny just used.
@@ -187,12 +193,7 @@ PY
 }
 
 @test "gantry run as root stacks a layered image's layers with the kernel backend, read-only and --writable" {
-  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
-  [ "$status" -eq 0 ]
-  name=layered-run-$RANDOM$RANDOM
-  digest=$(gantry_fresh_image "$T" "$name")
-  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
-  [ "$status" -eq 0 ]
+  tiny_and_new_tag run
   id=$(cat "$T/uniq-$name/unique/id")
   # No network: the stored layers serve it, and no whole squashfs is made.
   run "$GANTRY" run --store "$STORE" --pull never --backend kernel "$REG/gantry-test/$name:latest" \
