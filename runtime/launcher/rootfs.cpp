@@ -204,13 +204,23 @@ Result<std::vector<std::string>> make_layer_dirs(Setup& s) {
 }
 
 Status mount_layer_stack(Setup& s, const std::vector<std::string>& dirs) {
+    // The lower layers by their names in staging/layers ("2:1:0:empty"), which the kernel resolves
+    // against our working directory: the mount's options are one page (4 KiB), which full paths would
+    // fill at about a hundred layers; overlayfs itself takes up to 500.
+    const std::string base = s.staging + "/layers";
     std::string lowers;
-    for (const auto& dir : dirs) lowers = dir + ":" + lowers;  // top layer first
+    for (const auto& dir : dirs) lowers = dir.substr(base.size() + 1) + ":" + lowers;  // top layer first
     // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
-    std::string opts = "lowerdir=" + lowers + s.staging + "/layers/empty,userxattr";
-    if (::mount("overlay", s.image_dir.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str()) != 0)
+    std::string opts = "lowerdir=" + lowers + "empty,userxattr";
+    UniqueFd here(::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!here || ::chdir(base.c_str()) != 0) return system_error("entering " + base);
+    int rc = ::mount("overlay", s.image_dir.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str());
+    int err = errno;
+    if (::fchdir(here.get()) != 0) return system_error("returning from " + base);
+    if (rc != 0)
         return system_error("stacking the " + std::to_string(dirs.size()) + " layers of " + s.spec->image_path +
-                            " with overlayfs at " + s.image_dir);
+                                " with overlayfs at " + s.image_dir,
+                            err);
     return {};
 }
 

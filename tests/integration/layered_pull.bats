@@ -264,3 +264,26 @@ PY
   mount_stack "$digest" "$T/merged"
   [ "$(cat "$T/merged/dup/id")" = "$name" ]
 }
+
+@test "a 130-layer image stacks (more lowers than the mount options would hold as full paths)" {
+  local layout=$T/layout-deep reg=$GANTRY_TEST_REGISTRY_HTTP name=layered-deep-$RANDOM$RANDOM i
+  cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
+  for i in $(seq 1 129); do
+    mkdir -p "$T/deep$i/deep"
+    echo "$i" >"$T/deep$i/deep/$i"
+    tar -C "$T/deep$i" -cf "$T/deep$i.tar" deep
+    python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$layout" latest "$T/deep$i.tar" --compress none >/dev/null
+  done
+  skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$reg/gantry-test/$name:latest"
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
+  [ "$status" -eq 0 ]
+  digest=$(echo "$output" | tail -n1 | awk '{print $1}')
+  [ "$(layer_chain "$digest" | wc -l)" -eq 130 ]
+  # The fuse backend (one server per layer): no loop devices taken from the machine for this.
+  run "$GANTRY" run --store "$STORE" --pull never --backend fuse "$REG/gantry-test/$name:latest" \
+    sh -c 'ls /deep | wc -l; cat /deep/1 /deep/129; test -x /bin/busybox && echo has-busybox'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx 129
+  [[ $output == *has-busybox* ]]
+}
