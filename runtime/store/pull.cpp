@@ -78,19 +78,15 @@ Result<PullPolicy> parse_pull_policy(const std::string& text) {
 
 namespace {
 
-// The store holds `digest` in a form this pull serves: a whole image always; one stored as layers only
-// for a pull whose caller stacks layers (PullOptions::layered or accept_layered): for the others (the
-// extract backend) a plain pull makes the whole squashfs.
-bool has_image(const ImageStore& store, const std::string& digest, bool layered) {
+// The path a pull reports for `digest` when the store holds it in a form this pull serves: a whole
+// image's squashfs always; a layered image's record only for a pull whose caller stacks layers
+// (PullOptions::layered or accept_layered): for the others (the extract backend) a plain pull makes
+// the whole squashfs. One lookup of the image for both questions.
+std::optional<std::string> served_path(const ImageStore& store, const std::string& digest, bool layered) {
     auto img = store.find(digest);
-    return img && (layered || !img->layered());
-}
-
-// The path a pull reports for a stored image: its squashfs, or a layered image's record.
-std::string reported_path(const ImageStore& store, const std::string& digest) {
-    auto img = store.find(digest);
-    if (img && img->layered()) return store.root() + "/images/" + digest_hex(digest) + ".json";
-    return store.squashfs_path(digest);
+    if (!img || (img->layered() && !layered)) return std::nullopt;
+    if (img->layered()) return store.root() + "/images/" + digest_hex(digest) + ".json";
+    return img->squashfs_path;
 }
 
 // The image the store can serve for `ref` without the registry, under `policy`: a digest-pinned
@@ -100,12 +96,12 @@ std::string reported_path(const ImageStore& store, const std::string& digest) {
 std::optional<std::string> stored_digest(const ImageStore& store, const ImageReference& ref, PullPolicy policy,
                                          bool layered) {
     if (!ref.digest.empty()) {
-        if (has_image(store, ref.digest, layered)) return ref.digest;
+        if (served_path(store, ref.digest, layered)) return ref.digest;
     } else if (policy == PullPolicy::always) {
         return std::nullopt;
     }
     auto record = store.lookup_tag(ref);
-    if (record && validate_digest(record->digest) && has_image(store, record->digest, layered)) return record->digest;
+    if (record && validate_digest(record->digest) && served_path(store, record->digest, layered)) return record->digest;
     return std::nullopt;
 }
 
@@ -189,7 +185,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         store.touch(*stored);
         PullResult result;
         result.digest = *stored;
-        result.squashfs_path = reported_path(store, *stored);
+        result.squashfs_path = served_path(store, *stored, true).value_or(store.squashfs_path(*stored));
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
     }
@@ -208,8 +204,8 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     PullResult result;
     result.digest = digest;
     result.squashfs_path = store.squashfs_path(digest);
-    if (has_image(store, digest, options.layered || options.accept_layered)) {
-        result.squashfs_path = reported_path(store, digest);
+    if (auto path = served_path(store, digest, options.layered || options.accept_layered)) {
+        result.squashfs_path = *path;
         store.touch(digest);
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
@@ -232,8 +228,8 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         });
     });
     if (!lock) return lock.error();
-    if (has_image(store, digest, options.layered || options.accept_layered)) {
-        result.squashfs_path = reported_path(store, digest);
+    if (auto path = served_path(store, digest, options.layered || options.accept_layered)) {
+        result.squashfs_path = *path;
         store.touch(digest);
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
@@ -417,14 +413,19 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     std::vector<Descriptor> to_fetch;
     uint64_t declared = 0, expanded = 0;  // both saturate: a manifest may declare sizes near 2^64
     auto add = [](uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; };
+    // Layer i, when the store has it: held in use, its size counted against the image's budget.
+    auto hold_stored = [&](size_t i) {
+        auto stored = store.find_layer(chain[i]);
+        if (!stored) return false;
+        auto fd = store.open_layer_in_use(chain[i]);
+        if (!fd) return false;
+        held[i] = std::move(*fd);
+        expanded = add(expanded, stored->record.uncompressed_bytes);
+        return true;
+    };
     for (size_t i = 0; i < chain.size(); ++i) {
         declared = add(declared, image.layers[i].size);
-        auto stored = store.find_layer(chain[i]);
-        auto fd = stored ? store.open_layer_in_use(chain[i]) : Result<UniqueFd>(make_error("not stored"));
-        if (fd) {
-            held[i] = std::move(*fd);
-            expanded = add(expanded, stored->record.uncompressed_bytes);
-        } else {
+        if (!hold_stored(i)) {
             missing.push_back(i);
             to_fetch.push_back(image.layers[i]);
         }
@@ -460,12 +461,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
         const Descriptor& d = image.layers[i];
         auto layer_lock = store.lock_producer(chain[i], std::chrono::seconds(3600));
         if (!layer_lock) return layer_lock.error().wrap(context);
-        auto stored = store.find_layer(chain[i]);  // made meanwhile by the producer of another image
-        auto fd = stored ? store.open_layer_in_use(chain[i]) : Result<UniqueFd>(make_error("not stored"));
-        if (fd) {
-            held[i] = std::move(*fd);
-            expanded = add(expanded, stored->record.uncompressed_bytes);
-        } else {
+        if (!hold_stored(i)) {  // else made meanwhile by the producer of another image
             const std::string tmp = *staging + "/layer.sqsh." + std::to_string(::getpid());
             ::unlink(tmp.c_str());
             LayerBlob blob{blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest, diff_ids[i]};
@@ -512,7 +508,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     if (auto st = store.publish_layered(digest, meta); !st) return st.error().wrap(context);
     store.remove_staging(digest);
     result.produced = true;
-    result.squashfs_path = reported_path(store, digest);
+    result.squashfs_path = served_path(store, digest, true).value_or(store.squashfs_path(digest));
     update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
     return result;
 }
