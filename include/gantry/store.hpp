@@ -235,6 +235,9 @@ private:
     // find's work; the error says why an image is not accepted.
     [[nodiscard]] Result<StoredImage> load(const std::string& digest) const;
     [[nodiscard]] Result<StoredLayer> load_layer(const std::string& chain_id) const;
+    // Opens images/<name> for a user (an accepted regular file), holds its shared lock and marks
+    // used/<used_name>; `what` ("image", "layer") names it in errors.
+    [[nodiscard]] Result<UniqueFd> open_shared(const std::string& name, const std::string& used_name, const char* what) const;
     // Marks used/<name> used now.
     void touch_name(const std::string& name) const;
     // used/<name>'s time, or `otherwise` when there is none.

@@ -594,12 +594,15 @@ Result<UniqueFd> ImageStore::publish_layer(const std::string& squashfs_tmp, Laye
 
 Result<UniqueFd> ImageStore::open_layer_in_use(const std::string& chain_id) const {
     if (auto st = validate_digest(chain_id); !st) return st.error().wrap("opening layer");
-    const std::string name = layer_name(chain_id, ".sqsh");
+    return open_shared(layer_name(chain_id, ".sqsh"), layer_name(chain_id, ""), "layer");
+}
+
+Result<UniqueFd> ImageStore::open_shared(const std::string& name, const std::string& used_name, const char* what) const {
     auto f = open_regular_at(dirs_->images, name, O_RDONLY);
-    if (!f) return f.error().wrap("opening layer");
-    if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap("opening layer");
-    if (::flock(f->fd.get(), LOCK_SH) != 0) return system_error("locking layer " + dirs_->images.path_of(name));
-    touch_name(layer_name(chain_id, ""));
+    if (!f) return f.error().wrap(std::string("opening ") + what);
+    if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap(std::string("opening ") + what);
+    if (::flock(f->fd.get(), LOCK_SH) != 0) return system_error(std::string("locking ") + what + " " + dirs_->images.path_of(name));
+    touch_name(used_name);
     return std::move(f->fd);
 }
 
@@ -693,26 +696,13 @@ void ImageStore::touch_name(const std::string& name) const {
 }
 
 Result<UniqueFd> ImageStore::open_in_use(const std::string& digest) const {
-    const std::string name = digest_hex(digest) + ".sqsh";
-    auto f = open_regular_at(dirs_->images, name, O_RDONLY);
-    if (!f && f.error().errnum == ENOENT) {
-        // A layered image: its users hold its record, which keeps gc from removing it and so from
-        // removing any of its layers (gc frees a layer only with the last image naming it).
-        if (auto img = find(digest); img && img->layered()) {
-            const std::string record = digest_hex(digest) + ".json";
-            auto r = open_regular_at(dirs_->images, record, O_RDONLY);
-            if (!r) return r.error().wrap("opening image");
-            if (!accepted_file(r->st)) return not_accepted(dirs_->images.path_of(record), r->st).wrap("opening image");
-            if (::flock(r->fd.get(), LOCK_SH) != 0) return system_error("locking image " + dirs_->images.path_of(record));
-            touch(digest);
-            return std::move(r->fd);
-        }
-    }
-    if (!f) return f.error().wrap("opening image");
-    if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap("opening image");
-    if (::flock(f->fd.get(), LOCK_SH) != 0) return system_error("locking image " + dirs_->images.path_of(name));
-    touch(digest);
-    return std::move(f->fd);
+    const std::string hex = digest_hex(digest);
+    auto f = open_shared(hex + ".sqsh", hex, "image");
+    // A layered image: its users hold its record, which keeps gc from removing it and so from
+    // removing any of its layers (gc frees a layer only with the last image naming it).
+    if (!f && f.error().errnum == ENOENT)
+        if (auto img = find(digest); img && img->layered()) return open_shared(hex + ".json", hex, "image");
+    return f;
 }
 
 bool ImageStore::in_use(const std::string& digest) const {
