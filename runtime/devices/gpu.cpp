@@ -2,11 +2,14 @@
 // the NVIDIA_VISIBLE_DEVICES override), their device nodes, and the running driver's user-space
 // files per NVIDIA_DRIVER_CAPABILITIES, found through the host's ld.so cache and matched to the
 // driver version so that a stale library of an older driver is never mixed in.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -16,6 +19,22 @@
 
 namespace gantry {
 namespace {
+
+// Where the driver's programs are looked for on the host, in order: the system's directories, then
+// /usr/local/nvidia/bin, where a driver installed in its own directory (the layout of GKE-style GPU
+// images and of the NVIDIA driver containers) keeps them.
+constexpr const char* kDriverBinaryDirs[] = {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin",
+                                             "/usr/local/nvidia/bin"};
+
+// Whether `path` begins with the ELF magic (a program rather than a script).
+bool is_elf_file(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) return false;
+    char magic[4] = {};
+    bool elf = ::read(fd, magic, sizeof magic) == 4 && std::memcmp(magic, "\x7f" "ELF", 4) == 0;
+    ::close(fd);
+    return elf;
+}
 
 bool all_digits(const std::string& s) {
     return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
@@ -225,6 +244,22 @@ std::string driver_version(const std::string& host_root) {
 
 namespace {
 
+// The GPU whose UUID is `uuid` ("GPU-..."): procfs names it where the driver shows it there; some
+// drivers show none (an H200 with the 580 open kernel modules showed no UUID in procfs), and then
+// the host's NVML, which always knows it, maps the UUID to the GPU's minor number.
+std::optional<HostGpu> gpu_by_uuid(const std::string& root, const std::vector<HostGpu>& gpus, const std::string& uuid) {
+    for (const auto& g : gpus)
+        if (g.uuid == uuid) return g;
+    auto nvml = devices::nvml_devices(root);
+    if (!nvml) return std::nullopt;
+    for (const auto& n : nvml->gpus) {
+        if (n.uuid != uuid) continue;
+        for (const auto& g : gpus)
+            if (g.minor == n.minor) return g;
+    }
+    return std::nullopt;
+}
+
 // One MIG name of a request -> the device. "<gpu>:<mig>" and "MIG-GPU-<uuid>/<gi>/<ci>" (the names of
 // R450-R465 drivers) come from procfs alone; "MIG-<uuid>" needs NVML.
 Result<MigDevice> resolve_mig(const std::string& root, const std::string& source, const std::string& id,
@@ -253,17 +288,16 @@ Result<MigDevice> resolve_mig(const std::string& root, const std::string& source
         if (parts.size() != 3 || !all_digits(parts[1]) || !all_digits(parts[2]) || parts[1].size() > 6 ||
             parts[2].size() > 6)
             return make_error(source + ": '" + id + "' is not MIG-GPU-<uuid>/<gi>/<ci>");
-        for (const auto& g : gpus)
-            if (g.uuid == parts[0])
-                return at(g.minor, static_cast<unsigned>(std::stoul(parts[1])),
-                          static_cast<unsigned>(std::stoul(parts[2])));
+        if (auto g = gpu_by_uuid(root, gpus, parts[0]))
+            return at(g->minor, static_cast<unsigned>(std::stoul(parts[1])),
+                      static_cast<unsigned>(std::stoul(parts[2])));
         return missing();
     }
-    auto nvml = devices::nvml_mig_devices(root);
+    auto nvml = devices::nvml_devices(root);
     if (!nvml)
         return make_error(source + ": cannot resolve " + id + ": " + nvml.error().message +
                           " (name MIG devices as <gpu>:<mig> instead)");
-    for (const auto& n : *nvml)
+    for (const auto& n : nvml->migs)
         if (n.uuid == id) return at(n.gpu_minor, n.gi, n.ci);
     return missing();
 }
@@ -302,19 +336,23 @@ Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std:
     if (request->kind == GpuRequest::Kind::list) {
         for (const auto& id : request->ids) {
             if (all_digits(id) || starts_with(id, "GPU-")) {
-                auto it = std::find_if(gpus.begin(), gpus.end(), [&](const HostGpu& g) {
-                    return all_digits(id) ? std::to_string(g.index) == id : g.uuid == id;
-                });
-                if (it == gpus.end()) {
+                std::optional<HostGpu> gpu;
+                if (all_digits(id)) {
+                    for (const auto& g : gpus)
+                        if (std::to_string(g.index) == id) gpu = g;
+                } else {
+                    gpu = gpu_by_uuid(root, gpus, id);
+                }
+                if (!gpu) {
                     std::string have;
                     for (const auto& g : gpus) have += (have.empty() ? "" : ", ") + std::to_string(g.index);
                     return make_error(request->source + ": no GPU '" + id +
                                       "' on this node (GPUs: " + (have.empty() ? "none" : have) + ")");
                 }
                 if (std::none_of(chosen.begin(), chosen.end(),
-                                 [&](const HostGpu& g) { return g.index == it->index; })) {
-                    chosen.push_back(*it);
-                    visible_names.push_back(std::to_string(it->index));
+                                 [&](const HostGpu& g) { return g.index == gpu->index; })) {
+                    chosen.push_back(*gpu);
+                    visible_names.push_back(std::to_string(gpu->index));
                 }
                 continue;
             }
@@ -435,13 +473,23 @@ Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std:
         auto it = binaries_by_capability().find(cap);
         if (it == binaries_by_capability().end()) continue;
         for (const auto& bin : it->second) {
-            for (const char* dir : {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"}) {
+            // The first program (ELF) of that name, else the first file: a host's /usr/bin/nvidia-smi
+            // may be a wrapper script that runs the driver's own copy by a host path (a machine with
+            // the driver in /usr/local/nvidia had `exec /usr/local/nvidia/bin/nvidia-smi` there), which
+            // means nothing inside the container.
+            std::optional<std::string> chosen_file;
+            for (const char* dir : kDriverBinaryDirs) {
                 auto real = resolve_in_host(root, std::string(dir) + "/" + bin);
                 if (!real) continue;
-                edits.mounts.push_back({host_path(root, *real), "/usr/bin/" + bin, true});
-                ++binaries;
-                break;
+                if (is_elf_file(host_path(root, *real))) {
+                    chosen_file = real;
+                    break;
+                }
+                if (!chosen_file) chosen_file = real;
             }
+            if (!chosen_file) continue;
+            edits.mounts.push_back({host_path(root, *chosen_file), "/usr/bin/" + bin, true});
+            ++binaries;
         }
     }
 

@@ -36,13 +36,22 @@ struct MigCapMinors {
 };
 MigCapMinors mig_cap_minors(const std::string& host_root, const std::vector<MigDevice>& migs);
 
-// A MIG device as NVML names it (mig.cpp): its UUID and where it lives. Read through the host's
-// libnvidia-ml.so.1 (the only place MIG UUIDs exist); fails when the library cannot be loaded.
+// GPUs and MIG devices as NVML names them (mig.cpp): their UUIDs and where they live. Read through
+// the host's libnvidia-ml.so.1, the only place MIG UUIDs exist and the one that knows a GPU's UUID
+// where the driver's procfs shows none; fails when the library cannot be loaded.
+struct NvmlGpu {
+    std::string uuid;  // "GPU-..."
+    unsigned minor = 0;
+};
 struct NvmlMig {
     std::string uuid;  // "MIG-..."
     unsigned gpu_minor = 0, gi = 0, ci = 0;
 };
-Result<std::vector<NvmlMig>> nvml_mig_devices(const std::string& host_root);
+struct NvmlDevices {
+    std::vector<NvmlGpu> gpus;
+    std::vector<NvmlMig> migs;  // empty before R470 (no MIG in that NVML)
+};
+Result<NvmlDevices> nvml_devices(const std::string& host_root);
 
 // The NVIDIA part of select_devices (gpu.cpp).
 Result<ContainerEdits> nvidia_edits(const Config& config, const std::vector<std::string>& job_env,

@@ -113,7 +113,7 @@ MigCapMinors mig_cap_minors(const std::string& host_root, const std::vector<MigD
     return m;
 }
 
-Result<std::vector<NvmlMig>> nvml_mig_devices(const std::string& host_root) {
+Result<NvmlDevices> nvml_devices(const std::string& host_root) {
     // The library the host's loader would pick for libnvidia-ml.so.1, inside host_root.
     std::string lib;
     if (auto cache = try_read_file(host_path(host_root, "/etc/ld.so.cache"))) {
@@ -140,38 +140,45 @@ Result<std::vector<NvmlMig>> nvml_mig_devices(const std::string& host_root) {
     auto count = reinterpret_cast<int (*)(unsigned*)>(sym("nvmlDeviceGetCount_v2"));
     auto by_index = reinterpret_cast<int (*)(unsigned, Dev*)>(sym("nvmlDeviceGetHandleByIndex_v2"));
     auto minor_of = reinterpret_cast<int (*)(Dev, unsigned*)>(sym("nvmlDeviceGetMinorNumber"));
+    auto uuid_of = reinterpret_cast<int (*)(Dev, char*, unsigned)>(sym("nvmlDeviceGetUUID"));
+    // MIG (R470 and later); without these symbols the GPUs alone are listed.
     auto max_migs = reinterpret_cast<int (*)(Dev, unsigned*)>(sym("nvmlDeviceGetMaxMigDeviceCount"));
     auto mig_at = reinterpret_cast<int (*)(Dev, unsigned, Dev*)>(sym("nvmlDeviceGetMigDeviceHandleByIndex"));
-    auto uuid_of = reinterpret_cast<int (*)(Dev, char*, unsigned)>(sym("nvmlDeviceGetUUID"));
     auto gi_of = reinterpret_cast<int (*)(Dev, unsigned*)>(sym("nvmlDeviceGetGpuInstanceId"));
     auto ci_of = reinterpret_cast<int (*)(Dev, unsigned*)>(sym("nvmlDeviceGetComputeInstanceId"));
-    if (!init || !shutdown || !count || !by_index || !minor_of || !max_migs || !mig_at || !uuid_of || !gi_of ||
-        !ci_of) {
+    bool have_mig = max_migs && mig_at && gi_of && ci_of;
+    if (!init || !shutdown || !count || !by_index || !minor_of || !uuid_of) {
         ::dlclose(h);
-        return make_error(lib + ": not an NVML with MIG support (R470 or later)");
+        return make_error(lib + ": not an NVML library");
     }
     if (int rc = init(); rc != 0) {
         ::dlclose(h);
         return make_error(lib + ": nvmlInit failed (NVML error " + std::to_string(rc) + ")");
     }
-    std::vector<NvmlMig> out;
+    auto uuid_string = [&](Dev d) -> std::optional<std::string> {
+        char uuid[96] = {};
+        if (uuid_of(d, uuid, sizeof uuid) != 0) return std::nullopt;
+        return std::string(uuid, ::strnlen(uuid, sizeof uuid));
+    };
+    NvmlDevices out;
     unsigned n = 0;
     if (count(&n) == 0) {
         for (unsigned i = 0; i < n; ++i) {
             Dev gpu = nullptr;
             unsigned minor = 0, slots = 0;
-            if (by_index(i, &gpu) != 0 || minor_of(gpu, &minor) != 0 || max_migs(gpu, &slots) != 0) continue;
+            if (by_index(i, &gpu) != 0 || minor_of(gpu, &minor) != 0) continue;
+            if (auto uuid = uuid_string(gpu)) out.gpus.push_back({*uuid, minor});
+            if (!have_mig || max_migs(gpu, &slots) != 0) continue;
             for (unsigned j = 0; j < slots; ++j) {
                 Dev mig = nullptr;
-                char uuid[96] = {};
                 NvmlMig m;
                 // Slots without a MIG device answer NVML_ERROR_NOT_FOUND: skipped.
-                if (mig_at(gpu, j, &mig) != 0 || uuid_of(mig, uuid, sizeof uuid) != 0 || gi_of(mig, &m.gi) != 0 ||
-                    ci_of(mig, &m.ci) != 0)
-                    continue;
-                m.uuid = std::string(uuid, ::strnlen(uuid, sizeof uuid));
+                if (mig_at(gpu, j, &mig) != 0 || gi_of(mig, &m.gi) != 0 || ci_of(mig, &m.ci) != 0) continue;
+                auto uuid = uuid_string(mig);
+                if (!uuid) continue;
+                m.uuid = *uuid;
                 m.gpu_minor = minor;
-                out.push_back(m);
+                out.migs.push_back(m);
             }
         }
     }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -577,6 +578,67 @@ TEST_CASE("MIG UUIDs through the fake driver's NVML (fakehw.sh)", "[root]") {
     CHECK(nodes ==
           "/dev/nvidia-modeset /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidiactl /dev/nvidia1 "
           "/dev/nvidia-caps/nvidia-cap147 /dev/nvidia-caps/nvidia-cap148 ");
+}
+
+TEST_CASE("a GPU UUID that procfs does not show comes from NVML; a real nvidia-smi wins over a wrapper script",
+          "[root]") {
+    if (::geteuid() != 0) {
+        WARN("not root: fakehw.sh needs mknod; NVML resolution not exercised");
+        return;
+    }
+    TempRoot r;
+    std::string fake = r.path + "/hw";
+    REQUIRE(std::system(
+                (std::string(GANTRY_SOURCE_DIR) + "/tests/harness/fakehw.sh " + fake + " >/dev/null").c_str()) == 0);
+    Config c;
+    c.host_root = fake;
+    const std::string uuid2 = "GPU-fake0000-0000-0000-0000-000000000002";
+    auto by_procfs = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=" + uuid2}, ImageConfig{});
+    REQUIRE(by_procfs.ok());
+    CHECK(has(by_procfs->env, "NVIDIA_VISIBLE_DEVICES=2"));
+    // What a driver that shows no UUID in procfs writes there (seen on an H200 with the 580 open
+    // modules): only NVML can map the UUID to the GPU.
+    const std::string unknown_uuid = "GPU-" + std::string(8, '?') + "-" + std::string(4, '?') + "-" +
+                                     std::string(4, '?') + "-" + std::string(4, '?') + "-" + std::string(12, '?');
+    for (const auto& bus : fs::directory_iterator(fake + "/proc/driver/nvidia/gpus")) {
+        std::string file = bus.path().string() + "/information";
+        std::ifstream in(file);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
+        std::istringstream lines(text);
+        while (std::getline(lines, line))
+            out += (line.rfind("GPU UUID:", 0) == 0 ? "GPU UUID: \t " + unknown_uuid : line) +
+                   "\n";
+        std::ofstream(file, std::ios::trunc) << out;
+    }
+    for (const auto& g : host_gpus(fake)) CHECK(g.uuid != uuid2);
+    auto by_nvml = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=" + uuid2}, ImageConfig{});
+    REQUIRE(by_nvml.ok());
+    CHECK(has(by_nvml->env, "NVIDIA_VISIBLE_DEVICES=2"));
+    std::string gpus;
+    for (const auto& d : by_nvml->devices)
+        if (d.path.find("/dev/nvidia") == 0 && std::isdigit(static_cast<unsigned char>(d.path.back())) &&
+            d.path.find("caps") == std::string::npos)
+            gpus += d.path + " ";
+    CHECK(gpus == "/dev/nvidia2 ");
+    auto unknown = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=GPU-fake0000-0000-0000-0000-000000000009"}, ImageConfig{});
+    REQUIRE_FALSE(unknown.ok());
+    CHECK(unknown.error().message.find("no GPU 'GPU-fake0000-0000-0000-0000-000000000009'") != std::string::npos);
+
+    // nvidia-smi: fakehw.sh's /usr/bin/nvidia-smi is a script, and with nothing better it is used.
+    auto mount_of = [&](const ContainerEdits& e) {
+        for (const auto& m : e.mounts)
+            if (m.path == "/usr/bin/nvidia-smi") return m.host_path;
+        return std::string();
+    };
+    auto script = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=0"}, ImageConfig{});
+    REQUIRE(script.ok());
+    CHECK(mount_of(*script) == fake + "/usr/bin/nvidia-smi");
+    // A driver in /usr/local/nvidia whose /usr/bin/nvidia-smi only runs it by a host path: the program.
+    fs::create_directories(fake + "/usr/local/nvidia/bin");
+    fs::copy_file("/bin/true", fake + "/usr/local/nvidia/bin/nvidia-smi");
+    auto program = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=0"}, ImageConfig{});
+    REQUIRE(program.ok());
+    CHECK(mount_of(*program) == fake + "/usr/local/nvidia/bin/nvidia-smi");
 }
 
 TEST_CASE("hostlists and tasks per node") {
