@@ -42,9 +42,11 @@ Result<ImportResult> import_image(const Config& config, const ImageStore& store,
 std::string enroot_environment(const ImageConfig& config);
 std::string enroot_rc(const ImageConfig& config);
 
-// Writes the stored image `image` to `output` as an Enroot image: its tree plus /etc/environment and
-// /etc/rc. The file appears by rename when complete; an existing `output` is an error unless `force`.
-Result<ConversionStats> export_image(const Config& config, const StoredImage& image, const std::string& output,
-                                     bool force);
+// Writes the stored image `image` of `store` to `output` as an Enroot image: its tree plus
+// /etc/environment and /etc/rc, one squashfs file (a layered image's layers composed as overlayfs
+// shows them). The image is held in use meanwhile, so gc leaves it and its layers alone. The file
+// appears by rename when complete; an existing `output` is an error unless `force`.
+Result<ConversionStats> export_image(const Config& config, const ImageStore& store, const StoredImage& image,
+                                     const std::string& output, bool force);
 
 }  // namespace gantry

@@ -97,6 +97,20 @@ struct AddedFile {
 Result<ConversionStats> add_files_to_image(const std::string& input, const std::string& output,
                                            const std::vector<AddedFile>& added, const SquashfsOptions& options);
 
+// The opaque-directory marker of the store's layers: one form for both backends, since overlayfs
+// reads it with `userxattr` whether root mounts the stack or a user namespace does.
+inline constexpr const char* kOverlayOpaqueXattr = "user.overlay.opaque";
+
+// Writes `output` as the one tree that overlayfs shows for `layers` (bottom first), each a layer
+// squashfs in overlay form (convert_layer_for_overlay with `opaque_xattr`): a character device 0/0
+// deletes its path from the layers below, a directory with `opaque_xattr` = "y" hides their children
+// (and the marker itself is not copied), and otherwise the highest layer's version of a path wins,
+// directories merging. `added` go on top as in add_files_to_image. A layered image's export and the
+// whole file of a layered image come from here. `layers` are parsed: pass a store's layers.
+Result<ConversionStats> compose_layers_to_image(const std::vector<std::string>& layers, const std::string& output,
+                                                const std::vector<AddedFile>& added, const SquashfsOptions& options,
+                                                const std::string& opaque_xattr);
+
 // The content of the regular file `path` ("/etc/environment") inside the squashfs `image`, read with
 // libsquashfs without mounting it; nullopt when the image has no such regular file (a symlink is not
 // followed). A file larger than `max_bytes` is an error. The image may be user-controlled: run this

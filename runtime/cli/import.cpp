@@ -86,7 +86,7 @@ int cmd_export(const ExportArgs& a) {
     if (!store) return fail(store.error());
     auto img = find_stored(*store, args[0]);
     if (!img) return fail(img.error());
-    auto stats = export_image(*config, *img, *output, force);
+    auto stats = export_image(*config, *store, *img, *output, force);
     if (!stats) return fail(stats.error());
     std::printf("%s\n", output->c_str());
     return 0;

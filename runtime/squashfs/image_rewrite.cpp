@@ -1,7 +1,9 @@
 // gantry::add_files_to_image: a copy of a squashfs image with files added on top (an export's
-// /etc/environment and /etc/rc). The image is read with libsquashfs and written by the converter's own
-// ImageTree and SquashfsWriter, so the copy keeps every owner, mode, time, xattr and hard link, and the
-// added files win over the image's own exactly as a higher layer's would.
+// /etc/environment and /etc/rc); gantry::compose_layers_to_image: the same for the stack of a layered
+// image's layer files, merged as overlayfs merges them. The images are read with libsquashfs and
+// written by the converter's own ImageTree and SquashfsWriter, so the copy keeps every owner, mode,
+// time, xattr and hard link, and the added files win over the image's own exactly as a higher layer's
+// would: the ImageTree's walk from the top layer down applies the same rules as a conversion's.
 #include <sqfs/compressor.h>
 #include <sqfs/data_reader.h>
 #include <sqfs/dir_reader.h>
@@ -18,6 +20,7 @@
 #include <ctime>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 
@@ -122,12 +125,28 @@ struct Source {
     }
 };
 
+// An overlayfs whiteout: a character device 0/0.
+bool is_whiteout(const sqfs_inode_generic_t* in) {
+    if (in->base.type == SQFS_INODE_CDEV) return in->data.dev.devno == 0;
+    if (in->base.type == SQFS_INODE_EXT_CDEV) return in->data.dev_ext.devno == 0;
+    return false;
+}
+
+// Copies one image's tree into the ImageTree as layer `layer`. With `opaque_xattr` (a layer in
+// overlay form), whiteouts delete their paths and opaque markers empty their directories for the
+// layers below, as overlayfs reads them.
 class Copier {
 public:
-    Copier(Source& src, ImageTree& tree, SquashfsWriter& writer) : src_(src), tree_(tree), writer_(writer) {}
+    Copier(Source& src, ImageTree& tree, SquashfsWriter& writer, int layer = 0,
+           const std::string* opaque_xattr = nullptr)
+        : src_(src), tree_(tree), writer_(writer), layer_(layer), opaque_xattr_(opaque_xattr) {}
 
     Status copy(const sqfs_tree_node_t* node, std::vector<std::string>& path) {
         const sqfs_inode_generic_t* in = node->inode;
+        if (opaque_xattr_ != nullptr && is_whiteout(in)) {
+            if (!path.empty()) tree_.whiteout(path, layer_);
+            return {};
+        }
         const uint32_t type = type_bits(in);
         if (type != 0) GANTRY_TRY(place(node, path, type));
         if (type == 0040000) {
@@ -145,8 +164,22 @@ private:
     Status place(const sqfs_tree_node_t* node, const std::vector<std::string>& path, uint32_t type) {
         const sqfs_inode_generic_t* in = node->inode;
         const bool is_dir = type == 0040000;
-        TreeNode* slot = tree_.place(path, 0, is_dir);
-        if (slot == nullptr) return {};  // an added file took this path
+        std::optional<std::vector<std::pair<std::string, std::string>>> dir_xattrs;
+        if (is_dir && opaque_xattr_ != nullptr) {
+            // The opaque marker empties the directory for the layers below, and is not copied: the
+            // composed tree has no layers below to hide.
+            auto xattrs = src_.xattrs_of(in);
+            if (!xattrs) return xattrs.error().wrap("reading /" + squashfs::join_path(path));
+            auto marker = std::find_if(xattrs->begin(), xattrs->end(),
+                                       [&](const auto& kv) { return kv.first == *opaque_xattr_; });
+            if (marker != xattrs->end()) {
+                if (marker->second == "y") tree_.make_opaque(path, layer_);
+                xattrs->erase(marker);
+            }
+            dir_xattrs = std::move(*xattrs);
+        }
+        TreeNode* slot = tree_.place(path, layer_, is_dir);
+        if (slot == nullptr) return {};  // a higher layer, or an added file, has this path
         // A hard link: the same inode number seen before.
         if (!is_dir) {
             auto seen = by_number_.find(in->base.inode_number);
@@ -160,9 +193,13 @@ private:
         inode->uid = node->uid;
         inode->gid = node->gid;
         inode->mtime = in->base.mod_time;
-        auto xattrs = src_.xattrs_of(in);
-        if (!xattrs) return xattrs.error().wrap("reading /" + squashfs::join_path(path));
-        inode->xattrs = std::move(*xattrs);
+        if (dir_xattrs) {
+            inode->xattrs = std::move(*dir_xattrs);
+        } else {
+            auto xattrs = src_.xattrs_of(in);
+            if (!xattrs) return xattrs.error().wrap("reading /" + squashfs::join_path(path));
+            inode->xattrs = std::move(*xattrs);
+        }
         if (type == 0120000) {
             const uint32_t n =
                 in->base.type == SQFS_INODE_SLINK ? in->data.slink.target_size : in->data.slink_ext.target_size;
@@ -196,18 +233,15 @@ private:
     Source& src_;
     ImageTree& tree_;
     SquashfsWriter& writer_;
-    std::unordered_map<uint32_t, Inode*> by_number_;
+    const int layer_;
+    const std::string* const opaque_xattr_;
+    std::unordered_map<uint32_t, Inode*> by_number_;  // this image's inode numbers
 };
 
-Result<ConversionStats> rewrite(const std::string& input, const std::string& output,
-                                const std::vector<AddedFile>& added, const SquashfsOptions& options) {
-    Source src;
-    GANTRY_TRY(src.open(input));
-    sqfs_tree_node_t* raw_root = nullptr;
-    if (int rc = sqfs_dir_reader_get_full_hierarchy(src.dirs.get(), src.ids.get(), nullptr, 0, &raw_root); rc != 0)
-        return make_error("reading image " + input + ": " + squashfs::sqfs_error_name(rc));
-    std::unique_ptr<sqfs_tree_node_t, TreeFree> root(raw_root);
-
+// `inputs` bottom first; `opaque_xattr` non-null: they are layers in overlay form.
+Result<ConversionStats> rewrite(const std::vector<std::string>& inputs, const std::string& output,
+                                const std::vector<AddedFile>& added, const SquashfsOptions& options,
+                                const std::string* opaque_xattr) {
     ImageTree tree;  // outlives the writer, whose block processor points into its inodes
     auto created = SquashfsWriter::create(output, options);
     if (!created) return created.error();
@@ -228,7 +262,7 @@ Result<ConversionStats> rewrite(const std::string& input, const std::string& out
         while (!rel.empty() && rel.front() == '/') rel.remove_prefix(1);
         auto path = squashfs::split_entry_path(rel);
         if (!path || path->empty()) return make_error("adding " + f.path + " to " + output + ": not a file path");
-        TreeNode* slot = tree.place(*path, 1, false);
+        TreeNode* slot = tree.place(*path, static_cast<int>(inputs.size()), false);
         if (slot == nullptr) return make_error("adding " + f.path + " to " + output + ": the path is taken");
         auto inode = std::make_unique<Inode>();
         inode->mode = 0100000 | (f.mode & 07777u);
@@ -240,9 +274,19 @@ Result<ConversionStats> rewrite(const std::string& input, const std::string& out
         GANTRY_TRY(writer->append(f.content.data(), f.content.size()));
         GANTRY_TRY(writer->end_file());
     }
-    Copier copier(src, tree, *writer);
-    std::vector<std::string> path;
-    if (auto st = copier.copy(root.get(), path); !st) return st.error().wrap("copying image " + input);
+    // From the top layer down, one image open at a time: each file's data is written as it is placed.
+    for (size_t i = inputs.size(); i-- > 0;) {
+        const std::string& input = inputs[i];
+        Source src;
+        GANTRY_TRY(src.open(input));
+        sqfs_tree_node_t* raw_root = nullptr;
+        if (int rc = sqfs_dir_reader_get_full_hierarchy(src.dirs.get(), src.ids.get(), nullptr, 0, &raw_root); rc != 0)
+            return make_error("reading image " + input + ": " + squashfs::sqfs_error_name(rc));
+        std::unique_ptr<sqfs_tree_node_t, TreeFree> root(raw_root);
+        Copier copier(src, tree, *writer, static_cast<int>(i), opaque_xattr);
+        std::vector<std::string> path;
+        if (auto st = copier.copy(root.get(), path); !st) return st.error().wrap("copying image " + input);
+    }
     ConversionStats stats;
     auto size = writer->finish(tree, stats, options.sync);
     if (!size) return size.error();
@@ -256,7 +300,18 @@ Result<ConversionStats> rewrite(const std::string& input, const std::string& out
 Result<ConversionStats> add_files_to_image(const std::string& input, const std::string& output,
                                            const std::vector<AddedFile>& added, const SquashfsOptions& options) {
     try {
-        return rewrite(input, output, added, options);
+        return rewrite({input}, output, added, options, nullptr);
+    } catch (const std::exception& e) {
+        return make_error("writing " + output + ": " + e.what());
+    }
+}
+
+Result<ConversionStats> compose_layers_to_image(const std::vector<std::string>& layers, const std::string& output,
+                                                const std::vector<AddedFile>& added, const SquashfsOptions& options,
+                                                const std::string& opaque_xattr) {
+    if (layers.empty()) return make_error("writing " + output + ": no layers to compose");
+    try {
+        return rewrite(layers, output, added, options, &opaque_xattr);
     } catch (const std::exception& e) {
         return make_error("writing " + output + ": " + e.what());
     }

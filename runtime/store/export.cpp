@@ -49,8 +49,8 @@ std::string enroot_rc(const ImageConfig& config) {
     return out;
 }
 
-Result<ConversionStats> export_image(const Config& config, const StoredImage& image, const std::string& output,
-                                     bool force) {
+Result<ConversionStats> export_image(const Config& config, const ImageStore& store, const StoredImage& image,
+                                     const std::string& output, bool force) {
     const std::string what = "exporting " + image.digest + " to " + output;
     struct stat st {};
     if (::lstat(output.c_str(), &st) == 0) {
@@ -71,7 +71,20 @@ Result<ConversionStats> export_image(const Config& config, const StoredImage& im
     // The image's own compression: the export is as quick to start as the stored image.
     if (!image.metadata.compressor.empty()) options.compressor = image.metadata.compressor;
     if (image.metadata.block_size != 0) options.block_size = image.metadata.block_size;
-    auto stats = add_files_to_image(image.squashfs_path, tmp, files, options);
+    // In use while it is read: gc removes neither the image nor (its record's lock) its layers.
+    auto held = store.open_in_use(image.digest);
+    if (!held) return held.error().wrap(what);
+    auto write = [&]() -> Result<ConversionStats> {
+        if (!image.layered()) return add_files_to_image(image.squashfs_path, tmp, files, options);
+        std::vector<std::string> layers;
+        for (const auto& chain : image.metadata.layer_chain) {
+            auto layer = store.find_layer(chain);
+            if (!layer) return make_error("its layer " + chain + " is not in the store");
+            layers.push_back(layer->squashfs_path);
+        }
+        return compose_layers_to_image(layers, tmp, files, options, kOverlayOpaqueXattr);
+    };
+    auto stats = write();
     if (!stats) return stats.error().wrap(what);
     if (::chmod(tmp.c_str(), 0644) != 0 || ::rename(tmp.c_str(), output.c_str()) != 0) {
         auto err = system_error(what);

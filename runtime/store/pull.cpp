@@ -467,7 +467,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
             LayerBlob blob{blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest, diff_ids[i]};
             // What is left of the image's budget bounds this layer (the converter's limits are per image).
             options.limits.max_image_bytes = max_image_bytes - std::min(max_image_bytes, expanded);
-            auto stats = convert_layer_for_overlay(blob, tmp, options, "user.overlay.opaque");
+            auto stats = convert_layer_for_overlay(blob, tmp, options, kOverlayOpaqueXattr);
             if (!stats) {
                 ::unlink(tmp.c_str());
                 return stats.error().wrap(context);

@@ -87,6 +87,38 @@ tiny_and_new_tag() {
   done
 }
 
+@test "export of a layered image: one Enroot squashfs whose tree is umoci's, made from the layer files alone" {
+  local name var ref image digest
+  for name in layers tiny debian; do
+    var=$(echo "$name" | tr 'a-z-' 'A-Z_')
+    ref=GANTRY_TEST_REF_$var image=GANTRY_TEST_IMAGE_$var digest=GANTRY_TEST_DIGEST_$var
+    run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/${!image}"
+    [ "$status" -eq 0 ]
+    [ ! -e "$STORE/images/${!digest#sha256:}.sqsh" ]
+    run "$GANTRY" export --store "$STORE" "${!digest}" -o "$T/$name.sqsh"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$output" = "$T/$name.sqsh" ]
+    # Nothing was added to the store: the composition reads the layer files.
+    [ ! -e "$STORE/images/${!digest#sha256:}.sqsh" ]
+    # One file; no overlay markers left in it (no 0/0 devices, no opaque xattrs).
+    rm -rf "$T/x-$name"
+    unsquashfs -q -n -d "$T/x-$name" "$T/$name.sqsh" >/dev/null
+    [ -z "$(find "$T/x-$name" -type c)" ]
+    [ -z "$(getfattr -R -d -m 'overlay' --absolute-names "$T/x-$name" 2>/dev/null)" ]
+    grep -q '^PATH=' "$T/x-$name/etc/environment"
+    [ -x "$T/x-$name/etc/rc" ]
+    if [ -e "${!ref}/etc/rc" ]; then cp -a "${!ref}/etc/rc" "$T/x-$name/etc/rc"; else rm "$T/x-$name/etc/rc"; fi
+    if [ -e "${!ref}/etc/environment" ]; then cp -a "${!ref}/etc/environment" "$T/x-$name/etc/environment"; else rm "$T/x-$name/etc/environment"; fi
+    python3 "$TREECMP" --ignore-dir-mtime "${!ref}" "$T/x-$name"
+  done
+  # The exported file runs as any Enroot image does.
+  run "$GANTRY" run --image-file "$T/layers.sqsh" -- cat /etc/environment
+  echo "$output"
+  [ "$status" -eq 0 ]
+  grep -q '^PATH=' <<< "$output"
+}
+
 # top_blob LAYOUT: the digest of the top layer's blob of the image tagged latest.
 top_blob() {
   python3 - "$1" <<'PY'

@@ -972,9 +972,11 @@ TEST_CASE("overlay form: whiteouts become 0/0 character devices, hidden lower di
     CHECK(u["opq"].xattrs == std::map<std::string, std::string>{{"user.overlay.opaque", "y"}});
 }
 
-TEST_CASE("overlay form: overlayfs over each layer's image shows the tree convert_layers merges", "[root]") {
-    REQUIRE(::geteuid() == 0);  // loop and overlay mounts
-    Image img;
+namespace {
+
+// Three layers with every kind of change (whiteouts, an opaque directory, type changes both ways,
+// a whited-out and recreated directory, a deleted subtree, a device, hard links, xattrs).
+void add_overlay_test_layers(Image& img) {
     // Every layer lists the directories it changes (as image builders do): a directory the layer
     // has no entry for would show root-owned 0755 in place of the lower one (see squashfs.hpp).
     Layer lower = changes_lower();
@@ -995,6 +997,75 @@ TEST_CASE("overlay form: overlayfs over each layer's image shows the tree conver
     top.file(".wh.sym").file(".wh.fifo");
     top.dir("xa").file("xa/f", "x").last().xattrs = {{"user.comment", "kept"}};
     img.add(top, Comp::gzip);
+}
+
+// `got` must be `want` entry for entry.
+void check_same_tree(Tree& want, Tree& got) {
+    CHECK(got.size() == want.size());
+    for (auto& [path, e] : want) {
+        INFO(path);
+        REQUIRE(got.count(path) == 1);
+        const Entry& o = got[path];
+        CHECK(o.type == e.type);
+        CHECK(o.mode == e.mode);
+        CHECK(o.uid == e.uid);
+        CHECK(o.gid == e.gid);
+        CHECK(o.mtime == e.mtime);
+        CHECK(o.content == e.content);
+        CHECK(o.target == e.target);
+        CHECK(o.xattrs == e.xattrs);
+        if (e.type == 'f') CHECK(o.nlink == e.nlink);
+    }
+    for (auto& [path, o] : got) {
+        INFO(path);
+        CHECK(want.count(path) == 1);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("compose: the layers in overlay form, composed into one file, give the tree convert_layers merges") {
+    Image img;
+    add_overlay_test_layers(img);
+    REQUIRE(img.convert().ok());
+    Tree whole = img.tree();
+    std::vector<std::string> layer_files;
+    for (size_t i = 0; i < img.layers.size(); ++i) {
+        const fs::path file = img.tmp.path / ("layer" + std::to_string(i) + ".sqfs");
+        REQUIRE(gantry::convert_layer_for_overlay(img.layers[i], file.string(), {}, gantry::kOverlayOpaqueXattr).ok());
+        layer_files.push_back(file.string());
+    }
+    const fs::path composed = img.tmp.path / "composed.sqfs";
+    auto r = gantry::compose_layers_to_image(layer_files, composed.string(), {}, {}, gantry::kOverlayOpaqueXattr);
+    REQUIRE(r.ok());
+    Tree got = unsquash(composed, img.tmp.path / "composed");
+    check_same_tree(whole, got);
+
+    // Added files win their paths; one layer alone is that layer without its markers.
+    const fs::path with_rc = img.tmp.path / "with-rc.sqfs";
+    REQUIRE(gantry::compose_layers_to_image(layer_files, with_rc.string(), {{"/etc/keep", "exported", 0755}}, {},
+                                            gantry::kOverlayOpaqueXattr)
+                .ok());
+    Tree rc = unsquash(with_rc, img.tmp.path / "with-rc");
+    CHECK(rc["etc/keep"].content == "exported");
+    CHECK(rc["etc/keep"].mode == 0755);
+    const fs::path bottom = img.tmp.path / "bottom.sqfs";
+    REQUIRE(gantry::compose_layers_to_image({layer_files[0]}, bottom.string(), {}, {}, gantry::kOverlayOpaqueXattr).ok());
+    Tree lone = unsquash(bottom, img.tmp.path / "bottom");
+    for (auto& [path, e] : lone) {
+        INFO(path);
+        CHECK(e.type != 'c');
+        for (auto& [key, value] : e.xattrs) CHECK(key != gantry::kOverlayOpaqueXattr);
+    }
+    CHECK_FALSE(gantry::compose_layers_to_image({}, (img.tmp.path / "none.sqfs").string(), {}, {},
+                                                gantry::kOverlayOpaqueXattr)
+                    .ok());
+}
+
+TEST_CASE("overlay form: overlayfs over each layer's image shows the tree convert_layers merges", "[root]") {
+    REQUIRE(::geteuid() == 0);  // loop and overlay mounts
+    Image img;
+    add_overlay_test_layers(img);
     REQUIRE(img.convert().ok());
     Tree whole = img.tree();
     CHECK(whole.count("etc/tty") == 0);
@@ -1024,25 +1095,7 @@ TEST_CASE("overlay form: overlayfs over each layer's image shows the tree conver
         REQUIRE(run("mount -t overlay overlay -o '" + options + "' '" + merged + "'") == 0);
         mounts.push_back(merged);
         Tree stacked = read_tree(merged);
-        CHECK(stacked.size() == whole.size());
-        for (auto& [path, e] : whole) {
-            INFO(path);
-            REQUIRE(stacked.count(path) == 1);
-            const Entry& o = stacked[path];
-            CHECK(o.type == e.type);
-            CHECK(o.mode == e.mode);
-            CHECK(o.uid == e.uid);
-            CHECK(o.gid == e.gid);
-            CHECK(o.mtime == e.mtime);
-            CHECK(o.content == e.content);
-            CHECK(o.target == e.target);
-            CHECK(o.xattrs == e.xattrs);
-            if (e.type == 'f') CHECK(o.nlink == e.nlink);
-        }
-        for (auto& [path, o] : stacked) {
-            INFO(path);
-            CHECK(whole.count(path) == 1);
-        }
+        check_same_tree(whole, stacked);
     }
 }
 
