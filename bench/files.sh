@@ -9,6 +9,12 @@
 # BACKENDS limits the backends (default: kernel fuse fuse-private extract; extract is slow: it
 # unpacks and deletes the tree on every run); MODES limits the modes (default: cold warm);
 # WORKLOADS limits the workloads (default: read import).
+#  kernel-layered, fuse-layered  the same tree as an image of LAYERS (default 10) layers, pulled
+#                with `gantry pull --layered` from the harness registry (tests/harness/registry.sh
+#                start) into a root-owned store of its own, and stacked by overlayfs (issue #19):
+#                layer 0 holds /bin, layer k>0 every (LAYERS-1)th directory of /data and of /lib
+#                from k-1 on, so /data and /lib merge across all of them and a module search that
+#                misses looks in every layer
 #  fuse          the shared image server (gantry.conf fuse_shared = yes, the default): one
 #                gantry-imagefs per user and image that outlives each container
 #  fuse-private  fuse_shared = no: a gantry-imagefs per container
@@ -61,6 +67,45 @@ PY
   mv "$image.tmp" "$image"
 fi
 chmod 0755 "$dir"  # root-owned, not writable by others: a trusted image for the kernel backend
+
+# The layered image, when a *-layered backend is asked for: pushed once per tree and layer count.
+nlayers=${LAYERS:-10}
+layered_ref=
+if [[ " ${BACKENDS:-} " == *-layered* ]]; then
+  [ "$nlayers" -ge 2 ] || { echo "bench/files: LAYERS must be at least 2" >&2; exit 2; }
+  harness=${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}
+  # shellcheck disable=SC1091
+  . "$harness/registry.env"
+  layered_ref=$GANTRY_TEST_REGISTRY_HTTP/gantry-bench/files:$files-$mods-$ndirs-$nlayers
+  store=$dir/store-$files-$mods-$ndirs-$nlayers
+  if [ ! -d "$store/images" ] || [ -z "$(ls "$store/images" 2>/dev/null)" ]; then
+    rm -rf "$dir/oci" "$dir/layers" "$store"
+    mkdir -p "$dir/layers"
+    umoci init --layout "$dir/oci"
+    umoci new --image "$dir/oci:files" >/dev/null
+    for ((k = 0; k < nlayers; k++)); do
+      list=$dir/layers/$k.list
+      if [ "$k" -eq 0 ]; then
+        echo bin >"$list"
+      else
+        # Every (nlayers-1)th directory of /data and /lib, starting at k-1, with its parent listed.
+        { echo data; echo lib
+          (cd "$dir/tree" && ls -d data/* lib/*) | awk -v n=$((nlayers - 1)) -v k=$((k - 1)) 'NR % n == k'
+        } >"$list"
+      fi
+      tar -C "$dir/tree" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --no-recursion \
+        -cf "$dir/layers/$k.tar" -T <(while read -r p; do
+          if [ "$p" = data ] || [ "$p" = lib ]; then echo "$p"; else (cd "$dir/tree" && find "$p"); fi
+        done <"$list")
+      python3 "$src/../tests/images/oci.py" add-layer "$dir/oci" files "$dir/layers/$k.tar" --compress gzip >/dev/null
+    done
+    echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$dir/policy.json"
+    skopeo --policy "$dir/policy.json" copy -q --dest-tls-verify=false "oci:$dir/oci:files" "docker://$layered_ref"
+    install -d -m 0755 "$store"
+    "$gantry" pull --layered --quiet --store "$store" "$layered_ref" >/dev/null
+    rm -rf "$dir/oci" "$dir/layers"
+  fi
+fi
 printf 'mount_idle_seconds = 0\n' >"$dir/cold.conf"
 printf 'mount_idle_seconds = 10\n' >"$dir/warm.conf"
 printf 'mount_idle_seconds = 0\nfuse_shared = no\n' >"$dir/cold-private.conf"
@@ -97,11 +142,15 @@ in_container() {  # in_container BACKEND MODE CMD...
     fuse-private) b=fuse conf=$dir/$mode-private.conf ;;
     squashfuse) b=fuse conf=$dir/$mode-squashfuse.conf ;;
     squashfuse-private) b=fuse conf=$dir/$mode-private-squashfuse.conf ;;
+    kernel-layered | fuse-layered)
+      GANTRY_CONFIG=$conf "$gantry" run --backend "${b%-layered}" --store "$store" --pull never "$layered_ref" "$@"
+      return ;;
   esac
   GANTRY_CONFIG=$conf "$gantry" run --backend "$b" "$image" "$@"
 }
 
 echo "bench/files: $files files ($(du -sh --apparent-size "$dir/tree/data" | cut -f1)) + $mods modules on a path of $ndirs directories, squashfs $(du -h "$image" | cut -f1), median of $runs runs"
+[ -z "$layered_ref" ] || echo "layered: $nlayers layers, $(du -ch "$store"/images/layer-*.sqsh | tail -1 | cut -f1) of layer files"
 printf '%-18s %-7s %5s %9s %9s %9s %7s\n' "" work mode "total ms" "set-up" "work ms" "x host"
 for mode in ${MODES:-cold warm}; do
   declare -A host=()

@@ -4,6 +4,8 @@
 # and the cold start (image not yet in the store) with the number of registry blob requests.
 # Run as root with the harness up (tests/harness/registry.sh start; tests/images/build.sh [--big];
 # tests/harness/slurm.sh start). Usage: bench/srun.sh [IMAGE] [RUNS]   (IMAGE default gantry-test/tiny)
+# LAYERED=1 measures the same twice more with `layered_images = yes` (issue #19: the image stored as
+# layers, a store of its own, each node stacking the layers with overlayfs), in the same run.
 set -euo pipefail
 harness=${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}
 # shellcheck disable=SC1091
@@ -37,6 +39,22 @@ printf '%-52s %8s ms\n' "srun -N3 -n12 true (median)" "$plain"
 printf '%-52s %8s ms\n' "srun -N3 -n12 --container-image=... true (median)" "$cont"
 printf '%-52s %8s ms (target < 150)\n' "added per step" "$((cont - plain))"
 printf 'ratio container/plain: %.2fx\n' "$(echo "$cont / $plain" | bc -l)"
+if [ "${LAYERED:-0}" = 1 ]; then
+  lstore=$GANTRY_TEST_FSX/store-layered
+  rm -rf "$lstore"
+  install -d -m 1777 "$lstore"
+  printf 'store_path = %s\ninsecure_registries = %s\nlayered_images = yes\n' "$lstore" "$reg" > "$harness/gantry.conf"
+  as_user srun -N3 -n12 --container-image="$reg#$image" true
+  nlayers=$(find "$lstore/images" -name 'layer-*.sqsh' | wc -l)
+  plain2=$(time_runs as_user srun -N3 -n12 true | median)
+  lcont=$(time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true | median)
+  printf '%-52s %8s ms\n' "srun -N3 -n12 true (median, again)" "$plain2"
+  printf '%-52s %8s ms\n' "... --container-image, layered ($nlayers layers)" "$lcont"
+  printf '%-52s %8s ms (target: within +150 of the whole image)\n' "added per step, layered" "$((lcont - plain2))"
+  printf 'ratio layered/whole per-step overhead: %s ms vs %s ms\n' "$((lcont - plain2))" "$((cont - plain))"
+  # Back to whole images for the cold start below.
+  printf 'store_path = %s\ninsecure_registries = %s\n' "$store" "$reg" > "$harness/gantry.conf"
+fi
 
 # Cold start: the image removed from the store first, then pulled by the step, with the registry's
 # blob GETs counted over the whole step (3 nodes: one pull for the cluster).

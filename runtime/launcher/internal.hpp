@@ -159,6 +159,12 @@ Result<std::string> image_key(const std::string& image);
 // Mounts `image` once per node (or reuses that mount) and takes a reference on it. Root only; the
 // caller has checked the image is trusted. Runs in the host mount namespace.
 Result<SharedImageMount> acquire_shared_mount(const std::string& image, const Config& config);
+// A layered image's stack (`layers` bottom first): a read-only overlayfs of the layers' shared mounts,
+// made once per node and shared the same way (shared_mounts.cpp). The caller has checked every layer
+// is trusted. An error with errnum E2BIG: too many layers for one mount's options; stack them per
+// container instead.
+Result<SharedImageMount> acquire_shared_stack(const std::vector<std::string>& layers, const Config& config);
+Result<std::string> stack_key(const std::vector<std::string>& layers);
 
 // rootfs.cpp: the steps that assemble "/" (see Container::create for their order)
 Status mount_staging_area(Setup& s);

@@ -57,20 +57,37 @@ bool is_trusted_path(const std::string& path, const std::string& store_owner) {
 
 namespace {
 
-// A layered image (ContainerSpec::image_layers): each layer's node-wide shared mount (one per layer
-// file, shared by every image that has the layer), attached below the staging tmpfs, then a read-only
-// overlayfs of them at image_dir. Safe for the same reasons as a whole image: every layer file passed
-// the trusted-path check (our writer's bytes, in a store only a trusted account writes), and overlayfs
-// reads only what those bytes say: whiteouts and `user.overlay.opaque` (`userxattr`), which the
-// converter writes and never copies from a layer (docs/squashfs.md, "Overlay form"). The overlay is
-// ro,nosuid,nodev; it keeps private clones of its lower mounts, so the container's namespace needs
-// none of the attach points once it has pivoted.
+// A layered image (ContainerSpec::image_layers): the node-wide shared overlayfs of its layers' shared
+// mounts (acquire_shared_stack: one per image per node, so one container's lookups serve the next),
+// attached at image_dir like a whole image's mount. Safe for the same reasons as a whole image: every
+// layer file passed the trusted-path check (our writer's bytes, in a store only a trusted account
+// writes), and overlayfs reads only what those bytes say: whiteouts and `user.overlay.opaque`
+// (`userxattr`), which the converter writes and never copies from a layer (docs/squashfs.md,
+// "Overlay form"). The overlay is ro,nosuid,nodev.
+//
+// A stack too deep for one mount's options (about a hundred layers) is stacked per container instead:
+// each layer's shared mount attached below the staging tmpfs, and the container's own overlayfs of
+// them (relative names keep overlayfs's own limit of 500 within a page). It keeps private clones of
+// its lower mounts, so the container's namespace needs none of the attach points once it has pivoted.
 Status mount_layers_kernel(Setup& s) {
     const auto& layers = s.spec->image_layers;
-    std::vector<SharedImageMount> shared;
-    for (const auto& layer : layers) {
+    for (const auto& layer : layers)
         if (!is_trusted_path(layer, s.spec->config.store_owner))
             return make_error("refusing to kernel-mount the layer " + layer + ": not a trusted store file");
+    auto stack = acquire_shared_stack(layers, s.spec->config);
+    if (stack) {
+        s.image_lease = std::move(stack->lease);
+        if (::unshare(CLONE_NEWNS) != 0) return system_error("creating a private mount namespace");
+        GANTRY_TRY(make_mounts_private());
+        GANTRY_TRY(mount_staging_area(s));
+        if (::move_mount(stack->tree.get(), "", AT_FDCWD, s.image_dir.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+            return system_error("attaching the layer stack of " + s.spec->image_path + " (" + stack->mount_point +
+                                ") at " + s.image_dir);
+        return {};
+    }
+    if (stack.error().errnum != E2BIG) return stack.error();
+    std::vector<SharedImageMount> shared;
+    for (const auto& layer : layers) {
         auto mount = acquire_shared_mount(layer, s.spec->config);
         if (!mount) return mount.error();
         s.layer_leases.push_back(std::move(mount->lease));

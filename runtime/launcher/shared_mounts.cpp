@@ -13,6 +13,14 @@
 // <key> = 32 hex digits of sha256(real path, device, inode, size, mtime): the same file always maps
 // to the same mount, and a file rebuilt in place gets a new one instead of a stale view.
 //
+// A layered image (docs/store.md, "Layers") gets one more such directory for its whole stack: <key>
+// from its layers' keys in order, `source` = "overlay" and the layer paths bottom first, `root` a
+// read-only overlayfs whose lower layers are the layers' own shared mounts (and `empty` below them).
+// Shared like a whole image's mount, the stack keeps what one container looked up (overlayfs's own
+// dentries and inodes, the merged directory lists) for the next: a container that stacked the
+// layers itself would look every path up again through every layer. The overlay holds private
+// clones of its lower mounts, so a layer's own mount may be released meanwhile.
+//
 // A container never uses <key>/root directly: its holder takes a detached clone of the mount
 // (open_tree OPEN_TREE_CLONE) and attaches it in its own mount namespace. The clone pins the
 // superblock, so even an administrator's `umount` of <key>/root cannot pull the image from under a
@@ -34,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,9 +65,31 @@ Result<std::string> image_key(const std::string& image) {
     return digest_hex(Sha256::of(id)).substr(0, 32);
 }
 
+Result<std::string> stack_key(const std::vector<std::string>& layers) {
+    std::string id = "overlay stack";
+    for (const auto& layer : layers) {
+        auto key = image_key(layer);
+        if (!key) return key.error();
+        id += '\0' + *key;
+    }
+    return digest_hex(Sha256::of(id)).substr(0, 32);
+}
+
 namespace {
 
 constexpr long kSquashfsMagic = 0x73717368;
+constexpr long kOverlayMagic = 0x794c7630;
+constexpr const char* kStackSource = "overlay";
+
+// The key that what a `source` file names has now: a file's image_key, or a stack's stack_key.
+Result<std::string> key_of_source(const std::string& text) {
+    auto lines = split_list(trim(text), '\n');
+    if (lines.empty()) return make_error("no source");
+    if (lines[0] != kStackSource) return image_key(lines[0]);
+    lines.erase(lines.begin());
+    if (lines.empty()) return make_error("a stack without layers");
+    return stack_key(lines);
+}
 
 std::string images_dir(const Config& config) { return config.runtime_path + "/images"; }
 
@@ -160,7 +191,7 @@ bool release_if_idle(int images, const std::string& key, const Config& config, t
     // An image deleted (gantry rm, gc) or rebuilt since it was mounted can never be asked for again
     // under this key: release it now instead of after the idle time.
     auto source = try_read_file(path + "/source");
-    auto current = source ? image_key(trim(*source)) : Result<std::string>(make_error("no source"));
+    auto current = source ? key_of_source(*source) : Result<std::string>(make_error("no source"));
     bool stale = !current || *current != key;
     struct stat idle {};
     if (stale) {
@@ -189,14 +220,17 @@ bool release_if_idle(int images, const std::string& key, const Config& config, t
 
 }  // namespace
 
-Result<SharedImageMount> acquire_shared_mount(const std::string& image, const Config& config) {
-    if (!running_as_real_root()) return make_error("sharing a kernel mount of " + image + " needs root");
-    auto key = image_key(image);
-    if (!key) return key.error();
+namespace {
+
+// The protocol both kinds share: under <key>/lock, take a reference, make the mount with `make` when
+// it is not there (writing `source`), check its file system type, and clone it for the container.
+Result<SharedImageMount> acquire(const std::string& key, const std::string& what, const std::string& source,
+                                 long magic, const std::function<Status(int dir, const std::string& mnt)>& make,
+                                 const Config& config) {
     auto images = open_images_dir(config);
     if (!images) return images.error();
-    std::string path = images_dir(config) + "/" + *key;
-    auto dir = open_root_dir(images->get(), *key, path);
+    std::string path = images_dir(config) + "/" + key;
+    auto dir = open_root_dir(images->get(), key, path);
     if (!dir) return dir.error();
 
     // Safe: files root creates in a root-only directory, never following a symlink.
@@ -213,23 +247,85 @@ Result<SharedImageMount> acquire_shared_mount(const std::string& image, const Co
     std::string mnt = path + "/root";
     if (!is_mounted(dir->get())) {
         if (::mkdirat(dir->get(), "root", 0700) != 0 && errno != EEXIST) return system_error("creating " + mnt);
-        GANTRY_TRY(loop_mount(image, mnt));
-        char real[PATH_MAX];
-        std::string source = std::string(::realpath(image.c_str(), real) != nullptr ? real : image.c_str()) + "\n";
+        GANTRY_TRY(make(dir->get(), mnt));
         ::unlinkat(dir->get(), "source", 0);
         UniqueFd f(::openat(dir->get(), "source", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
         if (f) (void)!::write(f.get(), source.data(), source.size());
-        log::debug("mounted " + image + " at " + mnt);
+        log::debug("mounted " + what + " at " + mnt);
     }
     struct statfs fs {};
-    if (::statfs(mnt.c_str(), &fs) != 0 || fs.f_type != kSquashfsMagic)
-        return make_error("the shared mount " + mnt + " is not a squashfs file system");
+    if (::statfs(mnt.c_str(), &fs) != 0 || fs.f_type != magic)
+        return make_error("the shared mount " + mnt + " of " + what + " is not the file system expected");
     ::unlinkat(dir->get(), "idle", 0);
     // The container's own copy of the mount; detached, so it lives exactly as long as somebody uses it.
     out.tree = UniqueFd(static_cast<int>(::open_tree(AT_FDCWD, mnt.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
     if (!out.tree) return system_error("cloning the mount " + mnt);
     out.mount_point = mnt;
     return out;
+}
+
+}  // namespace
+
+Result<SharedImageMount> acquire_shared_mount(const std::string& image, const Config& config) {
+    if (!running_as_real_root()) return make_error("sharing a kernel mount of " + image + " needs root");
+    auto key = image_key(image);
+    if (!key) return key.error();
+    char real[PATH_MAX];
+    const std::string source = std::string(::realpath(image.c_str(), real) != nullptr ? real : image.c_str()) + "\n";
+    return acquire(*key, image, source, kSquashfsMagic,
+                   [&](int, const std::string& mnt) { return loop_mount(image, mnt); }, config);
+}
+
+Result<SharedImageMount> acquire_shared_stack(const std::vector<std::string>& layers, const Config& config) {
+    const std::string what = "the " + std::to_string(layers.size()) + "-layer stack of " +
+                             (layers.empty() ? std::string("no layers") : layers.back());
+    if (!running_as_real_root()) return make_error("sharing a kernel mount of " + what + " needs root");
+    if (layers.empty()) return make_error("sharing " + what);
+    // The lower layers by their names relative to images/ ("<key>/root"), which the kernel resolves
+    // against our working directory: the options are one page, which full paths would fill sooner.
+    std::vector<std::string> keys;
+    for (const auto& layer : layers) {
+        auto key = image_key(layer);
+        if (!key) return key.error();
+        keys.push_back(*key);
+    }
+    std::string lowers;
+    for (const auto& key : keys) lowers = key + "/root:" + lowers;  // top layer first
+    if (lowers.size() + 64 + 40 > 4000) {
+        Error e{"sharing " + what + ": too many layers for one mount's options", E2BIG, 0};
+        return e;
+    }
+    auto key = stack_key(layers);
+    if (!key) return key.error();
+    std::string source = std::string(kStackSource) + "\n";
+    for (const auto& layer : layers) {
+        char real[PATH_MAX];
+        source += std::string(::realpath(layer.c_str(), real) != nullptr ? real : layer.c_str()) + "\n";
+    }
+    auto make = [&](int dir, const std::string& mnt) -> Status {
+        // Each layer's own shared mount, held until the overlay has its private clones of them.
+        std::vector<SharedImageMount> parts;
+        for (const auto& layer : layers) {
+            auto part = acquire_shared_mount(layer, config);
+            if (!part) return part.error();
+            parts.push_back(std::move(*part));
+        }
+        // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
+        if (::mkdirat(dir, "empty", 0755) != 0 && errno != EEXIST) return system_error("creating the stack's empty layer");
+        const std::string opts = "lowerdir=" + lowers + *key + "/empty,userxattr";
+        // Safe: every layer passed the trusted-path check (our writer's bytes in a store only a trusted
+        // account writes; the caller checked), they are mounted ro,nosuid,nodev in root's 0700
+        // directory, and overlayfs reads only whiteouts and `user.overlay.opaque` from them, which
+        // the converter writes and never copies from a layer (docs/squashfs.md, "Overlay form").
+        UniqueFd here(::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC));
+        if (!here || ::chdir(images_dir(config).c_str()) != 0) return system_error("entering " + images_dir(config));
+        int rc = ::mount("overlay", mnt.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str());
+        int err = errno;
+        if (::fchdir(here.get()) != 0) return system_error("returning from " + images_dir(config));
+        if (rc != 0) return system_error("stacking " + what + " with overlayfs at " + mnt, err);
+        return {};
+    };
+    return acquire(*key, what, source, kOverlayMagic, make, config);
 }
 
 }  // namespace gantry::launcher

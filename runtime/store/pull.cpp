@@ -161,7 +161,6 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // Root does not write a store users can write (docs/store.md, "Trust model"): said before anything
     // is fetched.
     if (auto st = store.check_root_may_modify(); !st) return st.error().wrap("pulling " + ref.str());
-    report();
 
     std::atomic<uint64_t> bytes_done{0};
     std::atomic<bool> cancel{false};
@@ -195,7 +194,9 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
                           ") or use --pull=missing");
 
     // Only the manifest (never a blob) is fetched before the store and the producer lock are
-    // consulted: waiters and cache hits cost the registry one manifest request each.
+    // consulted: waiters and cache hits cost the registry one manifest request each. "resolving" is
+    // said only now: an image the store answers for (above) prints nothing.
+    report();
     auto resolved = client.resolve_digest(ref, options.platform);
     if (!resolved) return with_stored_tag_hint(resolved.error(), store, ref, registry_authorizes);
     const std::string digest = *resolved;

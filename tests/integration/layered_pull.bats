@@ -236,12 +236,24 @@ PY
   [[ $output == *has-busybox* ]]
   [[ $output == *" - overlay "* ]]
   [ ! -e "$STORE/images/${digest#sha256:}.sqsh" ]
+  # The stack itself is a node-wide mount too (/run/gantry/images/<key>, source "overlay" and the
+  # layer files bottom first), which the next container reuses: the same mount, not a new one.
+  src=$(grep -lx overlay /run/gantry/images/*/source | xargs grep -l "^$STORE/images/layer-" | head -n1)
+  [ -n "$src" ]
+  stack=$(dirname "$src")
+  [ "$(tail -n +2 "$src" | sed 's|.*/layer-|sha256:|; s|\.sqsh$||')" = "$(layer_chain "$digest")" ]
+  mount_id() { awk -v d="$1" '$5 == d {print $1}' /proc/self/mountinfo; }
+  first=$(mount_id "$stack/root")
+  [ -n "$first" ]
+  [ "$(findmnt -n -o FSTYPE "$stack/root")" = overlay ]
   # Each layer is mounted once on the node, shared: tiny's layer mount serves both images' stacks.
   run "$GANTRY" run --store "$STORE" --pull never --backend kernel --writable "$REG/gantry-test/$name:latest" \
     sh -c 'echo written > /unique/new && cat /unique/new /unique/id'
   echo "$output"
   [ "$status" -eq 0 ]
   [[ $output == *written* ]]
+  [ "$(mount_id "$stack/root")" = "$first" ]
+  [ "$(grep -lx overlay /run/gantry/images/*/source | xargs grep -l "^$STORE/images/layer-" | wc -l)" -eq 1 ]
   # The extract backend cannot stack layers: the stored layers do not serve it.
   run "$GANTRY" run --store "$STORE" --pull never --backend extract "$REG/gantry-test/$name:latest" true
   echo "$output"

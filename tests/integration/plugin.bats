@@ -227,6 +227,18 @@ JOB
   [ "$(echo "$output" | wc -l)" -eq 3 ]
   [ "$(count "$top")" -eq 1 ]
   [ "$(count "$base_blob")" -eq "$base_before" ]
+  id_two=$(echo "$output" | head -n1)
+  # --container-save of a layered image's container: one squashfs file of the stack plus the step's
+  # writes, which runs again as an image.
+  run as_user srun -n1 --container-image="$REG#gantry-test/$two" --container-writable \
+    --container-save="$WORK/layered-saved.sqsh" sh -c 'echo layered-save > /marker'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  run as_user srun -n1 --container-image="$WORK/layered-saved.sqsh" sh -c 'cat /marker /unique/id'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "$(printf 'layered-save\n%s' "$id_two")" ]
+  ! unsquashfs -lls "$WORK/layered-saved.sqsh" | grep -q '^c.* 0, *0 ' || false  # no whiteout devices
 }
 
 @test "--container-entrypoint runs the image's entrypoint in front of the command; off by default" {

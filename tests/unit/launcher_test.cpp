@@ -950,3 +950,34 @@ TEST_CASE("a job's image servers: recorded, then ended with the job only while t
     CHECK(std::system(rm.c_str()) == 0);
 }
 
+
+TEST_CASE("layer stacks: the node-wide key follows the layers and their order; too deep a stack is E2BIG", "[root]") {
+    if (!launcher::running_as_real_root()) {
+        WARN("not root: the node-wide stack is root's");
+        return;
+    }
+    ScratchDir dir;
+    std::vector<std::string> layers;
+    for (int i = 0; i < 120; ++i) {
+        dir.write("l" + std::to_string(i), std::to_string(i));
+        layers.push_back(dir.path + "/l" + std::to_string(i));
+    }
+    auto a = launcher::stack_key({layers[0], layers[1]});
+    auto b = launcher::stack_key({layers[1], layers[0]});
+    auto c = launcher::stack_key({layers[0], layers[1]});
+    REQUIRE((a.ok() && b.ok() && c.ok()));
+    CHECK(*a == *c);
+    CHECK(*a != *b);
+    CHECK(a->size() == 32);
+    // One layer's stack is not that layer's own mount.
+    CHECK(*launcher::stack_key({layers[0]}) != *launcher::image_key(layers[0]));
+    CHECK_FALSE(launcher::stack_key({layers[0], dir.path + "/missing"}).ok());
+    // 120 layers' names do not fit one mount's options: refused before anything is mounted, with
+    // E2BIG, which sends the caller to the per-container stack.
+    Config config;
+    config.runtime_path = dir.path + "/run";
+    auto deep = launcher::acquire_shared_stack(layers, config);
+    REQUIRE_FALSE(deep.ok());
+    CHECK(deep.error().errnum == E2BIG);
+    CHECK(deep.error().message.find("too many layers for one mount's options") != std::string::npos);
+}

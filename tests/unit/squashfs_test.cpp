@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -1023,6 +1024,74 @@ void check_same_tree(Tree& want, Tree& got) {
 }
 
 }  // namespace
+
+TEST_CASE("overlay form refuses every hostile layer convert_layers refuses, with the same words, writing nothing") {
+    // The layered pull converts each layer with convert_layer_for_overlay: it must stop the same
+    // attacks as the whole-image converter (issue #19: "every hostile-layer case stays refused").
+    struct Case {
+        std::string name, words;
+        std::function<void(Image&, SquashfsOptions&)> make;
+    };
+    std::string zeros_data(300000, 'a');
+    for (size_t i = 0; i < zeros_data.size(); i += 7) zeros_data[i] = static_cast<char>(i);
+    const std::vector<Case> cases = {
+        {"../ escape", "escapes the image root",
+         [](Image& img, SquashfsOptions&) { img.add(Layer().file("ok", "fine").file("../escape", "evil")); }},
+        {"absolute name", "escapes the image root",
+         [](Image& img, SquashfsOptions&) { img.add(Layer().file("/etc/passwd", "evil")); }},
+        {"a/../../b", "escapes the image root",
+         [](Image& img, SquashfsOptions&) { img.add(Layer().file("a/../../b", "evil")); }},
+        {"a whiteout name as a directory", "a whiteout name (.wh.*) used as a directory",
+         [](Image& img, SquashfsOptions&) { img.add(Layer().file(".wh.x/y", "evil")); }},
+        {"diff_id mismatch", "image config says",
+         [](Image& img, SquashfsOptions&) {
+             img.add(Layer().file("a", "a"));
+             img.layers[0].diff_id = gantry::Sha256::of("something else");
+         }},
+        {"truncated gzip", "gzip",
+         [&](Image& img, SquashfsOptions&) {
+             img.add(Layer().file("f", zeros_data), Comp::gzip);
+             fs::resize_file(img.layers[0].path, fs::file_size(img.layers[0].path) / 2);
+         }},
+        {"truncated zstd", "zstd",
+         [&](Image& img, SquashfsOptions&) {
+             img.add(Layer().file("f", zeros_data), Comp::zstd);
+             fs::resize_file(img.layers[0].path, fs::file_size(img.layers[0].path) - 3);
+         }},
+        {"a decompression bomb", "expands beyond max_layer_bytes = 1048576",
+         [](Image& img, SquashfsOptions& opt) {
+             img.layers.push_back(
+                 blob_of_tar(img.tmp.path, Layer().file("zeros", std::string(8 << 20, '\0')).tar(), Comp::zstd));
+             opt.limits.max_layer_bytes = 1 << 20;
+         }},
+        {"too many entries", "more tar entries than max_layer_entries = 2 allows",
+         [](Image& img, SquashfsOptions& opt) {
+             img.add(Layer().file("a", "a").file("b", "b").file("c", "c"), Comp::plain);
+             opt.limits.max_layer_entries = 2;
+         }},
+        {"a symlink target beyond PATH_MAX", "a symlink target longer than 4095 bytes",
+         [](Image& img, SquashfsOptions&) {
+             img.add(Layer().symlink("l", std::string(gantry::kMaxPathBytes, 't')));
+         }},
+    };
+    for (const auto& c : cases) {
+        INFO(c.name);
+        Image img;
+        SquashfsOptions opt;
+        c.make(img, opt);
+        auto whole = img.convert(opt);
+        REQUIRE_FALSE(whole.ok());
+        CHECK(contains(whole.error().message, c.words));
+        const fs::path out = img.tmp.path / "overlay.sqfs";
+        auto layer = gantry::convert_layer_for_overlay(img.layers[0], out.string(), opt, gantry::kOverlayOpaqueXattr);
+        REQUIRE_FALSE(layer.ok());
+        INFO(layer.error().message);
+        CHECK(contains(layer.error().message, c.words));
+        CHECK(contains(layer.error().message, "converting layer " + img.layers[0].digest));
+        CHECK(layer.error().message.find('\n') == std::string::npos);
+        CHECK_FALSE(fs::exists(out));
+    }
+}
 
 TEST_CASE("compose: the layers in overlay form, composed into one file, give the tree convert_layers merges") {
     Image img;
