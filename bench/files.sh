@@ -78,7 +78,7 @@ if [[ " ${BACKENDS:-} " == *-layered* ]]; then
   . "$harness/registry.env"
   layered_ref=$GANTRY_TEST_REGISTRY_HTTP/gantry-bench/files:$files-$mods-$ndirs-$nlayers
   store=$dir/store-$files-$mods-$ndirs-$nlayers
-  if [ ! -d "$store/images" ] || [ -z "$(ls "$store/images" 2>/dev/null)" ]; then
+  if [ ! -s "$store.digest" ] || [ -z "$(ls "$store/images" 2>/dev/null)" ]; then
     rm -rf "$dir/oci" "$dir/layers" "$store"
     mkdir -p "$dir/layers"
     umoci init --layout "$dir/oci"
@@ -102,9 +102,11 @@ if [[ " ${BACKENDS:-} " == *-layered* ]]; then
     echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$dir/policy.json"
     skopeo --policy "$dir/policy.json" copy -q --dest-tls-verify=false "oci:$dir/oci:files" "docker://$layered_ref"
     install -d -m 0755 "$store"
-    "$gantry" pull --layered --quiet --store "$store" "$layered_ref" >/dev/null
+    "$gantry" pull --layered --quiet --store "$store" "$layered_ref" | tail -n1 | awk '{print $1}' >"$store.digest"
     rm -rf "$dir/oci" "$dir/layers"
   fi
+  # By digest: the store serves it with no registry, whatever port the harness registry has now.
+  layered_ref=${layered_ref%:*}@$(cat "$store.digest")
 fi
 printf 'mount_idle_seconds = 0\n' >"$dir/cold.conf"
 printf 'mount_idle_seconds = 10\n' >"$dir/warm.conf"

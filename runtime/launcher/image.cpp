@@ -112,8 +112,11 @@ Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_o
     return MountBackend::extract;
 }
 
-Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
-                                    const Config& config) {
+namespace {
+
+// serve_image_with_fuse's first half: the mount and the server started, not yet waited for.
+Result<pid_t> start_fuse_server(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
+                                const Config& config) {
     GANTRY_TRY(fuse_accessible(config));
     auto program = fuse_server_program(config);
     if (!program) return program.error();
@@ -147,19 +150,32 @@ Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string&
     serve.death_signal = SIGKILL;
     auto pid = start_process(serve);
     if (!pid) return pid.error();
-    // Our copy must go: if the daemon dies, the connection then aborts and the probe below fails
-    // with ENOTCONN instead of hanging.
+    // Our copy must go: if the daemon dies, the connection then aborts and the probe (await_fuse_server)
+    // fails with ENOTCONN instead of hanging.
     fuse.reset();
-    // The first stat waits for the daemon's INIT and GETATTR answers: once it returns, the daemon
-    // has opened the image and serves it, and we may pivot away from the host paths it used.
+    return *pid;
+}
+
+// The second half: the first stat waits for the daemon's INIT and GETATTR answers; once it returns,
+// the daemon has opened the image and serves it, and we may pivot away from the host paths it used.
+Status await_fuse_server(const std::string& image, const std::string& target, pid_t pid, const Config& config) {
     struct stat st {};
-    if (::stat(target.c_str(), &st) != 0) {
-        int err = errno;
-        int status = 0;
-        ::waitpid(*pid, &status, 0);
-        return make_error("mounting " + image + " with " + name + ": " + std::strerror(err) + " (daemon exit status " +
-                          std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) + ")");
-    }
+    if (::stat(target.c_str(), &st) == 0) return {};
+    int err = errno;
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const std::string name = config.fuse_server == "squashfuse_ll" ? "squashfuse_ll" : "gantry-imagefs";
+    return make_error("mounting " + image + " with " + name + ": " + std::strerror(err) + " (daemon exit status " +
+                      std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) + ")");
+}
+
+}  // namespace
+
+Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
+                                    const Config& config) {
+    auto pid = start_fuse_server(image, target, uid, gid, config);
+    if (!pid) return pid.error();
+    GANTRY_TRY(await_fuse_server(image, target, *pid, config));
     return *pid;
 }
 
@@ -174,11 +190,15 @@ Status mount_layers_fuse(Setup& s) {
     const auto& layers = s.spec->image_layers;
     auto dirs = make_layer_dirs(s);
     if (!dirs) return dirs.error();
+    // Every server started first, then each waited for: they open their layers and answer INIT side by
+    // side (a step's start-up pays for about one, not one per layer).
     for (size_t i = 0; i < layers.size(); ++i) {
-        auto pid = serve_image_with_fuse(layers[i], (*dirs)[i], s.id.inner_uid, s.id.inner_gid, s.spec->config);
+        auto pid = start_fuse_server(layers[i], (*dirs)[i], s.id.inner_uid, s.id.inner_gid, s.spec->config);
         if (!pid) return pid.error();
         s.layer_daemons.push_back(*pid);
     }
+    for (size_t i = 0; i < layers.size(); ++i)
+        GANTRY_TRY(await_fuse_server(layers[i], (*dirs)[i], s.layer_daemons[i], s.spec->config));
     return mount_layer_stack(s, *dirs);  // in a user namespace: Linux >= 5.11
 }
 
