@@ -271,6 +271,37 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
 
 namespace {
 
+// A whole squashfs of `digest` at `output` from the store's layers of it, when the store holds it as
+// a layered image with every layer present: the layers held in use (the record's lock keeps gc from
+// them) and composed as overlayfs shows them (compose_layers_to_image). nullopt when the image is not
+// stored as layers, or the composition failed (said as a warning; the caller downloads instead).
+std::optional<ConversionStats> compose_stored_layers(const Config& config, const ImageStore& store,
+                                                     const std::string& digest, const std::string& output,
+                                                     const ProgressUpdate& update) {
+    auto stored = store.find(digest);
+    if (!stored || !stored->layered()) return std::nullopt;
+    auto held = store.open_in_use(digest);
+    if (!held) return std::nullopt;
+    std::vector<std::string> files;
+    for (const auto& chain : stored->metadata.layer_chain) {
+        auto layer = store.find_layer(chain);
+        if (!layer) return std::nullopt;
+        files.push_back(layer->squashfs_path);
+    }
+    update([&](PullProgress& p) {
+        p.phase = PullProgress::Phase::publishing;
+        p.layers_total = files.size();
+    });
+    auto stats = compose_layers_to_image(files, output, {}, squashfs_options(config), kOverlayOpaqueXattr);
+    if (!stats) {
+        ::unlink(output.c_str());
+        log::warning("making the whole image of " + digest + " from its stored layers: " + stats.error().message +
+                     "; downloading it instead");
+        return std::nullopt;
+    }
+    return *stats;
+}
+
 // The producer's part of pull_image, run while holding the producer lock.
 Result<PullResult> produce_locked(const Config& config, const ImageStore& store, const ImageReference& ref,
                                   const PullOptions& options, RegistryClient& client, const std::string& digest,
@@ -301,6 +332,32 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
     GANTRY_TRY(make_directories(blobs_dir, 0755));
     std::string output = *staging + "/image.sqsh." + std::to_string(::getpid());
     ::unlink(output.c_str());
+
+    // The store holds this image as layers (a layered pull), and this caller needs it whole (the
+    // extract backend): composed from the layer files, no blob downloaded. Any failure there falls
+    // back to the download below.
+    // The finished squashfs at `output` into the store, with the image's metadata.
+    auto publish_whole = [&](const ConversionStats& stats) -> Result<PullResult> {
+        ImageMetadata meta;
+        meta.references.push_back(ref.str());
+        meta.platform = options.platform.str();
+        meta.manifest_json = image->manifest_json;
+        meta.config_json = image->config_json;
+        meta.layers = image->layers;
+        meta.compressor = config.compressor;
+        meta.block_size = config.block_size;
+        auto published = store.publish(digest, output, meta);
+        if (!published) {
+            ::unlink(output.c_str());
+            return published.error().wrap("pulling " + ref.str());
+        }
+        store.remove_staging(digest);
+        result.produced = true;
+        result.stats = stats;
+        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+        return result;
+    };
+    if (auto composed = compose_stored_layers(config, store, digest, output, update)) return publish_whole(*composed);
 
     std::vector<LayerBlob> layers;
     uint64_t bytes_total = 0;
@@ -373,25 +430,7 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
         p.layers_done = layers.size();
     });
 
-    ImageMetadata meta;
-    meta.references.push_back(ref.str());
-    meta.platform = options.platform.str();
-    meta.manifest_json = image->manifest_json;
-    meta.config_json = image->config_json;
-    meta.layers = image->layers;
-    meta.compressor = config.compressor;
-    meta.block_size = config.block_size;
-    auto published = store.publish(digest, output, meta);
-    if (!published) {
-        ::unlink(output.c_str());
-        return published.error().wrap("pulling " + ref.str());
-    }
-    store.remove_staging(digest);
-
-    result.produced = true;
-    result.stats = *stats;
-    update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
-    return result;
+    return publish_whole(*stats);
 }
 
 // The layered producer (docs/store.md, "Layers"), run while holding the image's producer lock: the

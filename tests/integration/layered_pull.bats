@@ -167,20 +167,34 @@ PY
   [ -d "$T/merged/bin" ]
 }
 
-@test "an image stored as layers: a plain pull makes its whole squashfs; --pull=never does not count the layers for it" {
-  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+@test "an image stored as layers: a plain pull makes its whole squashfs from the layers, downloading nothing; --pull=never does not count the layers for it" {
+  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
   [ "$status" -eq 0 ]
-  hex=${GANTRY_TEST_DIGEST_TINY#sha256:}
+  hex=${GANTRY_TEST_DIGEST_LAYERS#sha256:}
   [ ! -e "$STORE/images/$hex.sqsh" ]
   # Stored layers do not satisfy a plain pull, even under --pull=never's "is it stored" question.
-  run "$GANTRY" pull --quiet --pull never --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  run "$GANTRY" pull --quiet --pull never --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
   [ "$status" -ne 0 ]
   [[ $output == *"is not in the store"* ]]
-  run "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/${GANTRY_TEST_IMAGE_LAYERS%:*}/manifests/latest" | jq -r '.layers[].digest')
+  declare -A before
+  for b in $blobs; do before[$b]=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
+  run "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
   echo "$output"
   [ "$status" -eq 0 ]
-  [ "$(echo "$output" | tail -n1)" = "$GANTRY_TEST_DIGEST_TINY $STORE/images/$hex.sqsh" ]
+  [ "$(echo "$output" | tail -n1)" = "$GANTRY_TEST_DIGEST_LAYERS $STORE/images/$hex.sqsh" ]
   [ -f "$STORE/images/$hex.sqsh" ]
+  # Made from the stored layers: no layer blob was asked for again, and the file is umoci's tree
+  # (whiteouts and opaque directories applied, no overlay markers left).
+  for b in $blobs; do [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")" -eq "${before[$b]}" ]; done
+  rm -rf "$T/whole"
+  unsquashfs -q -n -d "$T/whole" "$STORE/images/$hex.sqsh" >/dev/null
+  [ -z "$(find "$T/whole" -type c)" ]
+  python3 "$TREECMP" --ignore-dir-mtime "$GANTRY_TEST_REF_LAYERS" "$T/whole"
+  # It serves the extract backend.
+  run "$GANTRY" run --store "$STORE" --pull never --backend extract "$REG/$GANTRY_TEST_IMAGE_LAYERS" true
+  echo "$output"
+  [ "$status" -eq 0 ]
 }
 
 @test "layered_images = yes: a plain pull stores layers, and the plugin's report names them bottom first" {

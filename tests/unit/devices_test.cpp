@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,6 +46,20 @@ struct TempRoot {
         return ::mknod((path + rel).c_str(), S_IFCHR | 0666, makedev(major, minor)) == 0;
     }
 };
+
+// A Config whose host_root is tests/harness/fakehw.sh's fake host below r; nothing (said as a
+// warning) when not root, since it makes device nodes.
+std::optional<Config> make_fake_hardware(const TempRoot& r) {
+    if (::geteuid() != 0) {
+        WARN("not root: fakehw.sh needs mknod; NVML resolution not exercised");
+        return std::nullopt;
+    }
+    Config c;
+    c.host_root = r.path + "/hw";
+    REQUIRE(std::system((std::string(GANTRY_SOURCE_DIR) + "/tests/harness/fakehw.sh " + c.host_root + " >/dev/null")
+                            .c_str()) == 0);
+    return c;
+}
 
 Config config_for(const TempRoot& r) {
     Config c;
@@ -548,16 +563,10 @@ TEST_CASE("MIG: the parent GPU and the instance's capability nodes only", "[root
 }
 
 TEST_CASE("MIG UUIDs through the fake driver's NVML (fakehw.sh)", "[root]") {
-    if (::geteuid() != 0) {
-        WARN("not root: fakehw.sh needs mknod; NVML resolution not exercised");
-        return;
-    }
     TempRoot r;
-    std::string fake = r.path + "/hw";
-    REQUIRE(std::system(
-                (std::string(GANTRY_SOURCE_DIR) + "/tests/harness/fakehw.sh " + fake + " >/dev/null").c_str()) == 0);
-    Config c;
-    c.host_root = fake;
+    const auto hw = make_fake_hardware(r);
+    if (!hw) return;
+    const Config& c = *hw;
     auto sel = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=MIG-fake0001-0000-0000-0000-00000000201"}, ImageConfig{});
     REQUIRE(sel.ok());
     std::string caps;
@@ -582,16 +591,11 @@ TEST_CASE("MIG UUIDs through the fake driver's NVML (fakehw.sh)", "[root]") {
 
 TEST_CASE("a GPU UUID that procfs does not show comes from NVML; a real nvidia-smi wins over a wrapper script",
           "[root]") {
-    if (::geteuid() != 0) {
-        WARN("not root: fakehw.sh needs mknod; NVML resolution not exercised");
-        return;
-    }
     TempRoot r;
-    std::string fake = r.path + "/hw";
-    REQUIRE(std::system(
-                (std::string(GANTRY_SOURCE_DIR) + "/tests/harness/fakehw.sh " + fake + " >/dev/null").c_str()) == 0);
-    Config c;
-    c.host_root = fake;
+    const auto hw = make_fake_hardware(r);
+    if (!hw) return;
+    const Config& c = *hw;
+    const std::string& fake = c.host_root;
     const std::string uuid2 = "GPU-fake0000-0000-0000-0000-000000000002";
     auto by_procfs = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=" + uuid2}, ImageConfig{});
     REQUIRE(by_procfs.ok());
