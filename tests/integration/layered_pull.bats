@@ -19,6 +19,7 @@ setup() {
 }
 
 teardown() {
+  for pid in ${KILL_PIDS:-}; do kill -9 "$pid" 2>/dev/null || true; done
   local m i
   for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
     m=${MOUNTS[$i]}
@@ -344,4 +345,60 @@ PY
   [ "$status" -eq 0 ]
   echo "$output" | grep -qx 129
   [[ $output == *has-busybox* ]]
+}
+
+@test "16 concurrent layered pulls of a new image: all succeed, each blob is downloaded once, one record and one file per layer" {
+  local name=layered-conc-$RANDOM$RANDOM digest b fails=0 job after
+  digest=$(gantry_fresh_image "$T" "$name" 3000000)
+  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.config.digest, .layers[].digest')
+  declare -A before
+  for b in $blobs; do before[$b]=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
+  for i in $(seq 16); do
+    "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name" > "$T/out.$i" 2> "$T/err.$i" &
+  done
+  for job in $(jobs -p); do wait "$job" || fails=$((fails + 1)); done
+  cat "$T"/err.* || true
+  [ "$fails" -eq 0 ]
+  [ "$(cat "$T"/out.* | sort -u)" = "$digest $STORE/images/${digest#sha256:}.json" ]
+  for b in $blobs; do
+    after=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")
+    echo "blob $b: $((after - ${before[$b]})) GETs"
+    [ $((after - ${before[$b]})) -eq 1 ]
+  done
+  [ "$(ls "$STORE"/images/layer-*.sqsh | wc -l)" -eq "$(layer_chain "$digest" | wc -l)" ]
+  [ ! -e "$STORE/images/${digest#sha256:}.sqsh" ]
+}
+
+@test "a layered producer killed with SIGKILL is taken over by a waiting layered pull" {
+  local name=layered-kill-$RANDOM$RANDOM digest front producer taker lock
+  digest=$(gantry_fresh_image "$T" "$name" 2000000)
+  # The producer goes through a front whose blob GETs fail with 500 and Retry-After: it holds the
+  # image's producer lock while it backs off, until we kill it.
+  python3 "$GANTRY_SOURCE_DIR/tests/integration/fake_upstream.py" --upstream "$REG" --port-file "$T/port" \
+    --log "$T/front.log" --fail-status 500 --retry-after 30 &
+  KILL_PIDS="$!"
+  for _ in $(seq 50); do [ -s "$T/port" ] && break; sleep 0.1; done
+  front="127.0.0.1:$(awk '{print $1}' "$T/port")"
+  "$GANTRY" pull --layered --quiet --store "$STORE" "$front/gantry-test/$name" 2> "$T/producer.err" &
+  producer=$!
+  KILL_PIDS="$KILL_PIDS $producer"
+  lock=$STORE/locks/${digest#sha256:}.lock
+  for _ in $(seq 100); do grep -q ":$producer\$" "$lock" 2>/dev/null && break; sleep 0.1; done
+  grep -q ":$producer\$" "$lock"
+  # A second layered pull straight from the registry waits for the producer...
+  "$GANTRY" pull --layered --store "$STORE" "$REG/gantry-test/$name" > "$T/taker.out" 2> "$T/taker.err" &
+  taker=$!
+  sleep 3
+  kill -0 "$taker"
+  grep -q "waiting for" "$T/taker.err"
+  # ...and takes over as soon as the producer dies, with nobody cleaning up.
+  kill -9 "$producer"
+  wait "$taker"
+  [ "$(awk '{print $1}' "$T/taker.out")" = "$digest" ]
+  [ -f "$STORE/images/${digest#sha256:}.json" ]
+  [ ! -e "$STORE/images/${digest#sha256:}.sqsh" ]
+  while read -r chain; do [ -f "$STORE/images/layer-${chain#sha256:}.sqsh" ]; done < <(layer_chain "$digest")
+  # The stack is the image: umoci-free check of its unique file.
+  mount_stack "$digest" "$T/merged-kill"
+  cmp "$T/merged-kill/unique/id" "$T/uniq-$name/unique/id"
 }
