@@ -26,7 +26,9 @@ namespace {
 constexpr const char* kDriverBinaryDirs[] = {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin",
                                              "/usr/local/nvidia/bin"};
 
-// Whether `path` begins with the ELF magic (a program rather than a script).
+// Whether `path` begins with the ELF magic (a program rather than a script). Reads 4 bytes of a
+// host file under the admin's host_root (root in slurmstepd does this): O_NONBLOCK, so even a FIFO
+// there cannot stall the step.
 bool is_elf_file(const std::string& path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) return false;
@@ -244,9 +246,10 @@ std::string driver_version(const std::string& host_root) {
 
 namespace {
 
-// The GPU whose UUID is `uuid` ("GPU-..."): procfs names it where the driver shows it there; some
-// drivers show none (an H200 with the 580 open kernel modules showed no UUID in procfs), and then
-// the host's NVML, which always knows it, maps the UUID to the GPU's minor number.
+// The GPU whose UUID is `uuid` ("GPU-..."): procfs names it where the driver shows it there; where
+// procfs does not match (one H200 machine with the 580 open kernel modules refused its own UUID
+// that way, cause not captured; its successors showed the UUID in procfs), the host's NVML, which
+// always knows it, maps the UUID to the GPU's minor number.
 std::optional<HostGpu> gpu_by_uuid(const std::string& root, const std::vector<HostGpu>& gpus, const std::string& uuid) {
     for (const auto& g : gpus)
         if (g.uuid == uuid) return g;

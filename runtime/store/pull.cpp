@@ -333,9 +333,6 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
     std::string output = *staging + "/image.sqsh." + std::to_string(::getpid());
     ::unlink(output.c_str());
 
-    // The store holds this image as layers (a layered pull), and this caller needs it whole (the
-    // extract backend): composed from the layer files, no blob downloaded. Any failure there falls
-    // back to the download below.
     // The finished squashfs at `output` into the store, with the image's metadata.
     auto publish_whole = [&](const ConversionStats& stats) -> Result<PullResult> {
         ImageMetadata meta;
@@ -357,6 +354,9 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
     };
+    // The store holds this image as layers (a layered pull), and this caller needs it whole (the
+    // extract backend): composed from the layer files, no blob downloaded. Any failure there falls
+    // back to the download below.
     if (auto composed = compose_stored_layers(config, store, digest, output, update)) return publish_whole(*composed);
 
     std::vector<LayerBlob> layers;

@@ -600,8 +600,7 @@ TEST_CASE("a GPU UUID that procfs does not show comes from NVML; a real nvidia-s
     auto by_procfs = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=" + uuid2}, ImageConfig{});
     REQUIRE(by_procfs.ok());
     CHECK(has(by_procfs->env, "NVIDIA_VISIBLE_DEVICES=2"));
-    // What a driver that shows no UUID in procfs writes there (seen on an H200 with the 580 open
-    // modules): only NVML can map the UUID to the GPU.
+    // A driver whose procfs shows no UUID (its placeholder): only NVML can map the UUID to the GPU.
     const std::string unknown_uuid = "GPU-" + std::string(8, '?') + "-" + std::string(4, '?') + "-" +
                                      std::string(4, '?') + "-" + std::string(4, '?') + "-" + std::string(12, '?');
     for (const auto& bus : fs::directory_iterator(fake + "/proc/driver/nvidia/gpus")) {
