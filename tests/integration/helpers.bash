@@ -106,6 +106,35 @@ gantry_fresh_image() {
     "http://$reg/v2/gantry-test/$name/manifests/latest"
 }
 
+# gantry_producer_takeover WORKDIR STORE NAME DIGEST [PULL_ARGS...]: one producer per digest, and a
+# dead producer is taken over. A pull of gantry-test/NAME goes through a front whose blob GETs fail
+# with 500 and Retry-After: 30, so it holds DIGEST's producer lock while it backs off; a second pull
+# straight from the registry (same PULL_ARGS) must wait for it ("waiting for" on its stderr), and,
+# once the producer is killed with SIGKILL and nobody cleans up, take over and print DIGEST. The
+# front's and the producer's pids go to KILL_PIDS (the caller's teardown kills them).
+gantry_producer_takeover() {
+  local work=$1 store=$2 name=$3 digest=$4 front producer taker
+  shift 4
+  python3 "$GANTRY_SOURCE_DIR/tests/integration/fake_upstream.py" --upstream "$GANTRY_TEST_REGISTRY_HTTP" \
+    --port-file "$work/port" --log "$work/front.log" --fail-status 500 --retry-after 30 &
+  KILL_PIDS="${KILL_PIDS:-} $!"
+  for _ in $(seq 50); do [ -s "$work/port" ] && break; sleep 0.1; done
+  front="127.0.0.1:$(awk '{print $1}' "$work/port")"
+  "$GANTRY" pull "$@" --quiet --store "$store" "$front/gantry-test/$name" 2> "$work/producer.err" &
+  producer=$!
+  KILL_PIDS="$KILL_PIDS $producer"
+  for _ in $(seq 100); do grep -q ":$producer\$" "$store/locks/${digest#sha256:}.lock" 2>/dev/null && break; sleep 0.1; done
+  grep -q ":$producer\$" "$store/locks/${digest#sha256:}.lock"
+  "$GANTRY" pull "$@" --store "$store" "$GANTRY_TEST_REGISTRY_HTTP/gantry-test/$name" > "$work/taker.out" 2> "$work/taker.err" &
+  taker=$!
+  sleep 3
+  kill -0 "$taker"
+  grep -q "waiting for" "$work/taker.err"
+  kill -9 "$producer"
+  wait "$taker"
+  [ "$(awk '{print $1}' "$work/taker.out")" = "$digest" ]
+}
+
 # gantry_cluster_registry: sets REG to the open registry as the Slurm harness's nodes reach it. They live
 # in network namespaces of their own (with their own loopback) and reach the host over the harness
 # bridge at GANTRY_TEST_LOGIN_ADDR, an address srun on the host reaches too (the harness adds no names

@@ -370,35 +370,13 @@ PY
 }
 
 @test "a layered producer killed with SIGKILL is taken over by a waiting layered pull" {
-  local name=layered-kill-$RANDOM$RANDOM digest front producer taker lock
+  local name=layered-kill-$RANDOM$RANDOM digest
   digest=$(gantry_fresh_image "$T" "$name" 2000000)
-  # The producer goes through a front whose blob GETs fail with 500 and Retry-After: it holds the
-  # image's producer lock while it backs off, until we kill it.
-  python3 "$GANTRY_SOURCE_DIR/tests/integration/fake_upstream.py" --upstream "$REG" --port-file "$T/port" \
-    --log "$T/front.log" --fail-status 500 --retry-after 30 &
-  KILL_PIDS="$!"
-  for _ in $(seq 50); do [ -s "$T/port" ] && break; sleep 0.1; done
-  front="127.0.0.1:$(awk '{print $1}' "$T/port")"
-  "$GANTRY" pull --layered --quiet --store "$STORE" "$front/gantry-test/$name" 2> "$T/producer.err" &
-  producer=$!
-  KILL_PIDS="$KILL_PIDS $producer"
-  lock=$STORE/locks/${digest#sha256:}.lock
-  for _ in $(seq 100); do grep -q ":$producer\$" "$lock" 2>/dev/null && break; sleep 0.1; done
-  grep -q ":$producer\$" "$lock"
-  # A second layered pull straight from the registry waits for the producer...
-  "$GANTRY" pull --layered --store "$STORE" "$REG/gantry-test/$name" > "$T/taker.out" 2> "$T/taker.err" &
-  taker=$!
-  sleep 3
-  kill -0 "$taker"
-  grep -q "waiting for" "$T/taker.err"
-  # ...and takes over as soon as the producer dies, with nobody cleaning up.
-  kill -9 "$producer"
-  wait "$taker"
-  [ "$(awk '{print $1}' "$T/taker.out")" = "$digest" ]
+  gantry_producer_takeover "$T" "$STORE" "$name" "$digest" --layered
   [ -f "$STORE/images/${digest#sha256:}.json" ]
   [ ! -e "$STORE/images/${digest#sha256:}.sqsh" ]
   while read -r chain; do [ -f "$STORE/images/layer-${chain#sha256:}.sqsh" ]; done < <(layer_chain "$digest")
-  # The stack is the image: umoci-free check of its unique file.
+  # The stack is the image: its unique file is there.
   mount_stack "$digest" "$T/merged-kill"
   cmp "$T/merged-kill/unique/id" "$T/uniq-$name/unique/id"
 }

@@ -136,29 +136,7 @@ compare_with_reference() {
 @test "a producer killed with SIGKILL is taken over by a waiting pull" {
   digest=$(fresh_image "kill-$RANDOM$RANDOM" 2000000)
   name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
-  # The producer goes through a front whose blob GETs fail with 500 and Retry-After: it holds the
-  # producer lock while it backs off, until we kill it.
-  python3 "$GANTRY_SOURCE_DIR/tests/integration/fake_upstream.py" --upstream "$REG" --port-file "$T/port" \
-    --log "$T/front.log" --fail-status 500 --retry-after 30 &
-  KILL_PIDS="$!"
-  for _ in $(seq 50); do [ -s "$T/port" ] && break; sleep 0.1; done
-  front="127.0.0.1:$(awk '{print $1}' "$T/port")"
-  "$GANTRY" pull --quiet --store "$STORE" "$front/gantry-test/$name" 2> "$T/producer.err" &
-  producer=$!
-  KILL_PIDS="$KILL_PIDS $producer"
-  lock=$STORE/locks/${digest#sha256:}.lock
-  for _ in $(seq 100); do grep -q ":$producer\$" "$lock" 2>/dev/null && break; sleep 0.1; done
-  grep -q ":$producer\$" "$lock"
-  # A second pull straight from the registry waits for the producer...
-  "$GANTRY" pull --store "$STORE" "$REG/gantry-test/$name" > "$T/taker.out" 2> "$T/taker.err" &
-  taker=$!
-  sleep 3
-  kill -0 "$taker"
-  grep -q "waiting for" "$T/taker.err"
-  # ...and takes over as soon as the producer dies, with nobody cleaning up.
-  kill -9 "$producer"
-  wait "$taker"
-  [ "$(awk '{print $1}' "$T/taker.out")" = "$digest" ]
+  gantry_producer_takeover "$T" "$STORE" "$name" "$digest"
   [ "$(ls "$STORE/images" | grep -c '\.sqsh$')" -eq 1 ]
 }
 
