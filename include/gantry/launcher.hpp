@@ -254,6 +254,14 @@ std::string runtime_dir(const Config& config);
 // Names of the containers with state files in runtime_dir(config).
 std::vector<std::string> list_containers(const Config& config);
 
+// Whether a kernel release string ("6.1.0-18-amd64", uname -r) is at least MAJOR.MINOR; one that does
+// not start with two numbers is not.
+bool kernel_release_at_least(std::string_view release, int major, int minor);
+// Whether this kernel can stack a layered image's layers: both backends mount overlayfs with
+// `userxattr` (the form the store's layers carry their opaque markers in), which Linux 5.11 brought.
+// Where it cannot, layered images run as whole images made from their layers (docs/store.md).
+bool kernel_stacks_layers();
+
 // Kernel backend: unmounts the node-wide image mounts (<runtime_path>/images) that no container has
 // used for config.mount_idle_seconds. A mount seen unused for the first time starts its idle clock
 // (there is no daemon that saw its last user leave). Root only (0 for others); returns how many it

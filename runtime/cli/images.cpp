@@ -18,6 +18,7 @@
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
+#include "gantry/launcher.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull.hpp"
 #include "gantry/pull_report.hpp"
@@ -185,8 +186,11 @@ int cmd_pull(const PullArgs& a) {
     auto policy = pull_policy(*config, pull_opt);
     if (!policy) return finish_usage(policy.error());
     opts.policy = *policy;
-    // gantry.conf's layered_images, unless the extract backend (which needs whole images) is the site's.
-    opts.layered = a.layered || (config->layered_images && config->mount_backend != "extract");
+    // gantry.conf's layered_images, unless the extract backend (which needs whole images) is the site's,
+    // or this is the plugin's pull (--report-fd) on a node whose kernel cannot stack layers: the step
+    // that follows runs here, so it gets a whole image (made from stored layers where there are some).
+    opts.layered = a.layered || (config->layered_images && config->mount_backend != "extract" &&
+                                 (!report_opt || kernel_stacks_layers()));
     if (platform_opt) {
         auto p = Platform::parse(*platform_opt);
         if (!p) return finish_usage(p.error().wrap("pull: --platform"));

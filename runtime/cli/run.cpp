@@ -113,7 +113,11 @@ int run_verb(const RunArgs& a) {
     MountBackend wanted = req.backend != MountBackend::auto_ ? req.backend
                           : conf_backend                      ? *conf_backend
                                                               : MountBackend::auto_;
-    bool layers_ok = wanted != MountBackend::extract;
+    // Nor on a kernel that cannot stack them (Linux < 5.11), which is said when layers are configured.
+    bool layers_ok = wanted != MountBackend::extract && kernel_stacks_layers();
+    if (wanted != MountBackend::extract && !layers_ok && req.config.layered_images)
+        log::info("this kernel cannot stack image layers (overlayfs with userxattr needs Linux 5.11): images "
+                  "stored as layers run as whole images made from their layers");
     auto resolved = resolve_runnable_image(req.config, store_option, image, false, *policy, layers_ok);
     if (!resolved) return setup_failed(resolved.error());
     req.image_path = resolved->squashfs_path;

@@ -14,12 +14,14 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -202,6 +204,37 @@ Result<std::vector<std::string>> make_layer_dirs(Setup& s) {
     }
     return dirs;
 }
+
+}  // namespace gantry::launcher
+
+namespace gantry {
+
+bool kernel_release_at_least(std::string_view release, int major, int minor) {
+    auto number = [&](size_t& at) -> std::optional<int> {
+        size_t start = at;
+        int value = 0;
+        while (at < release.size() && release[at] >= '0' && release[at] <= '9' && at - start < 6)
+            value = value * 10 + (release[at++] - '0');
+        if (at == start) return std::nullopt;
+        return value;
+    };
+    size_t at = 0;
+    auto have_major = number(at);
+    if (!have_major || at >= release.size() || release[at] != '.') return false;
+    ++at;
+    auto have_minor = number(at);
+    if (!have_minor) return false;
+    return *have_major > major || (*have_major == major && *have_minor >= minor);
+}
+
+bool kernel_stacks_layers() {
+    struct utsname u {};
+    return ::uname(&u) == 0 && kernel_release_at_least(u.release, 5, 11);
+}
+
+}  // namespace gantry
+
+namespace gantry::launcher {
 
 Status mount_layer_stack(Setup& s, const std::vector<std::string>& dirs) {
     // The lower layers by their names in staging/layers ("2:1:0:empty"), which the kernel resolves

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -980,4 +981,22 @@ TEST_CASE("layer stacks: the node-wide key follows the layers and their order; t
     REQUIRE_FALSE(deep.ok());
     CHECK(deep.error().errnum == E2BIG);
     CHECK(deep.error().message.find("too many layers for one mount's options") != std::string::npos);
+}
+
+TEST_CASE("kernel releases: layers stack from Linux 5.11 on; an unreadable release is too old") {
+    CHECK(kernel_release_at_least("5.11.0", 5, 11));
+    CHECK(kernel_release_at_least("5.15.0-91-generic", 5, 11));
+    CHECK(kernel_release_at_least("6.1.0-18-amd64", 5, 11));
+    CHECK(kernel_release_at_least("6.18.44-fc-v657-gpu", 5, 11));
+    CHECK(kernel_release_at_least("10.0", 5, 11));
+    CHECK_FALSE(kernel_release_at_least("5.10.0-28-amd64", 5, 11));
+    CHECK_FALSE(kernel_release_at_least("4.18.0-513.el8.x86_64", 5, 11));
+    CHECK_FALSE(kernel_release_at_least("5", 5, 11));
+    CHECK_FALSE(kernel_release_at_least("", 5, 11));
+    CHECK_FALSE(kernel_release_at_least("linux", 5, 11));
+    CHECK_FALSE(kernel_release_at_least("5.x", 5, 11));
+    // This machine's kernel, as the CLI and the plugin's pull ask.
+    struct utsname u {};
+    REQUIRE(::uname(&u) == 0);
+    CHECK(kernel_stacks_layers() == kernel_release_at_least(u.release, 5, 11));
 }
