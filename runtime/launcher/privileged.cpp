@@ -69,22 +69,26 @@ namespace {
 // each layer's shared mount attached below the staging tmpfs, and the container's own overlayfs of
 // them (relative names keep overlayfs's own limit of 500 within a page). It keeps private clones of
 // its lower mounts, so the container's namespace needs none of the attach points once it has pivoted.
+// A node-wide mount (a whole image's or a layer stack's) as the container's image: its reference held
+// for the container's life, a private mount namespace (still in the initial user namespace), the
+// staging tmpfs, and the mount's clone attached at image_dir.
+Status attach_shared_mount(Setup& s, SharedImageMount& shared, const std::string& what) {
+    s.image_lease = std::move(shared.lease);
+    if (::unshare(CLONE_NEWNS) != 0) return system_error("creating a private mount namespace");
+    GANTRY_TRY(make_mounts_private());
+    GANTRY_TRY(mount_staging_area(s));
+    if (::move_mount(shared.tree.get(), "", AT_FDCWD, s.image_dir.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+        return system_error("attaching the mount of " + what + " (" + shared.mount_point + ") at " + s.image_dir);
+    return {};
+}
+
 Status mount_layers_kernel(Setup& s) {
     const auto& layers = s.spec->image_layers;
     for (const auto& layer : layers)
         if (!is_trusted_path(layer, s.spec->config.store_owner))
             return make_error("refusing to kernel-mount the layer " + layer + ": not a trusted store file");
     auto stack = acquire_shared_stack(layers, s.spec->config);
-    if (stack) {
-        s.image_lease = std::move(stack->lease);
-        if (::unshare(CLONE_NEWNS) != 0) return system_error("creating a private mount namespace");
-        GANTRY_TRY(make_mounts_private());
-        GANTRY_TRY(mount_staging_area(s));
-        if (::move_mount(stack->tree.get(), "", AT_FDCWD, s.image_dir.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
-            return system_error("attaching the layer stack of " + s.spec->image_path + " (" + stack->mount_point +
-                                ") at " + s.image_dir);
-        return {};
-    }
+    if (stack) return attach_shared_mount(s, *stack, "the layer stack of " + s.spec->image_path);
     if (stack.error().errnum != E2BIG) return stack.error();
     std::vector<SharedImageMount> shared;
     for (const auto& layer : layers) {
@@ -118,14 +122,7 @@ Status mount_image_kernel(Setup& s) {
     // Still in the host mount namespace: find or make the node-wide mount and take a reference.
     auto shared = acquire_shared_mount(image, s.spec->config);
     if (!shared) return shared.error();
-    s.image_lease = std::move(shared->lease);
-    // A private mount namespace (still in the initial user namespace) for the container's mounts.
-    if (::unshare(CLONE_NEWNS) != 0) return system_error("creating a private mount namespace");
-    GANTRY_TRY(make_mounts_private());
-    GANTRY_TRY(mount_staging_area(s));
-    if (::move_mount(shared->tree.get(), "", AT_FDCWD, s.image_dir.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
-        return system_error("attaching the mount of " + image + " (" + shared->mount_point + ") at " + s.image_dir);
-    return {};
+    return attach_shared_mount(s, *shared, image);
 }
 
 }  // namespace gantry::launcher

@@ -65,14 +65,31 @@ Result<std::string> image_key(const std::string& image) {
     return digest_hex(Sha256::of(id)).substr(0, 32);
 }
 
-Result<std::string> stack_key(const std::vector<std::string>& layers) {
+namespace {
+
+// A stack's key from its layers' own keys, in order.
+std::string stack_key_of(const std::vector<std::string>& layer_keys) {
     std::string id = "overlay stack";
+    for (const auto& key : layer_keys) id += '\0' + key;
+    return digest_hex(Sha256::of(id)).substr(0, 32);
+}
+
+Result<std::vector<std::string>> layer_keys(const std::vector<std::string>& layers) {
+    std::vector<std::string> keys;
     for (const auto& layer : layers) {
         auto key = image_key(layer);
         if (!key) return key.error();
-        id += '\0' + *key;
+        keys.push_back(*key);
     }
-    return digest_hex(Sha256::of(id)).substr(0, 32);
+    return keys;
+}
+
+}  // namespace
+
+Result<std::string> stack_key(const std::vector<std::string>& layers) {
+    auto keys = layer_keys(layers);
+    if (!keys) return keys.error();
+    return stack_key_of(*keys);
 }
 
 namespace {
@@ -283,20 +300,15 @@ Result<SharedImageMount> acquire_shared_stack(const std::vector<std::string>& la
     if (layers.empty()) return make_error("sharing " + what);
     // The lower layers by their names relative to images/ ("<key>/root"), which the kernel resolves
     // against our working directory: the options are one page, which full paths would fill sooner.
-    std::vector<std::string> keys;
-    for (const auto& layer : layers) {
-        auto key = image_key(layer);
-        if (!key) return key.error();
-        keys.push_back(*key);
-    }
+    auto keys = layer_keys(layers);
+    if (!keys) return keys.error();
     std::string lowers;
-    for (const auto& key : keys) lowers = key + "/root:" + lowers;  // top layer first
+    for (const auto& key : *keys) lowers = key + "/root:" + lowers;  // top layer first
     if (lowers.size() + 64 + 40 > 4000) {
         Error e{"sharing " + what + ": too many layers for one mount's options", E2BIG, 0};
         return e;
     }
-    auto key = stack_key(layers);
-    if (!key) return key.error();
+    const std::string key = stack_key_of(*keys);
     std::string source = std::string(kStackSource) + "\n";
     for (const auto& layer : layers) {
         char real[PATH_MAX];
@@ -312,7 +324,7 @@ Result<SharedImageMount> acquire_shared_stack(const std::vector<std::string>& la
         }
         // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
         if (::mkdirat(dir, "empty", 0755) != 0 && errno != EEXIST) return system_error("creating the stack's empty layer");
-        const std::string opts = "lowerdir=" + lowers + *key + "/empty,userxattr";
+        const std::string opts = "lowerdir=" + lowers + key + "/empty,userxattr";
         // Safe: every layer passed the trusted-path check (our writer's bytes in a store only a trusted
         // account writes; the caller checked), they are mounted ro,nosuid,nodev in root's 0700
         // directory, and overlayfs reads only whiteouts and `user.overlay.opaque` from them, which
@@ -325,7 +337,7 @@ Result<SharedImageMount> acquire_shared_stack(const std::vector<std::string>& la
         if (rc != 0) return system_error("stacking " + what + " with overlayfs at " + mnt, err);
         return {};
     };
-    return acquire(*key, what, source, kOverlayMagic, make, config);
+    return acquire(key, what, source, kOverlayMagic, make, config);
 }
 
 }  // namespace gantry::launcher
