@@ -281,9 +281,20 @@ as_user() {
 }
 
 @test "MPI: an Open MPI allreduce across 3 nodes (6 ranks) with srun --mpi=pmix inside containers" {
-  run_user env OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=eth0 \
-    srun -N3 --ntasks-per-node=2 --mpi=pmix --container-image="$MPI" bash -c /usr/local/bin/allreduce
-  echo "$output"
+  allreduce() {
+    run_user env OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=eth0 \
+      srun -N3 --ntasks-per-node=2 --mpi=pmix --container-image="$MPI" bash -c /usr/local/bin/allreduce
+    echo "$output"
+  }
+  allreduce
+  # Debian 12's Open MPI 4.1.4 TCP BTL can lose the race of two ranks connecting to each other at
+  # once ("failed to TCP connect ... Operation now in progress (115)", then a crash in the BTL); seen
+  # once in CI on a loaded 2-core machine, and on plain VMs without containers. Only that
+  # failure gets one more try, and it is reported. Any other failure fails here.
+  if [ "$status" -ne 0 ] && echo "$output" | grep -q 'Open MPI failed to TCP connect to a peer'; then
+    echo "# Open MPI's TCP connect race (above); one more try" >&3
+    allreduce
+  fi
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -c ': sum 21 ok$')" -eq 6 ]
   [ "$(echo "$output" | grep -o 'on gnode[0-9]' | sort -u | wc -l)" -eq 3 ]
