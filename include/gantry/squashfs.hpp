@@ -111,6 +111,14 @@ Result<ConversionStats> compose_layers_to_image(const std::vector<std::string>& 
                                                 const std::vector<AddedFile>& added, const SquashfsOptions& options,
                                                 const std::string& opaque_xattr);
 
+// Writes `output` as ONE layer in overlay form equal to `layers` (bottom first, each in overlay form)
+// stacked: the group of a deep layered image (docs/store.md, "Deep images"). Within the group the
+// layers compose as in compose_layers_to_image; what they delete or make opaque is kept as a
+// whiteout or an opaque marker for the layers below the group, so that overlayfs shows the same tree
+// for the group over those layers as for the layers one by one. `layers` are parsed: store layers.
+Result<ConversionStats> compose_layers_for_overlay(const std::vector<std::string>& layers, const std::string& output,
+                                                  const SquashfsOptions& options, const std::string& opaque_xattr);
+
 // The content of the regular file `path` ("/etc/environment") inside the squashfs `image`, read with
 // libsquashfs without mounting it; nullopt when the image has no such regular file (a symlink is not
 // followed). A file larger than `max_bytes` is an error. The image may be user-controlled: run this

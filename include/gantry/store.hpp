@@ -4,7 +4,8 @@
 //   images/<hex>.sqsh   published squashfs, <hex> = manifest digest; its existence is the commit point
 //   images/<hex>.json   metadata (references, config, layers, sizes, when pulled), renamed in first
 //   images/layer-<chain hex>.sqsh/.json  one layer in overlay form, named by its chain ID (the
-//                       per-layer store of docs/store.md, "Layers"); same rules as an image's files
+//                       per-layer store of docs/store.md, "Layers"); same rules as an image's files;
+//                       or a group of layers of a deep image, named by layer_group_key()
 //   refs/<hex>.json     tag -> digest records, <hex> = sha256 of the canonical reference
 //   used/<hex>          empty file whose mtime is the last use (gc is least-recently-used first)
 //   locks/<hex>.lock    producer lock: flock(LOCK_EX) held by the one process building <hex>
@@ -70,7 +71,34 @@ struct LayerRecord {
     uint64_t uncompressed_bytes = 0;  // the layer's tar, counted against max_image_bytes of each image
     uint64_t layer_bytes = 0; // size of the squashfs
     int64_t converted_at = 0; // unix seconds
+    // A group (docs/store.md, "Deep images"): several layers composed into one squashfs in overlay
+    // form, named by layer_group_key() of its top layer's chain ID; these are their diff_ids, bottom
+    // first, and `parent` is the chain ID below the first. Empty for one layer.
+    std::vector<std::string> group_diff_ids;
 };
+
+// Deep layered images (docs/store.md, "Deep images"): a container's stack has at most kMaxLowers
+// layers. An image with more is stacked from groups: its layers in runs of kLayerGroupSize from the
+// bottom (a run starts at a multiple of kLayerGroupSize, so a run is the same in every image over the
+// same base and the group is shared), and the layers above the last full run one by one, or as one
+// more group where that would pass kMaxLowers. Deeper than kMaxLayeredLayers: stored whole.
+inline constexpr size_t kMaxLowers = 16;
+inline constexpr size_t kLayerGroupSize = 8;
+inline constexpr size_t kMaxLayeredLayers = kMaxLowers * kLayerGroupSize;
+
+// Layers [first, end) of an image (bottom first): one layer, or a group of them.
+struct LowerRange {
+    size_t first = 0;
+    size_t end = 0;
+    bool grouped = false;
+    bool operator==(const LowerRange&) const = default;
+};
+// The lowers of an image of `layers` layers, bottom first; empty when it has none or more than
+// kMaxLayeredLayers.
+std::vector<LowerRange> plan_lowers(size_t layers);
+// The store name of the group whose top layer has the chain ID `top_chain_id`. The top layer's depth
+// fixes where the run starts, so the name says which layers the group holds.
+std::string layer_group_key(const std::string& top_chain_id);
 
 struct StoredLayer {
     LayerRecord record;

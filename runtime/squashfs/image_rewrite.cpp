@@ -238,10 +238,11 @@ private:
     std::unordered_map<uint32_t, Inode*> by_number_;  // this image's inode numbers
 };
 
-// `inputs` bottom first; `opaque_xattr` non-null: they are layers in overlay form.
+// `inputs` bottom first; `opaque_xattr` non-null: they are layers in overlay form. `overlay_out`
+// (with `opaque_xattr`): the output is one layer in overlay form again, for layers below it.
 Result<ConversionStats> rewrite(const std::vector<std::string>& inputs, const std::string& output,
                                 const std::vector<AddedFile>& added, const SquashfsOptions& options,
-                                const std::string* opaque_xattr) {
+                                const std::string* opaque_xattr, bool overlay_out = false) {
     ImageTree tree;  // outlives the writer, whose block processor points into its inodes
     auto created = SquashfsWriter::create(output, options);
     if (!created) return created.error();
@@ -287,6 +288,9 @@ Result<ConversionStats> rewrite(const std::vector<std::string>& inputs, const st
         std::vector<std::string> path;
         if (auto st = copier.copy(root.get(), path); !st) return st.error().wrap("copying image " + input);
     }
+    // What the inputs delete or hide and do not put back must still be deleted or hidden in the
+    // layers below the output: the tree's whiteout and opaque records become markers again.
+    if (overlay_out) tree.to_overlay_form(*opaque_xattr);
     ConversionStats stats;
     auto size = writer->finish(tree, stats, options.sync);
     if (!size) return size.error();
@@ -312,6 +316,16 @@ Result<ConversionStats> compose_layers_to_image(const std::vector<std::string>& 
     if (layers.empty()) return make_error("writing " + output + ": no layers to compose");
     try {
         return rewrite(layers, output, added, options, &opaque_xattr);
+    } catch (const std::exception& e) {
+        return make_error("writing " + output + ": " + e.what());
+    }
+}
+
+Result<ConversionStats> compose_layers_for_overlay(const std::vector<std::string>& layers, const std::string& output,
+                                                  const SquashfsOptions& options, const std::string& opaque_xattr) {
+    if (layers.empty()) return make_error("writing " + output + ": no layers to compose");
+    try {
+        return rewrite(layers, output, {}, options, &opaque_xattr, true);
     } catch (const std::exception& e) {
         return make_error("writing " + output + ": " + e.what());
     }

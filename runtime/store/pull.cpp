@@ -321,7 +321,11 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
         return make_error("pulling " + ref.str() + ": the config lists " + std::to_string(cfg->diff_ids.size()) +
                           " layers but the manifest " + std::to_string(image->layers.size()));
 
-    if (options.layered)
+    if (options.layered && image->layers.size() > kMaxLayeredLayers)
+        log::warning("pulling " + ref.str() + ": it has " + std::to_string(image->layers.size()) +
+                     " layers, more than the " + std::to_string(kMaxLayeredLayers) +
+                     " a layered image stacks; storing it as one whole squashfs");
+    else if (options.layered)
         return produce_layered(config, store, ref, client, digest, *image, cfg->diff_ids, options.platform.str(),
                                std::move(result), update);
 
@@ -438,6 +442,10 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
 // into the overlay form and published under its chain ID, one producer per layer (a layer two images
 // being pulled at once share is converted once); every layer is held in use until the image record
 // naming them is published. The image's limits hold for the whole stack, stored layers included.
+// A deep image (more than kMaxLowers layers) is stored as the groups plan_lowers() names: a group the
+// store lacks is composed from its layers (stored ones as they are, the others converted into the
+// staging area) and published under its group key, one producer per group; its layers are not
+// published on their own (docs/store.md, "Deep images").
 Result<PullResult> produce_layered(const Config& config, const ImageStore& store, const ImageReference& ref,
                                    RegistryClient& client, const std::string& digest, const ResolvedImage& image,
                                    const std::vector<std::string>& diff_ids, const std::string& platform,
@@ -448,27 +456,49 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
         return make_error(context + ": the config lists no diff_ids for its layers, which name them in the store");
     const uint64_t max_image_bytes = config.limits.max_image_bytes;
     const std::vector<std::string> chain = chain_ids(diff_ids);
-    std::vector<UniqueFd> held(chain.size());
-    std::vector<size_t> missing;
-    std::vector<Descriptor> to_fetch;
+    const std::vector<LowerRange> plan = plan_lowers(chain.size());
+    if (plan.empty()) return make_error(context + ": " + std::to_string(chain.size()) + " layers cannot be stacked");
+    std::vector<std::string> keys;  // the store name of each lower
+    for (const auto& r : plan) keys.push_back(r.grouped ? layer_group_key(chain[r.end - 1]) : chain[r.first]);
+    std::vector<UniqueFd> held(plan.size());
+    std::vector<UniqueFd> member_held(chain.size());  // layers of a group to make, stored on their own
+    std::vector<uint64_t> member_bytes(chain.size(), 0);
+    std::vector<size_t> missing;  // lowers to make
+    std::vector<bool> fetch(chain.size(), false);
     uint64_t declared = 0, expanded = 0;  // both saturate: a manifest may declare sizes near 2^64
     auto add = [](uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; };
-    // Layer i, when the store has it: held in use, its size counted against the image's budget.
-    auto hold_stored = [&](size_t i) {
-        auto stored = store.find_layer(chain[i]);
+    // The store's entry `key`, when it has it: held in use in `slot`; its size is put in `bytes`.
+    auto hold = [&](const std::string& key, UniqueFd& slot, uint64_t& bytes) {
+        auto stored = store.find_layer(key);
         if (!stored) return false;
-        auto fd = store.open_layer_in_use(chain[i]);
+        auto fd = store.open_layer_in_use(key);
         if (!fd) return false;
-        held[i] = std::move(*fd);
-        expanded = add(expanded, stored->record.uncompressed_bytes);
+        slot = std::move(*fd);
+        bytes = stored->record.uncompressed_bytes;
         return true;
     };
-    for (size_t i = 0; i < chain.size(); ++i) {
-        declared = add(declared, image.layers[i].size);
-        if (!hold_stored(i)) {
-            missing.push_back(i);
-            to_fetch.push_back(image.layers[i]);
+    auto hold_stored = [&](size_t e) {
+        uint64_t bytes = 0;
+        if (!hold(keys[e], held[e], bytes)) return false;
+        expanded = add(expanded, bytes);
+        return true;
+    };
+    for (const auto& d : image.layers) declared = add(declared, d.size);
+    for (size_t e = 0; e < plan.size(); ++e) {
+        if (hold_stored(e)) continue;
+        missing.push_back(e);
+        for (size_t i = plan[e].first; i < plan[e].end; ++i) {
+            // A group's layer the store has on its own (a shallower image's) is not downloaded again.
+            if (plan[e].grouped && hold(chain[i], member_held[i], member_bytes[i])) continue;
+            fetch[i] = true;
         }
+    }
+    std::vector<Descriptor> to_fetch;
+    size_t to_convert = 0;
+    for (size_t i = 0; i < chain.size(); ++i) {
+        if (!fetch[i]) continue;
+        to_fetch.push_back(image.layers[i]);
+        ++to_convert;
     }
     // The whole stack, not only the layers fetched now: compressed layers cannot be larger than the
     // tars they expand to (as the registry client's own check for a whole image).
@@ -481,7 +511,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     for (const auto& d : to_fetch) bytes_total += d.size;
     update([&](PullProgress& p) {
         p.phase = PullProgress::Phase::downloading;
-        p.layers_total = missing.size();
+        p.layers_total = to_convert;
         p.bytes_total = bytes_total;
     });
 
@@ -496,42 +526,78 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     update([&](PullProgress& p) { p.bytes_done = bytes_total; });
 
     SquashfsOptions options = squashfs_options(config);
-    for (size_t n = 0; n < missing.size(); ++n) {
-        const size_t i = missing[n];
+    size_t converted = 0;
+    // Converts layer i into `out` (overlay form), within what is left of the image's budget (the
+    // converter's limits are per image).
+    auto convert = [&](size_t i, const std::string& out) -> Result<ConversionStats> {
         const Descriptor& d = image.layers[i];
-        auto layer_lock = store.lock_producer(chain[i], std::chrono::seconds(3600));
-        if (!layer_lock) return layer_lock.error().wrap(context);
-        if (!hold_stored(i)) {  // else made meanwhile by the producer of another image
-            const std::string tmp = *staging + "/layer.sqsh." + std::to_string(::getpid());
-            ::unlink(tmp.c_str());
-            LayerBlob blob{blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest, diff_ids[i]};
-            // What is left of the image's budget bounds this layer (the converter's limits are per image).
-            options.limits.max_image_bytes = max_image_bytes - std::min(max_image_bytes, expanded);
-            auto stats = convert_layer_for_overlay(blob, tmp, options, kOverlayOpaqueXattr);
-            if (!stats) {
-                ::unlink(tmp.c_str());
-                return stats.error().wrap(context);
-            }
-            LayerRecord record;
-            record.chain_id = chain[i];
-            record.diff_id = diff_ids[i];
-            record.parent = i == 0 ? std::string() : chain[i - 1];
-            record.blob_digest = d.digest;
-            record.uncompressed_bytes = stats->uncompressed_bytes;
-            auto published = store.publish_layer(tmp, record);
-            if (!published) {
-                ::unlink(tmp.c_str());
-                return published.error().wrap(context);
-            }
-            held[i] = std::move(*published);
-            expanded = add(expanded, stats->uncompressed_bytes);
-            result.stats.files += stats->files;
-            result.stats.uncompressed_bytes += stats->uncompressed_bytes;
-            result.stats.image_bytes += stats->image_bytes;
-            ++result.layers_converted;
-            // The blob stays until the staging area goes: an image may list the same blob twice.
+        ::unlink(out.c_str());
+        LayerBlob blob{blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest, diff_ids[i]};
+        options.limits.max_image_bytes = max_image_bytes - std::min(max_image_bytes, expanded);
+        auto stats = convert_layer_for_overlay(blob, out, options, kOverlayOpaqueXattr);
+        if (!stats) {
+            ::unlink(out.c_str());
+            return stats.error().wrap(context);
         }
-        update([&](PullProgress& p) { p.layers_done = n + 1; });
+        expanded = add(expanded, stats->uncompressed_bytes);
+        result.stats.files += stats->files;
+        result.stats.uncompressed_bytes += stats->uncompressed_bytes;
+        ++result.layers_converted;
+        ++converted;
+        update([&](PullProgress& p) { p.layers_done = converted; });
+        return stats;  // the blob stays until the staging area goes: an image may list it twice
+    };
+    const std::string tmp = *staging + "/layer.sqsh." + std::to_string(::getpid());
+    for (const size_t e : missing) {
+        const LowerRange& r = plan[e];
+        auto lock = store.lock_producer(keys[e], std::chrono::seconds(3600));
+        if (!lock) return lock.error().wrap(context);
+        if (hold_stored(e)) continue;  // made meanwhile by the producer of another image
+        LayerRecord record;
+        uint64_t image_bytes = 0;
+        record.chain_id = keys[e];
+        record.parent = r.first == 0 ? std::string() : chain[r.first - 1];
+        if (!r.grouped) {
+            auto stats = convert(r.first, tmp);
+            if (!stats) return stats.error();
+            record.diff_id = diff_ids[r.first];
+            record.blob_digest = image.layers[r.first].digest;
+            record.uncompressed_bytes = stats->uncompressed_bytes;
+            image_bytes = stats->image_bytes;
+        } else {
+            std::vector<std::string> files, made;
+            Defer remove_made([&] {
+                for (const auto& f : made) ::unlink(f.c_str());
+            });
+            for (size_t i = r.first; i < r.end; ++i) {
+                record.group_diff_ids.push_back(diff_ids[i]);
+                if (member_held[i]) {
+                    files.push_back(store.layer_squashfs_path(chain[i]));
+                    record.uncompressed_bytes = add(record.uncompressed_bytes, member_bytes[i]);
+                    expanded = add(expanded, member_bytes[i]);
+                    continue;
+                }
+                const std::string out = *staging + "/member-" + std::to_string(i) + ".sqsh." + std::to_string(::getpid());
+                made.push_back(out);
+                auto stats = convert(i, out);
+                if (!stats) return stats.error();
+                files.push_back(out);
+                record.uncompressed_bytes = add(record.uncompressed_bytes, stats->uncompressed_bytes);
+            }
+            ::unlink(tmp.c_str());
+            auto composed = compose_layers_for_overlay(files, tmp, options, kOverlayOpaqueXattr);
+            if (!composed)
+                return composed.error().wrap(context + ": composing layers " + std::to_string(r.first + 1) + "-" +
+                                             std::to_string(r.end) + " into one group");
+            image_bytes = composed->image_bytes;
+        }
+        auto published = store.publish_layer(tmp, record);
+        if (!published) {
+            ::unlink(tmp.c_str());
+            return published.error().wrap(context);
+        }
+        held[e] = std::move(*published);
+        result.stats.image_bytes += image_bytes;
     }
     result.layers_reused = chain.size() - result.layers_converted;
 
@@ -544,7 +610,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     meta.layers = image.layers;
     meta.compressor = config.compressor;
     meta.block_size = config.block_size;
-    meta.layer_chain = chain;
+    meta.layer_chain = keys;
     if (auto st = store.publish_layered(digest, meta); !st) return st.error().wrap(context);
     store.remove_staging(digest);
     result.produced = true;

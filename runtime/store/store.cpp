@@ -92,7 +92,8 @@ Result<ImageMetadata> metadata_from_json(const std::string& text, const std::str
 json to_json(const LayerRecord& r) {
     return {{"chain_id", r.chain_id},       {"diff_id", r.diff_id},         {"parent", r.parent},
             {"blob_digest", r.blob_digest}, {"uncompressed_bytes", r.uncompressed_bytes},
-            {"layer_bytes", r.layer_bytes}, {"converted_at", r.converted_at}};
+            {"layer_bytes", r.layer_bytes}, {"converted_at", r.converted_at},
+            {"group_diff_ids", r.group_diff_ids}};
 }
 
 Result<LayerRecord> layer_record_from_json(const std::string& text, const std::string& path) {
@@ -107,15 +108,29 @@ Result<LayerRecord> layer_record_from_json(const std::string& text, const std::s
         r.uncompressed_bytes = j.value("uncompressed_bytes", uint64_t{0});
         r.layer_bytes = j.value("layer_bytes", uint64_t{0});
         r.converted_at = j.value("converted_at", int64_t{0});
+        r.group_diff_ids = j.value("group_diff_ids", std::vector<std::string>{});
     } catch (const json::exception& e) {
         return make_error("reading layer metadata " + path + ": " + e.what());
     }
     return r;
 }
 
-// A layer's record must say what its name says: its chain ID is the one of its parent and diff_id.
+// A layer's record must say what its name says: its chain ID is the one of its parent and diff_id;
+// a group's name is the group key of the chain ID its layers reach from its parent.
 Status check_layer_record(const LayerRecord& r) {
     GANTRY_TRY(validate_digest(r.chain_id));
+    if (!r.group_diff_ids.empty()) {
+        if (!r.parent.empty()) GANTRY_TRY(validate_digest(r.parent));
+        std::string top = r.parent;
+        for (const auto& d : r.group_diff_ids) {
+            GANTRY_TRY(validate_digest(d));
+            top = chain_id(top, d);
+        }
+        if (layer_group_key(top) != r.chain_id)
+            return make_error("layer group " + r.chain_id + " is not the group of its " +
+                              std::to_string(r.group_diff_ids.size()) + " layers over parent '" + r.parent + "'");
+        return {};
+    }
     GANTRY_TRY(validate_digest(r.diff_id));
     if (!r.parent.empty()) GANTRY_TRY(validate_digest(r.parent));
     if (chain_id(r.parent, r.diff_id) != r.chain_id)
@@ -833,6 +848,27 @@ Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::sec
             r.bytes_freed += bytes;
     }
     return r;
+}
+
+std::string layer_group_key(const std::string& top_chain_id) {
+    return Sha256::of("gantry layer group " + top_chain_id);
+}
+
+std::vector<LowerRange> plan_lowers(size_t layers) {
+    std::vector<LowerRange> out;
+    if (layers == 0 || layers > kMaxLayeredLayers) return out;
+    if (layers <= kMaxLowers) {
+        for (size_t i = 0; i < layers; ++i) out.push_back({i, i + 1, false});
+        return out;
+    }
+    const size_t full = layers / kLayerGroupSize, rest = layers % kLayerGroupSize;
+    for (size_t k = 0; k < full; ++k) out.push_back({k * kLayerGroupSize, (k + 1) * kLayerGroupSize, true});
+    if (full + rest <= kMaxLowers) {
+        for (size_t i = full * kLayerGroupSize; i < layers; ++i) out.push_back({i, i + 1, false});
+    } else {
+        out.push_back({full * kLayerGroupSize, layers, true});
+    }
+    return out;
 }
 
 }  // namespace gantry

@@ -324,7 +324,87 @@ PY
   [ "$(cat "$T/merged/dup/id")" = "$name" ]
 }
 
-@test "a 130-layer image stacks (more lowers than the mount options would hold as full paths)" {
+# deep_layout LAYOUT N: tiny plus N-1 gzip layers (so N layers in all); layer i adds /deep/i, and
+# some delete or hide what layers in other groups (runs of 8, docs/store.md "Deep images") made.
+deep_layout() {
+  local layout=$1 n=$2 i d
+  cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
+  for i in $(seq 1 $((n - 1))); do
+    d=$T/deep$i
+    mkdir -p "$d/deep"
+    echo "$i" >"$d/deep/$i"
+    case $i in
+      3) mkdir -p "$d/deep/d" && echo x >"$d/deep/d/x" ;;
+      5) mkdir -p "$d/deep/gone" && echo a >"$d/deep/gone/a" ;;
+      9) : >"$d/deep/.wh.3" && mkdir -p "$d/deep/d" && : >"$d/deep/d/.wh..wh..opq" && echo y >"$d/deep/d/y" ;;
+      12) : >"$d/deep/.wh.gone" && mkdir -p "$d/deep/gone2" ;;
+      13) : >"$d/deep/.wh.10" ;;
+      17) : >"$d/deep/.wh.9" && echo "file now" >"$d/deep/gone" ;;
+      19) mkdir -p "$d/deep/d" && : >"$d/deep/d/.wh.y" ;;
+    esac
+    tar -C "$d" -cf "$d.tar" deep
+    python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$layout" latest "$d.tar" >/dev/null
+  done
+}
+
+@test "a 20-layer image is stacked from groups: 6 lowers, umoci's tree; a tag with one more layer converts only it" {
+  local layout=$T/layout-deep name=layered-deep-$RANDOM$RANDOM n
+  deep_layout "$layout" 20
+  skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$REG/gantry-test/$name:latest"
+  run "$GANTRY" pull --layered --store "$STORE" "$REG/gantry-test/$name:latest"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *": 20 layers converted ("*"), 0 reused"* ]]
+  digest=$(echo "$output" | tail -n1 | awk '{print $1}')
+  # Layers 1-8 and 9-16 as two groups, 17-20 one by one: six lowers, six files; the grouped layers
+  # are not stored on their own.
+  [ "$(layer_chain "$digest" | wc -l)" -eq 6 ]
+  [ "$(ls "$STORE"/images/layer-*.sqsh | wc -l)" -eq 6 ]
+  for n in 1 2; do
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert len(r["group_diff_ids"]) == 8, r'       "$STORE/images/layer-$(layer_chain "$digest" | sed -n "${n}p" | cut -d: -f2).json"
+  done
+  # The kernel's overlayfs over the six shows umoci's tree (whiteouts and an opaque directory of one
+  # group hide what another made; a loose layer deletes from a group and replaces a directory).
+  umoci raw unpack --image "$layout:latest" "$T/ref" 2>/dev/null
+  [ ! -e "$T/ref/deep/3" ] && [ ! -e "$T/ref/deep/d/x" ] && [ ! -e "$T/ref/deep/d/y" ] && [ -f "$T/ref/deep/gone" ]
+  mount_stack "$digest" "$T/merged"
+  python3 "$TREECMP" --ignore-dir-mtime "$T/ref" "$T/merged"
+  # The fuse backend stacks the same six.
+  run "$GANTRY" run --store "$STORE" --pull never --backend fuse "$REG/gantry-test/$name:latest" \
+    sh -c 'ls /deep | sort -n | tr "\n" " "; cat /deep/gone; ls -A /deep/d | wc -l'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *"1 2 4 5 6 7 8 11 12 13 14 15 16 17 18 19 d gone gone2 "* ]] || [[ $output == *"d gone gone2 1 2 4 5 6 7 8 11 12 13 14 15 16 17 18 19 "* ]]
+  [[ $output == *"file now"* ]]
+  [ "$(echo "$output" | tail -n1)" = 0 ]
+
+  # One more layer on top: the groups and loose layers are the stored ones; one blob downloaded.
+  cp -a "$layout" "$T/layout-deep2"
+  mkdir -p "$T/top/deep" && echo top >"$T/top/deep/top" && tar -C "$T/top" -cf "$T/top.tar" deep
+  python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$T/layout-deep2" latest "$T/top.tar" >/dev/null
+  skopeo copy -q --dest-tls-verify=false "oci:$T/layout-deep2:latest" "docker://$REG/gantry-test/$name-2:latest"
+  top=$(top_blob "$T/layout-deep2")
+  all_before=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" 'sha256:[0-9a-f]+')
+  run "$GANTRY" pull --layered --store "$STORE" "$REG/gantry-test/$name-2:latest"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *": 1 layers converted ("*"), 20 reused"* ]]
+  digest2=$(echo "$output" | tail -n1 | awk '{print $1}')
+  [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$top")" -eq 1 ]
+  # Two blob GETs in all: the new layer and the new image config.
+  [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" 'sha256:[0-9a-f]+')" -eq $((all_before + 2)) ]
+  [ "$(layer_chain "$digest2" | wc -l)" -eq 7 ]
+  [ "$(layer_chain "$digest2" | head -n6)" = "$(layer_chain "$digest")" ]
+  # The whole image made from the groups and layers (extract, export) is umoci's tree too.
+  run "$GANTRY" export --store "$STORE" "$REG/gantry-test/$name:latest" -o "$T/deep.sqsh"
+  [ "$status" -eq 0 ]
+  unsquashfs -q -n -d "$T/exported" "$T/deep.sqsh" >/dev/null
+  [ -z "$(find "$T/exported" -type c)" ]  # no whiteout left in the one file
+  [ -x "$T/exported/etc/rc" ] && rm "$T/exported/etc/rc" "$T/exported/etc/environment"  # Enroot's, added
+  python3 "$TREECMP" --ignore-dir-mtime "$T/ref" "$T/exported"
+}
+
+@test "a 130-layer image, deeper than a layered image stacks (128), is stored whole and says so" {
   local layout=$T/layout-deep reg=$GANTRY_TEST_REGISTRY_HTTP name=layered-deep-$RANDOM$RANDOM i
   cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
   for i in $(seq 1 129); do
@@ -334,11 +414,13 @@ PY
     python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$layout" latest "$T/deep$i.tar" --compress none >/dev/null
   done
   skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$reg/gantry-test/$name:latest"
-  run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
+  run --separate-stderr "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/gantry-test/$name:latest"
   [ "$status" -eq 0 ]
+  echo "$stderr"
+  [ "$(echo "$stderr" | grep -c 'it has 130 layers, more than the 128 a layered image stacks; storing it as one whole squashfs')" -eq 1 ]
   digest=$(echo "$output" | tail -n1 | awk '{print $1}')
-  [ "$(layer_chain "$digest" | wc -l)" -eq 130 ]
-  # The fuse backend (one server per layer): no loop devices taken from the machine for this.
+  [ -f "$STORE/images/${digest#sha256:}.sqsh" ]
+  ! ls "$STORE"/images/layer-* 2>/dev/null
   run "$GANTRY" run --store "$STORE" --pull never --backend fuse "$REG/gantry-test/$name:latest" \
     sh -c 'ls /deep | wc -l; cat /deep/1 /deep/129; test -x /bin/busybox && echo has-busybox'
   echo "$output"

@@ -1131,6 +1131,65 @@ TEST_CASE("compose: the layers in overlay form, composed into one file, give the
                     .ok());
 }
 
+TEST_CASE("groups: layers composed into one overlay-form layer stack like the layers one by one") {
+    Image img;
+    add_overlay_test_layers(img);
+    REQUIRE(img.convert().ok());
+    Tree whole = img.tree();
+    REQUIRE(img.layers.size() == 3);
+    std::vector<std::string> files;
+    for (size_t i = 0; i < img.layers.size(); ++i) {
+        const fs::path file = img.tmp.path / ("layer" + std::to_string(i) + ".sqfs");
+        REQUIRE(gantry::convert_layer_for_overlay(img.layers[i], file.string(), {}, gantry::kOverlayOpaqueXattr).ok());
+        files.push_back(file.string());
+    }
+    auto group = [&](const std::vector<std::string>& members, const std::string& name) {
+        const fs::path out = img.tmp.path / name;
+        auto r = gantry::compose_layers_for_overlay(members, out.string(), {}, gantry::kOverlayOpaqueXattr);
+        REQUIRE(r.ok());
+        return out.string();
+    };
+    auto stacked = [&](const std::vector<std::string>& lowers, const std::string& name) {
+        const fs::path out = img.tmp.path / name;
+        REQUIRE(gantry::compose_layers_to_image(lowers, out.string(), {}, {}, gantry::kOverlayOpaqueXattr).ok());
+        return unsquash(out, img.tmp.path / (name + ".d"));
+    };
+    // The top two as a group over the bottom one, the bottom two as a group under the top one, all
+    // three as one: each stack composes to the tree the layers one by one give.
+    const std::string top2 = group({files[1], files[2]}, "group12.sqfs");
+    const std::string bottom2 = group({files[0], files[1]}, "group01.sqfs");
+    const std::string all3 = group(files, "group012.sqfs");
+    {
+        INFO("layer 0 + group(1, 2)");
+        Tree got = stacked({files[0], top2}, "s1.sqfs");
+        check_same_tree(whole, got);
+    }
+    {
+        INFO("group(0, 1) + layer 2");
+        Tree got = stacked({bottom2, files[2]}, "s2.sqfs");
+        check_same_tree(whole, got);
+    }
+    {
+        INFO("group(0, 1, 2)");
+        Tree got = stacked({all3}, "s3.sqfs");
+        check_same_tree(whole, got);
+    }
+    // The group keeps its markers: the top two layers' whiteouts of lower paths are devices 0/0
+    // in it, and the directories they make opaque carry the marker.
+    Tree g = unsquash(fs::path(top2), img.tmp.path / "group12.d");
+    size_t whiteouts = 0, opaque = 0;
+    for (auto& [path, e] : g) {
+        if (e.type == 'c') ++whiteouts;
+        for (auto& [key, value] : e.xattrs)
+            if (key == gantry::kOverlayOpaqueXattr && value == "y") ++opaque;
+    }
+    CHECK(whiteouts > 0);
+    CHECK(opaque > 0);
+    CHECK_FALSE(gantry::compose_layers_for_overlay({}, (img.tmp.path / "none.sqfs").string(), {},
+                                                   gantry::kOverlayOpaqueXattr)
+                    .ok());
+}
+
 TEST_CASE("overlay form: overlayfs over each layer's image shows the tree convert_layers merges", "[root]") {
     REQUIRE(::geteuid() == 0);  // loop and overlay mounts
     Image img;
@@ -1165,6 +1224,25 @@ TEST_CASE("overlay form: overlayfs over each layer's image shows the tree conver
         mounts.push_back(merged);
         Tree stacked = read_tree(merged);
         check_same_tree(whole, stacked);
+
+        // The top two layers as one group (compose_layers_for_overlay) over the bottom layer: the
+        // kernel shows the same tree.
+        const fs::path group = dir / "group12.sqfs";
+        const fs::path group_mnt = dir / "group12";
+        REQUIRE(gantry::compose_layers_for_overlay({(dir / "layer1.sqfs").string(), (dir / "layer2.sqfs").string()},
+                                                   group.string(), {}, opaque)
+                    .ok());
+        fs::create_directories(group_mnt);
+        REQUIRE(run("mount -t squashfs -o loop,ro '" + group.string() + "' '" + group_mnt.string() + "'") == 0);
+        mounts.push_back(group_mnt.string());
+        fs::create_directories(dir / "merged-group");
+        const std::string merged_group = (dir / "merged-group").string();
+        REQUIRE(run("mount -t overlay overlay -o 'ro,lowerdir=" + group_mnt.string() + ":" + (dir / "layer0").string() +
+                    (opaque.rfind("user.", 0) == 0 ? ",userxattr" : "") + "' '" + merged_group + "'") == 0);
+        mounts.push_back(merged_group);
+        INFO("layer 0 + group(1, 2) under overlayfs");
+        Tree got = read_tree(merged_group);
+        check_same_tree(whole, got);
     }
 }
 

@@ -744,6 +744,75 @@ TEST_CASE("a published layer is found by its chain ID, and only a record that ma
     CHECK_FALSE(store.open_layer_in_use("../x").ok());
 }
 
+TEST_CASE("deep images: at most kMaxLowers lowers, runs of kLayerGroupSize from the bottom, shared by deeper tags") {
+    auto count_layers = [](const std::vector<LowerRange>& plan) {
+        size_t next = 0;
+        for (const auto& r : plan) {
+            if (r.first != next || r.end <= r.first) return size_t{0};  // contiguous, bottom up
+            next = r.end;
+        }
+        return next;
+    };
+    CHECK(plan_lowers(0).empty());
+    CHECK(plan_lowers(kMaxLayeredLayers + 1).empty());
+    for (size_t n = 1; n <= kMaxLayeredLayers; ++n) {
+        INFO(n << " layers");
+        auto plan = plan_lowers(n);
+        REQUIRE(!plan.empty());
+        CHECK(plan.size() <= kMaxLowers);
+        CHECK(count_layers(plan) == n);
+        for (const auto& r : plan) {
+            // A group starts at a multiple of the run length, and where it ends fixes where it starts
+            // (layer_group_key names a group by its top layer alone).
+            if (r.grouped) CHECK(r.first == (r.end - 1) / kLayerGroupSize * kLayerGroupSize);
+            else CHECK(r.end == r.first + 1);
+        }
+        if (n <= kMaxLowers) CHECK(plan.size() == n);  // shallow images: every layer its own lower
+    }
+    // Concrete plans: 20 layers = two runs of 8 and 4 layers; 90 (a deep NGC image) = 11 runs and 2;
+    // 127 = 15 runs and one group of the last 7.
+    CHECK(plan_lowers(20) == std::vector<LowerRange>{{0, 8, true}, {8, 16, true}, {16, 17, false}, {17, 18, false},
+                                                     {18, 19, false}, {19, 20, false}});
+    CHECK(plan_lowers(90).size() == 13);
+    CHECK(plan_lowers(90)[10] == LowerRange{80, 88, true});
+    CHECK(plan_lowers(127).size() == 16);
+    CHECK(plan_lowers(127).back() == LowerRange{120, 127, true});
+    // A tag with one more layer on the same base keeps every run of the base.
+    auto a = plan_lowers(40), b = plan_lowers(41);
+    for (size_t k = 0; k < 5; ++k) CHECK(a[k] == b[k]);
+}
+
+TEST_CASE("a layer group is named by its top layer's chain ID, and its record must reach that chain ID") {
+    TempStore t;
+    auto store = t.open();
+    auto s = fake_stack({"l0", "l1", "l2", "l3"});
+    const std::string key = layer_group_key(s.chain[3]);
+    CHECK(key != s.chain[3]);
+    CHECK(validate_digest(key).ok());
+    LayerRecord group;
+    group.chain_id = key;
+    group.parent = s.chain[1];
+    group.group_diff_ids = {s.diff_ids[2], s.diff_ids[3]};
+    group.uncompressed_bytes = 77;
+    std::string tmp = store.staging_dir(key) + ".group";
+    std::ofstream(tmp) << "group";
+    { auto fd = store.publish_layer(tmp, group); REQUIRE(fd.ok()); }
+    auto found = store.find_layer(key);
+    REQUIRE(found.has_value());
+    CHECK(found->record.group_diff_ids == group.group_diff_ids);
+    CHECK(found->record.uncompressed_bytes == 77);
+    // The layers' order, or a parent the layers do not sit on, gives another chain ID: refused.
+    LayerRecord swapped = group;
+    swapped.group_diff_ids = {s.diff_ids[3], s.diff_ids[2]};
+    std::ofstream(tmp) << "group";
+    auto refused = store.publish_layer(tmp, swapped);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().message.find("is not the group of its 2 layers") != std::string::npos);
+    LayerRecord other_parent = group;
+    other_parent.parent = s.chain[0];
+    CHECK_FALSE(store.publish_layer(tmp, other_parent).ok());
+}
+
 TEST_CASE("gc counts a layer once, keeps layers another image or a container uses, and frees the rest") {
     TempStore t;
     auto store = t.open();
