@@ -283,7 +283,8 @@ int cmd_images(const ImagesArgs& a) {
                            {"pulled_at", json_time(img.metadata.pulled_at)},
                            {"last_used", json_time(img.last_used)},
                            {"in_use", store->in_use(img.digest)},
-                           {"layers", img.layered() ? img.metadata.layer_chain.size() : size_t{0}}});
+                           {"layers", img.layered() ? img.metadata.layers.size() : size_t{0}},
+                           {"lowers", img.layered() ? img.metadata.layer_chain.size() : size_t{0}}});
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
     }

@@ -360,6 +360,9 @@ deep_layout() {
   # are not stored on their own.
   [ "$(layer_chain "$digest" | wc -l)" -eq 6 ]
   [ "$(ls "$STORE"/images/layer-*.sqsh | wc -l)" -eq 6 ]
+  run "$GANTRY" images --store "$STORE" --format json
+  python3 -c 'import json, sys; d = {i["digest"]: i for i in json.loads(sys.argv[1])}[sys.argv[2]]; assert (d["layers"], d["lowers"]) == (20, 6), d' \
+    "$output" "$digest"
   for n in 1 2; do
     python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert len(r["group_diff_ids"]) == 8, r'       "$STORE/images/layer-$(layer_chain "$digest" | sed -n "${n}p" | cut -d: -f2).json"
   done
