@@ -118,11 +118,13 @@ int check_container_paths(int fd);
 // creator), builds the container, reports, then holds the namespaces until told to stop. Never returns.
 [[noreturn]] void run_container_holder(int channel);
 
-// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER POLL_US: the fuse backend's shared image
-// server (runtime/launcher/image_server.cpp), with its report socket as descriptor 3 and its
-// directory as descriptor 4. Returns the exit status.
+// gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER POLL_US [LAYER...]:
+// the fuse backend's shared image server (runtime/launcher/image_server.cpp), with its report socket
+// as descriptor 3 and its directory as descriptor 4; with LAYERs (bottom first), the server of a
+// layered image's stack. Returns the exit status.
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
-                     const std::string& idle_seconds, const std::string& fuse_server, const std::string& poll_us);
+                     const std::string& idle_seconds, const std::string& fuse_server, const std::string& poll_us,
+                     const std::vector<std::string>& layers = {});
 
 // The holder of a running container, as recorded in its state file.
 struct ContainerState {

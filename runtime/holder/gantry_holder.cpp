@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "gantry/dropins.hpp"
 #include "gantry/launcher.hpp"
@@ -16,8 +18,9 @@ int main(int argc, char** argv) {
     // And checking a spec's user-named paths with the user's rights (Container::create, as root).
     if (argc == 2 && std::strcmp(argv[1], "--check-paths") == 0) return gantry::check_container_paths(0);
     // And serving an image to the user's fuse containers (launcher/image_server.cpp).
-    if (argc == 8 && std::strcmp(argv[1], "--serve-image") == 0)
-        return gantry::run_image_server(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7]);
+    if (argc >= 8 && std::strcmp(argv[1], "--serve-image") == 0)
+        return gantry::run_image_server(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7],
+                                        std::vector<std::string>(argv + 8, argv + argc));
     if (::fcntl(3, F_GETFD) < 0) {
         std::fputs("gantry: gantry-holder is started by gantry and the Slurm plugin, not by hand\n", stderr);
         return 2;

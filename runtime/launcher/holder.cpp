@@ -66,8 +66,8 @@ Status set_up_container(Setup& s) {
     if (s.backend == MountBackend::kernel) GANTRY_TRY(mount_image_kernel(s));  // privileged: see privileged.cpp
     GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
     if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
-    // image_server.cpp; else a daemon of our own (always, for a layered image: one per layer)
-    if (s.backend == MountBackend::fuse && s.spec->image_layers.empty()) share_fuse_image(s);
+    // image_server.cpp (a layered image: a server of its whole stack); else daemons of our own
+    if (s.backend == MountBackend::fuse) share_fuse_image(s);
     if (s.image_tree)
         GANTRY_TRY(enter_server_user_namespace(s));
     else

@@ -112,8 +112,6 @@ Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_o
     return MountBackend::extract;
 }
 
-namespace {
-
 // serve_image_with_fuse's first half: the mount and the server started, not yet waited for.
 Result<pid_t> start_fuse_server(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
                                 const Config& config) {
@@ -168,8 +166,6 @@ Status await_fuse_server(const std::string& image, const std::string& target, pi
     return make_error("mounting " + image + " with " + name + ": " + std::strerror(err) + " (daemon exit status " +
                       std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) + ")");
 }
-
-}  // namespace
 
 Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
                                     const Config& config) {

@@ -17,6 +17,12 @@
 // gantry.conf's mount_idle_seconds (at once, once unused, when the image file was deleted or
 // rebuilt), and its mount namespace, the mount and the daemon go with it.
 //
+// A layered image (ContainerSpec::image_layers) gets one server for its whole stack: the server
+// mounts each layer with a FUSE daemon of its own and stacks them with a read-only overlayfs
+// (`userxattr`, as a container's own stack) in its namespace, and hands out that overlay mount: a
+// container joins one user namespace only, so the layers' mounts must all be the server's, and the
+// stack's dentries and the layers' pages then stay warm for the next container as a whole image's do.
+//
 // Layout, all the user's own (nothing here is root's; every step runs with the user's rights):
 //   <base>                 /run/user/UID/gantry-fuse when /run/user/UID is the user's, else
 //                          /tmp/gantry-fuse-UID: a 0700 directory the user owns, or it is refused
@@ -25,7 +31,9 @@
 //   <base>/<key>/socket    the server's listening socket; the server checks each peer's uid, and the
 //                          holder checks the server's
 //   <base>/<key>/root      the mount point, used only inside the server's mount namespace
-// <key> = image_key (path, device, inode, size, mtime) + 16 hex digits of sha256 of the inner ids
+//   <base>/<key>/layer.N   a layered image's layer N (bottom 0), and an empty directory `empty` below
+// <key> = image_key (path, device, inode, size, mtime; a layered image: a hash of its layers' keys, in
+// order) + 16 hex digits of sha256 of the inner ids
 // and of /proc/self/cgroup: never shared across users (the directory is the user's), across id maps
 // (--remap-root sees the image's root-owned files as root, others as nobody) or across cgroups (a
 // server lives in the cgroup of the holder that started it; Slurm kills a step's cgroup at its end,
@@ -86,8 +94,21 @@ std::string servers_base(uid_t uid) {
     return "/tmp/gantry-fuse-" + std::to_string(uid);
 }
 
+// What a server serves, as a key: the image's, or for a layered image the hash of its layers' keys in
+// order (bottom first). A layer file deleted or rebuilt changes it.
+Result<std::string> served_key(const std::string& image, const std::vector<std::string>& layers) {
+    if (layers.empty()) return image_key(image);
+    std::string id = "fuse layer stack";
+    for (const auto& layer : layers) {
+        auto key = image_key(layer);
+        if (!key) return key.error();
+        id += '\0' + *key;
+    }
+    return digest_hex(Sha256::of(id)).substr(0, 32);
+}
+
 Result<std::string> server_key(const Setup& s) {
-    auto image = image_key(s.spec->image_path);
+    auto image = served_key(s.spec->image_path, s.spec->image_layers);
     if (!image) return image.error();
     // The server program is part of the key: changing gantry.conf's fuse_server takes effect at the
     // next container, not when an old server happens to go.
@@ -176,6 +197,7 @@ Status start_server(const Setup& s, int dir, const std::string& path) {
                   std::to_string(s.spec->config.mount_idle_seconds),
                   s.spec->config.fuse_server,
                   std::to_string(s.spec->config.fuse_poll_us)};
+    serve.argv.insert(serve.argv.end(), s.spec->image_layers.begin(), s.spec->image_layers.end());
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     // stdout/stderr /dev/null: a server outlives the `gantry run` that started it and must not keep
     // its caller's output open; its errors come back on the socket pair.
@@ -260,12 +282,19 @@ namespace gantry {
 namespace {
 
 // `ready` is closed (and set to -1) once the server listens: a later error has nobody to go to.
-Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, int idle_seconds, const Config& config,
-                   int dir, int& ready) {
+Status serve_image(const std::string& image, const std::vector<std::string>& layers, uid_t inner_uid,
+                   gid_t inner_gid, int idle_seconds, const Config& config, int dir, int& ready) {
     using namespace launcher;
     ::umask(077);
-    auto served = image_key(image);
+    auto served = served_key(image, layers);
     if (!served) return served.error();
+    // A layered image: a mount point per layer, and the empty bottom layer overlayfs needs (two lower
+    // layers at least, no upper one).
+    for (size_t i = 0; i < layers.size(); ++i)
+        if (::mkdirat(dir, ("layer." + std::to_string(i)).c_str(), 0700) != 0 && errno != EEXIST)
+            return system_error("creating a layer's mount point");
+    if (!layers.empty() && ::mkdirat(dir, "empty", 0700) != 0 && errno != EEXIST)
+        return system_error("creating the stack's empty layer");
     Identity id;
     id.uid = ::getuid();
     id.gid = ::getgid();
@@ -288,14 +317,50 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
     struct stat after {};
     if (::stat(target.c_str(), &after) != 0 || after.st_dev != before.st_dev || after.st_ino != before.st_ino)
         return make_error("the mount point " + target + " moved while the image server started");
-    auto daemon = serve_image_with_fuse(image, target, inner_uid, inner_gid, config);
-    if (!daemon) return daemon.error();
+    std::vector<pid_t> daemons;
+    // However we leave (below, or an error on the way): SIGKILL, as in the holder, since a daemon
+    // (squashfuse_ll) that exits cleanly unmounts through the file system it no longer serves. The
+    // mounts go with our mount namespace.
+    Defer end_daemons([&] {
+        for (pid_t d : daemons) ::kill(d, SIGKILL);
+        for (pid_t d : daemons) ::waitpid(d, nullptr, 0);
+    });
+    if (layers.empty()) {
+        auto daemon = serve_image_with_fuse(image, target, inner_uid, inner_gid, config);
+        if (!daemon) return daemon.error();
+        daemons.push_back(*daemon);
+    } else {
+        // Every layer's daemon started, then each waited for (they answer INIT side by side), then
+        // the stack, its lower layers named relative to the server's directory ("2:1:0:empty" keeps
+        // the options short): read-only, nosuid, nodev, `userxattr` (Linux >= 5.11, in a user namespace).
+        const std::string base = target.substr(0, target.rfind('/'));
+        for (size_t i = 0; i < layers.size(); ++i) {
+            auto daemon = start_fuse_server(layers[i], base + "/layer." + std::to_string(i), inner_uid, inner_gid, config);
+            if (!daemon) return daemon.error();
+            daemons.push_back(*daemon);
+        }
+        std::string lowers = "empty";
+        for (size_t i = 0; i < layers.size(); ++i) {
+            GANTRY_TRY(await_fuse_server(layers[i], base + "/layer." + std::to_string(i), daemons[i], config));
+            lowers = "layer." + std::to_string(i) + ":" + lowers;
+        }
+        const std::string opts = "lowerdir=" + lowers + ",userxattr";
+        if (::chdir(base.c_str()) != 0) return system_error("entering " + base);
+        int rc = ::mount("overlay", target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str());
+        int err = errno;
+        (void)!::chdir("/");
+        if (rc != 0) return system_error("stacking the " + std::to_string(layers.size()) + " layers with overlayfs", err);
+    }
     UniqueFd root(::open(target.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     UniqueFd userns(::open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC));
-    UniqueFd watch(open_pidfd(*daemon));
+    std::vector<UniqueFd> watch;  // the daemons: any that dies leaves the mount (or the stack) of no use
+    for (pid_t d : daemons) {
+        watch.emplace_back(open_pidfd(d));
+        if (!watch.back()) return system_error("watching the image server's daemons");
+    }
     UniqueFd mutex(::openat(dir, "lock", O_RDWR | O_NOFOLLOW | O_CLOEXEC));
     UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!root || !userns || !watch || !mutex || !listener) return system_error("preparing the image server");
+    if (!root || !userns || !mutex || !listener) return system_error("preparing the image server");
     sockaddr_un addr = socket_address(dir);
     if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
         ::listen(listener.get(), 64) != 0)
@@ -307,7 +372,9 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
     std::vector<UniqueFd> clients;
     time_t idle_since = ::time(nullptr);
     while (true) {
-        std::vector<pollfd> polled = {{listener.get(), POLLIN, 0}, {watch.get(), POLLIN, 0}};
+        std::vector<pollfd> polled = {{listener.get(), POLLIN, 0}};
+        for (const auto& w : watch) polled.push_back({w.get(), POLLIN, 0});
+        const size_t first_client = polled.size();
         for (const auto& c : clients) polled.push_back({c.get(), POLLIN, 0});
         int timeout = -1;
         // Idle, look again every 2 s whether the image file is still the one we serve.
@@ -317,12 +384,15 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
                       1000;
         if (::poll(polled.data(), polled.size(), timeout) < 0 && errno != EINTR) break;
         bool was_used = !clients.empty();
-        if (polled[1].revents != 0) break;  // the daemon died: the mount is of no use any more
-        for (size_t i = polled.size(); i-- > 2;) {
+        // A daemon died: the mount is of no use any more.
+        if (std::any_of(polled.begin() + 1, polled.begin() + static_cast<long>(first_client),
+                        [](const pollfd& p) { return p.revents != 0; }))
+            break;
+        for (size_t i = polled.size(); i-- > first_client;) {
             if (polled[i].revents == 0) continue;
             char b;
-            if (::recv(clients[i - 2].get(), &b, 1, MSG_DONTWAIT) <= 0)
-                clients.erase(clients.begin() + static_cast<long>(i - 2));
+            if (::recv(clients[i - first_client].get(), &b, 1, MSG_DONTWAIT) <= 0)
+                clients.erase(clients.begin() + static_cast<long>(i - first_client));
         }
         if (polled[0].revents != 0) {
             UniqueFd c(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
@@ -351,7 +421,7 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         if (was_used) idle_since = ::time(nullptr);  // the last container just left: the clock starts
         // An image deleted (gantry rm, a test's clean-up) or rebuilt since we started can never be asked
         // for again under our key: leave at once instead of after the idle time.
-        auto current = image_key(image);
+        auto current = served_key(image, layers);
         bool stale = !current || *current != *served;
         if (!stale && ::time(nullptr) < idle_since + idle_seconds) continue;
         // Idle long enough. Leave only under the lock: a holder looking for us holds it from before
@@ -365,17 +435,14 @@ Status serve_image(const std::string& image, uid_t inner_uid, gid_t inner_gid, i
         ::unlinkat(dir, "socket", 0);
         break;
     }
-    // SIGKILL: as in the holder, a daemon (squashfuse_ll) that exits cleanly unmounts through the file system
-    // it no longer serves. The mount goes with our mount namespace.
-    ::kill(*daemon, SIGKILL);
-    ::waitpid(*daemon, nullptr, 0);
-    return {};
+    return {};  // the daemons end (end_daemons)
 }
 
 }  // namespace
 
 int run_image_server(const std::string& image, const std::string& inner_uid, const std::string& inner_gid,
-                     const std::string& idle_seconds, const std::string& fuse_server, const std::string& poll_us) {
+                     const std::string& idle_seconds, const std::string& fuse_server, const std::string& poll_us,
+                     const std::vector<std::string>& layers) {
     int ready = 3;
     constexpr int dir = 4;
     if (::fcntl(ready, F_SETFD, FD_CLOEXEC) != 0 || ::fcntl(dir, F_SETFD, FD_CLOEXEC) != 0) {
@@ -386,7 +453,7 @@ int run_image_server(const std::string& image, const std::string& inner_uid, con
     Config config;
     config.fuse_server = fuse_server == "squashfuse_ll" ? "squashfuse_ll" : "gantry";
     config.fuse_poll_us = static_cast<int>(std::clamp<long>(number(poll_us), 0, 1000000));
-    auto st = serve_image(image, static_cast<uid_t>(number(inner_uid)), static_cast<gid_t>(number(inner_gid)),
+    auto st = serve_image(image, layers, static_cast<uid_t>(number(inner_uid)), static_cast<gid_t>(number(inner_gid)),
                           static_cast<int>(number(idle_seconds)), config, dir, ready);
     if (!st && ready >= 0) {
         std::string line = "error " + st.error().message + "\n";

@@ -108,6 +108,11 @@ Status fuse_accessible(const Config& config);
 // The FUSE server's program: gantry-imagefs (found beside this program, as gantry-holder is) or
 // squashfuse_ll from PATH.
 Result<std::string> fuse_server_program(const Config& config);
+// serve_image_with_fuse in two halves, so that several servers (a layered image's) start side by
+// side: the FUSE mount made and the daemon started; then the first stat, which waits for it.
+Result<pid_t> start_fuse_server(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
+                                const Config& config);
+Status await_fuse_server(const std::string& image, const std::string& target, pid_t pid, const Config& config);
 // Mounts `image` with FUSE on `target` (ids `uid`/`gid` as the mounting namespace sees them) and
 // starts the fuse_server on it; returns the daemon's pid once it serves. Needs CAP_SYS_ADMIN in the
 // user namespace owning the current mount namespace.

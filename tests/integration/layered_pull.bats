@@ -276,7 +276,7 @@ PY
   [[ $output == *"is not in the store"* ]]
 }
 
-@test "an unprivileged user runs a layered image from a store of their own with the fuse backend" {
+@test "an unprivileged user runs a layered image from a store of their own with the fuse backend, its stack from a shared server" {
   TUSER=$("$GANTRY_SOURCE_DIR/tests/harness/user.sh")
   gantry_open_fuse
   chmod 0755 "$T"
@@ -292,13 +292,30 @@ PY
   run runuser -u "$TUSER" -- "$GANTRY" run --store "$USTORE" --pull never "$REG/gantry-test/$name:latest" \
     sh -c 'cat /unique/id; id -u; grep " /bin " /proc/self/mountinfo; test -x /bin/busybox && echo has-busybox'
   echo "$output"
-  gantry_restore_fuse
   [ "$status" -eq 0 ]
   [[ $output == *"$id"* ]]
   [[ $output == *has-busybox* ]]
   [[ $output == *" - overlay "* ]]
   [ ! -e "$USTORE/images/${digest#sha256:}.sqsh" ]
-  # The servers went with the container: no gantry-imagefs of the user's is left serving a layer.
+  # The stack comes from the user's shared server (image_server.cpp): one `gantry-holder
+  # --serve-image` for the image with one gantry-imagefs per layer, which stays for the next
+  # container; a second container is served by the same server and daemons.
+  server=$(pgrep -u "$TUSER" -f 'serve-image .*layer-')
+  [ "$(echo "$server" | wc -l)" -eq 1 ]
+  daemons=$(pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" | sort)
+  [ "$(echo "$daemons" | wc -l)" -eq "$(ls "$USTORE"/images/layer-*.sqsh | wc -l)" ]
+  [ "$(echo "$daemons" | wc -l)" -eq 2 ]  # tiny's layer and the new one
+  run runuser -u "$TUSER" -- "$GANTRY" run --store "$USTORE" --pull never "$REG/gantry-test/$name:latest" \
+    sh -c 'cat /unique/id; grep " / " /proc/self/mountinfo'
+  echo "$output"
+  gantry_restore_fuse
+  [ "$status" -eq 0 ]
+  [[ $output == *"$id"* ]]
+  [ "$(pgrep -u "$TUSER" -f 'serve-image .*layer-')" = "$server" ]
+  [ "$(pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" | sort)" = "$daemons" ]
+  # Its daemons go with it (no gantry-imagefs of the user's is left serving a layer).
+  kill "$server"
+  for _ in $(seq 50); do pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" >/dev/null || break; sleep 0.1; done
   ! pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" || false
 }
 
