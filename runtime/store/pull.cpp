@@ -65,7 +65,8 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
 Result<PullResult> produce_layered(const Config& config, const ImageStore& store, const ImageReference& ref,
                                    RegistryClient& client, const std::string& digest, const ResolvedImage& image,
                                    const std::vector<std::string>& diff_ids, const std::string& platform,
-                                   PullResult result, const ProgressUpdate& update);
+                                   PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
+                                   std::atomic<uint64_t>& bytes_done);
 
 }  // namespace
 
@@ -327,7 +328,7 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
                      " a layered image stacks; storing it as one whole squashfs");
     else if (options.layered)
         return produce_layered(config, store, ref, client, digest, *image, cfg->diff_ids, options.platform.str(),
-                               std::move(result), update);
+                               std::move(result), update, cancel, bytes_done);
 
     // The staging area survives a producer that dies: its verified blobs are reused by the next one.
     auto staging = store.prepare_staging(digest);
@@ -449,7 +450,8 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
 Result<PullResult> produce_layered(const Config& config, const ImageStore& store, const ImageReference& ref,
                                    RegistryClient& client, const std::string& digest, const ResolvedImage& image,
                                    const std::vector<std::string>& diff_ids, const std::string& platform,
-                                   PullResult result, const ProgressUpdate& update) {
+                                   PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
+                                   std::atomic<uint64_t>& bytes_done) {
     const std::string context = "pulling " + ref.str() + " as layers";
     if (image.layers.empty()) return make_error(context + ": the image has no layers");
     if (diff_ids.size() != image.layers.size())
@@ -493,13 +495,14 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
             fetch[i] = true;
         }
     }
-    std::vector<Descriptor> to_fetch;
-    size_t to_convert = 0;
+    std::vector<Descriptor> to_fetch;  // bottom first, the order they are converted in
+    std::vector<size_t> fetch_slot(chain.size(), 0);
     for (size_t i = 0; i < chain.size(); ++i) {
         if (!fetch[i]) continue;
+        fetch_slot[i] = to_fetch.size();
         to_fetch.push_back(image.layers[i]);
-        ++to_convert;
     }
+    const size_t to_convert = to_fetch.size();
     // The whole stack, not only the layers fetched now: compressed layers cannot be larger than the
     // tars they expand to (as the registry client's own check for a whole image).
     if (declared > max_image_bytes)
@@ -519,17 +522,40 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     if (!staging) return staging.error().wrap(context);
     const std::string blobs_dir = *staging + "/blobs";
     GANTRY_TRY(make_directories(blobs_dir, 0755));
-    if (!to_fetch.empty()) {
-        auto fetched = client.fetch_blobs(ref, to_fetch, blobs_dir, [](size_t) {});
-        if (!fetched) return fetched.error().wrap(context);
-    }
-    update([&](PullProgress& p) { p.bytes_done = bytes_total; });
+    // The blobs download (in parallel, as for a whole image) while the layers whose blobs are in are
+    // converted: a layer waits for its own blob only. However this returns, the downloads stop
+    // (cancel) and the downloader is joined.
+    BlobBoard board(to_fetch.size());
+    Status download_status;
+    std::thread downloader;
+    if (!to_fetch.empty())
+        downloader = std::thread([&] {
+            download_status = client.fetch_blobs(ref, to_fetch, blobs_dir, [&](size_t j) { board.mark_ready(j); });
+            if (!download_status) board.fail(download_status.error());
+            board.finish();
+        });
+    std::atomic<bool> converting{true};
+    std::thread reporter([&] {
+        while (converting) {
+            update([&](PullProgress& p) { p.bytes_done = bytes_done; });
+            for (int i = 0; i < 10 && converting; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    });
+    Defer stop_threads([&] {
+        if (downloader.joinable()) {
+            cancel = true;  // a no-op once the downloads are done
+            downloader.join();
+        }
+        converting = false;
+        reporter.join();
+    });
 
     SquashfsOptions options = squashfs_options(config);
     size_t converted = 0;
     // Converts layer i into `out` (overlay form), within what is left of the image's budget (the
     // converter's limits are per image).
     auto convert = [&](size_t i, const std::string& out) -> Result<ConversionStats> {
+        if (auto ready = board.wait_for(fetch_slot[i]); !ready) return ready.error().wrap(context);
         const Descriptor& d = image.layers[i];
         ::unlink(out.c_str());
         LayerBlob blob{blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest, diff_ids[i]};
@@ -600,6 +626,9 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
         result.stats.image_bytes += image_bytes;
     }
     result.layers_reused = chain.size() - result.layers_converted;
+    if (downloader.joinable()) downloader.join();  // every blob was converted: the downloads are done
+    if (!download_status) return download_status.error().wrap(context);
+    update([&](PullProgress& p) { p.bytes_done = p.bytes_total; });
 
     update([&](PullProgress& p) { p.phase = PullProgress::Phase::publishing; });
     ImageMetadata meta;

@@ -157,6 +157,48 @@ victim_intact() {
   echo "$output" | grep -qx "tiny work dir"
 }
 
+@test "layers and a layered record planted under a public image's chain IDs: the victim never runs the attacker's files" {
+  # The attacker learns the public layered form of tiny (its record and chain IDs) from a store of
+  # their own, then plants it in the shared store with an evil squashfs under every chain ID.
+  as "$ATTACKER" "$GANTRY" pull --layered --quiet --store "$WORK/home-$ATTACKER/store" "$REG/$GANTRY_TEST_IMAGE_TINY" >/dev/null
+  own=$WORK/home-$ATTACKER/store/images
+  record=$(cd "$own" && ls | grep -v '^layer-' | grep '\.json$')
+  [ -n "$record" ]
+  attacker_layout
+  mkdir -p "$WORK/evil/work" "$WORK/evil/bin"
+  echo ATTACKER-MARKER >"$WORK/evil/work/README"
+  printf '#!/bin/sh\necho ATTACKER-MARKER\n' >"$WORK/evil/bin/cat" && chmod 0755 "$WORK/evil/bin/cat"
+  mksquashfs "$WORK/evil" "$WORK/evil.sqsh" -noappend -quiet -no-progress >/dev/null
+  chmod 0644 "$WORK/evil.sqsh"
+  as "$ATTACKER" sh -c "cp '$own/$record' '$S/images/$record' && chmod 0644 '$S/images/$record' &&
+    for j in '$own'/layer-*.json; do
+      b=\$(basename \"\$j\" .json)
+      cp \"\$j\" '$S/images/' && cp '$WORK/evil.sqsh' '$S/images/'\"\$b\".sqsh && chmod 0444 '$S/images/'\"\$b\".sqsh
+    done"
+  [ -n "$(ls "$S"/images/layer-*.sqsh)" ]
+  printf 'layered_images = yes\n' >"$GANTRY_CONFIG"
+  run as "$VICTIM" "$GANTRY" run --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY" cat /work/README
+  echo "$output"
+  [ "$status" -ne 124 ]
+  ! echo "$output" | grep -q ATTACKER-MARKER || false
+  # The genuine image, or a refusal naming the attacker's uid.
+  if [ "$status" -ne 0 ]; then
+    echo "$output" | grep -q "uid 4243"
+  else
+    echo "$output" | grep -qx "tiny work dir"
+  fi
+  # The victim's listing ignores the planted record and layers, and says why.
+  run as "$VICTIM" "$GANTRY" images --store "$S"
+  echo "$output"
+  echo "$output" | grep -q "ignoring $S/images/.*owned by uid 4243"
+  ! echo "$output" | grep -q "$GANTRY_TEST_IMAGE_TINY" || false
+  # Root's gc removes none of the victim's files, and follows nothing.
+  run timeout 60 "$GANTRY" gc --store "$S" --unused-for 0s
+  echo "$output"
+  [ "$status" -ne 124 ]
+  victim_intact
+}
+
 @test "a lock file symlinked to another user's file: the victim's and root's pulls leave the target unchanged" {
   digest=$(tiny_digest)
   hex=${digest#sha256:}
