@@ -220,6 +220,16 @@ PY
   run "$GANTRY" pull --quiet --store "$T/store2" "$REG/$GANTRY_TEST_IMAGE_TINY"
   [ "$status" -eq 0 ]
   [ -f "$T/store2/images/$hex.sqsh" ]
+  # A store that held the image whole before layered_images was set keeps serving that file: no
+  # blob fetched, no layer made (docs/store.md, whole images in a layered store).
+  printf 'layered_images = yes\n' >"$T/gantry.conf"
+  gets=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" 'sha256:[0-9a-f]+')
+  run "$GANTRY" pull --quiet --store "$T/store2" --report-fd 3 "$REG/$GANTRY_TEST_IMAGE_TINY" 3>"$T/report2"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1)" = "$GANTRY_TEST_DIGEST_TINY $T/store2/images/$hex.sqsh" ]
+  [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" 'sha256:[0-9a-f]+')" -eq "$gets" ]
+  ! ls "$T"/store2/images/layer-* 2>/dev/null
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["layers"] == [] and r["squashfs"].endswith(".sqsh"), r' "$T/report2"
 }
 
 @test "gc: removing a layered image frees its own layers and keeps those another image names" {
