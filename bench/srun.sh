@@ -4,8 +4,9 @@
 # and the cold start (image not yet in the store) with the number of registry blob requests.
 # Run as root with the harness up (tests/harness/registry.sh start; tests/images/build.sh [--big];
 # tests/harness/slurm.sh start). Usage: bench/srun.sh [IMAGE] [RUNS]   (IMAGE default gantry-test/tiny)
-# LAYERED=1 measures the same twice more with `layered_images = yes` (issue #19: the image stored as
-# layers, a store of its own, each node stacking the layers with overlayfs), in the same run.
+# LAYERED=1 measures more in the same run (issue #19: the image stored as layers, a store of its own,
+# each node stacking the layers with overlayfs): plain srun, the whole image, the layered image and
+# the layered image with fuse_shared = no, one run of each in turn; then a cold layered start.
 set -euo pipefail
 harness=${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}
 # shellcheck disable=SC1091
@@ -46,12 +47,28 @@ if [ "${LAYERED:-0}" = 1 ]; then
   printf 'store_path = %s\ninsecure_registries = %s\nlayered_images = yes\n' "$lstore" "$reg" > "$harness/gantry.conf"
   as_user srun -N3 -n12 --container-image="$reg#$image" true
   nlayers=$(find "$lstore/images" -name 'layer-*.sqsh' | wc -l)
-  plain2=$(time_runs as_user srun -N3 -n12 true | median)
-  lcont=$(time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true | median)
-  printf '%-52s %8s ms\n' "srun -N3 -n12 true (median, again)" "$plain2"
-  printf '%-52s %8s ms\n' "... --container-image, layered ($nlayers layers)" "$lcont"
-  printf '%-52s %8s ms (target: within +150 of the whole image)\n' "added per step, layered" "$((lcont - plain2))"
-  printf 'ratio layered/whole per-step overhead: %s ms vs %s ms\n' "$((lcont - plain2))" "$((cont - plain))"
+  # Interleaved, one run of each in turn, so that a change of the machine's load hits all alike:
+  # plain srun, the whole image, the layered one (its stack from the job's shared image server), and
+  # the layered one with fuse_shared = no (each container its own daemon per layer).
+  conf() { printf 'store_path = %s\ninsecure_registries = %s\n%s' "$1" "$reg" "$2" > "$harness/gantry.conf"; }
+  : >"$harness/bench-p" && : >"$harness/bench-w" && : >"$harness/bench-l" && : >"$harness/bench-lp"
+  for _ in $(seq "$runs"); do
+    runs=1 time_runs as_user srun -N3 -n12 true >>"$harness/bench-p"
+    conf "$store" ""
+    runs=1 time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true >>"$harness/bench-w"
+    conf "$lstore" $'layered_images = yes\n'
+    runs=1 time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true >>"$harness/bench-l"
+    conf "$lstore" $'layered_images = yes\nfuse_shared = no\n'
+    runs=1 time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true >>"$harness/bench-lp"
+  done
+  conf "$lstore" $'layered_images = yes\n'
+  plain2=$(median <"$harness/bench-p") whole2=$(median <"$harness/bench-w")
+  lcont=$(median <"$harness/bench-l") lpriv=$(median <"$harness/bench-lp")
+  printf '%-52s %8s ms\n' "interleaved: srun -N3 -n12 true" "$plain2"
+  printf '%-52s %8s ms (+%s)\n' "... --container-image, whole" "$whole2" "$((whole2 - plain2))"
+  printf '%-52s %8s ms (+%s)\n' "... --container-image, layered ($nlayers layers)" "$lcont" "$((lcont - plain2))"
+  printf '%-52s %8s ms (+%s)\n' "... layered, fuse_shared = no" "$lpriv" "$((lpriv - plain2))"
+  printf 'layered per-step overhead minus the whole image'"'"'s: %s ms (target: within +150)\n' "$((lcont - whole2))"
   # Cold, layered: a store of its own, emptied; one GET per blob for the three nodes.
   rm -rf "$lstore"
   install -d -m 1777 "$lstore"
