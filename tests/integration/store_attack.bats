@@ -62,6 +62,23 @@ attacker_layout() {
   as "$ATTACKER" sh -c "cd '$S' && mkdir images refs used locks staging && chmod 1777 images refs used locks staging"
 }
 
+# victim_runs_genuine_tiny REFUSAL CMD...: the victim's `gantry run` of tiny in the shared store
+# neither hangs nor shows the attacker's marker: it runs the genuine image, or fails with REFUSAL
+# (an extended regex) saying why.
+victim_runs_genuine_tiny() {
+  local refusal=$1
+  shift
+  run as "$VICTIM" "$GANTRY" run --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY" "$@"
+  echo "$output"
+  [ "$status" -ne 124 ]
+  ! echo "$output" | grep -q ATTACKER-MARKER || false
+  if [ "$status" -ne 0 ]; then
+    echo "$output" | grep -Eq "$refusal"
+  else
+    echo "$output" | grep -q "tiny work dir"
+  fi
+}
+
 victim_intact() {
   [ "$(cat "$WORK/victim/sub/precious")" = precious ]
   [ "$(cat "$WORK/victim/file")" = precious ]
@@ -133,17 +150,10 @@ victim_intact() {
   chmod 0644 "$WORK/evil.sqsh"
   as "$ATTACKER" sh -c "cp '$WORK/evil.sqsh' '$S/images/$hex.sqsh' && chmod 0444 '$S/images/$hex.sqsh' &&
     cp '$WORK/home-$ATTACKER/store/images/$hex.json' '$S/images/$hex.json' && chmod 0644 '$S/images/$hex.json'"
-  run as "$VICTIM" "$GANTRY" run --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY" cat /marker /work/README
-  echo "$output"
-  [ "$status" -ne 124 ]
-  ! echo "$output" | grep -q ATTACKER-MARKER || false
-  # It runs the genuine image or fails saying why; here the attacker's files hold the digest's names
-  # in a sticky directory, so the victim cannot publish its own and is told so.
-  if [ "$status" -ne 0 ]; then
-    echo "$output" | grep -q "gantry: .*$S/images/$hex.json: the store holds this digest from uid 4243, which it does not trust"
-  else
-    echo "$output" | grep -q "tiny work dir"
-  fi
+  # Here the attacker's files hold the digest's names in a sticky directory, so the victim cannot
+  # publish its own and is told so.
+  victim_runs_genuine_tiny "gantry: .*$S/images/$hex.json: the store holds this digest from uid 4243, which it does not trust" \
+    cat /marker /work/README
   # The victim's listing ignores the planted image and says so.
   run as "$VICTIM" "$GANTRY" images --store "$S"
   echo "$output"
@@ -177,16 +187,7 @@ victim_intact() {
     done"
   [ -n "$(ls "$S"/images/layer-*.sqsh)" ]
   printf 'layered_images = yes\n' >"$GANTRY_CONFIG"
-  run as "$VICTIM" "$GANTRY" run --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY" cat /work/README
-  echo "$output"
-  [ "$status" -ne 124 ]
-  ! echo "$output" | grep -q ATTACKER-MARKER || false
-  # The genuine image, or a refusal naming the attacker's uid.
-  if [ "$status" -ne 0 ]; then
-    echo "$output" | grep -q "uid 4243"
-  else
-    echo "$output" | grep -qx "tiny work dir"
-  fi
+  victim_runs_genuine_tiny "the store holds this layer from uid 4243, which it does not trust" cat /work/README
   # The victim's listing ignores the planted record and layers, and says why.
   run as "$VICTIM" "$GANTRY" images --store "$S"
   echo "$output"
