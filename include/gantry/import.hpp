@@ -18,6 +18,7 @@ namespace gantry {
 struct ImportOptions {
     Platform platform = Platform::host();  // for a multi-platform OCI layout
     std::vector<ImageReference> tags;      // --tag: references recorded for the image, besides RepoTags
+    bool layered = false;  // --layered (or gantry.conf's layered_images): store it as layers, as a pull would
 };
 
 struct ImportResult {

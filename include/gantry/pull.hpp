@@ -3,10 +3,12 @@
 // -> atomic publication in the store. Exactly one producer per digest across processes and nodes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "gantry/config.hpp"
 #include "gantry/reference.hpp"
@@ -59,6 +61,26 @@ struct PullResult {
     size_t layers_converted = 0;  // a layered pull: the layers it downloaded and converted
     size_t layers_reused = 0;     // a layered pull: the layers the store had already
 };
+
+// Where store_image_as_layers finds layer i's blob: `path(i, dir)`. `fetch` (a pull) downloads the
+// blobs it is given into `dir`, calling on_ready(j) once the j-th is complete and verified; without
+// it (an import) every blob is there already.
+struct LayerBlobSource {
+    std::function<Status(const std::vector<Descriptor>&, const std::string& dir, const std::function<void(size_t)>&)>
+        fetch;
+    std::function<std::string(size_t i, const std::string& dir)> path;
+};
+
+// The layered producer (docs/store.md, "Layers"; a pull or an import, holding the image's producer
+// lock): stores `layers` (bottom first, with their `diff_ids`) as the lowers plan_lowers() names,
+// converting only what the store lacks, and publishes the image's record (`meta`: references,
+// platform, manifest and config). `context` starts every error ("pulling REF as layers").
+Result<PullResult> store_image_as_layers(const Config& config, const ImageStore& store, const std::string& context,
+                                         const std::string& digest, const std::vector<Descriptor>& layers,
+                                         const std::vector<std::string>& diff_ids, ImageMetadata meta,
+                                         const LayerBlobSource& blobs, PullResult result,
+                                         const std::function<void(const std::function<void(PullProgress&)>&)>& update,
+                                         std::atomic<bool>& cancel, std::atomic<uint64_t>& bytes_done);
 
 // Makes sure the image `ref` names is in `store`, pulling and converting it if needed.
 Result<PullResult> pull_image(const Config& config, const ImageStore& store, const ImageReference& ref,

@@ -19,7 +19,7 @@ namespace {
 
 struct ImportArgs {
     std::string source, store, platform, tag;
-    bool quiet = false;
+    bool quiet = false, layered = false;
     CLI::Option *store_opt, *platform_opt, *tag_opt;
 };
 
@@ -48,6 +48,7 @@ int cmd_import(const ImportArgs& a) {
     if (!config) return fail(config.error());
     auto store = open_store(*config, store_opt.value_or(""), true);
     if (!store) return fail(store.error());
+    opts.layered = a.layered || config->layered_images;
     auto t0 = std::chrono::steady_clock::now();
     auto result = import_image(*config, *store, *source, opts);
     if (!result) return fail(result.error());
@@ -55,8 +56,8 @@ int cmd_import(const ImportArgs& a) {
     if (!quiet) {
         char buf[256];
         if (result->produced)
-            std::snprintf(buf, sizeof buf, "imported %s in %.1f s: %llu files, %s squashfs, config %s",
-                          source->str().c_str(), secs, static_cast<unsigned long long>(result->stats.files),
+            std::snprintf(buf, sizeof buf, "imported %s%s in %.1f s: %llu files, %s squashfs, config %s",
+                          source->str().c_str(), opts.layered ? " as layers" : "", secs, static_cast<unsigned long long>(result->stats.files),
                           format_bytes(result->stats.image_bytes).c_str(), result->config_digest.c_str());
         else
             std::snprintf(buf, sizeof buf, "%s is in the store already (config %s)", source->str().c_str(),
@@ -101,6 +102,8 @@ VerbRunner define_import(CLI::App& app) {
     a->platform_opt = app.add_option("--platform", a->platform, "the platform to pick from a multi-platform OCI layout")
                           ->type_name("OS/ARCH[/VARIANT]");
     app.add_flag("-q,--quiet", a->quiet, "no summary line");
+    app.add_flag("--layered", a->layered,
+                 "store it as layers (one squashfs per layer, shared with other images; gantry.conf layered_images)");
     app.add_option("SOURCE", a->source, "the local image")->required();
     return {[a] { return cmd_import(*a); }, {}};
 }

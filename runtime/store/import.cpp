@@ -8,8 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <functional>
+
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
+#include "gantry/log.hpp"
 #include "gantry/pull.hpp"
 #include "gantry/spawn.hpp"
 
@@ -134,7 +138,33 @@ Result<ImportResult> import_image(const Config& config, const ImageStore& store,
     if (!store.find(result.digest)) {
         auto lock = store.lock_producer(result.digest, std::chrono::seconds(3600));
         if (!lock) return lock.error().wrap(context);
-        if (!store.find(result.digest)) {
+        bool layered = options.layered;
+        if (layered && image->layers.size() > kMaxLayeredLayers) {
+            log::warning(context + ": it has " + std::to_string(image->layers.size()) + " layers, more than the " +
+                         std::to_string(kMaxLayeredLayers) + " a layered image stacks; storing it as one whole squashfs");
+            layered = false;
+        }
+        if (!store.find(result.digest) && layered) {
+            // As a layered pull stores it (docs/store.md, "Layers"), the layer files taken from the
+            // source (the converter checks each against its diff_id) instead of a registry.
+            std::vector<std::string> diff_ids;
+            for (const auto& b : image->blobs) diff_ids.push_back(b.diff_id);
+            ImageMetadata meta;
+            meta.references = result.references;
+            meta.platform = image->platform;
+            meta.manifest_json = image->manifest_json;
+            meta.config_json = image->config_json;
+            LayerBlobSource blobs;
+            blobs.path = [&](size_t i, const std::string&) { return image->blobs[i].path; };
+            std::atomic<bool> cancel{false};
+            std::atomic<uint64_t> bytes_done{0};
+            auto stored = store_image_as_layers(config, store, context + " as layers", result.digest, image->layers,
+                                                diff_ids, std::move(meta), blobs, {},
+                                                [](const std::function<void(PullProgress&)>&) {}, cancel, bytes_done);
+            if (!stored) return stored.error();
+            result.produced = true;
+            result.stats = stored->stats;
+        } else if (!store.find(result.digest)) {
             const std::string output = *work + "/image.sqsh";
             auto stats = convert_layers(image->blobs, output, squashfs_options(config));
             if (!stats) return stats.error().wrap(context);
@@ -154,6 +184,9 @@ Result<ImportResult> import_image(const Config& config, const ImageStore& store,
             result.stats = *stats;
         }
     }
+    // A layered image's record stands for it (as a pull prints it).
+    if (auto stored = store.find(result.digest); stored && stored->layered())
+        result.squashfs_path = store.root() + "/images/" + digest_hex(result.digest) + ".json";
     store.touch(result.digest);
     record_tags();
     return result;

@@ -62,11 +62,6 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
                                   const PullOptions& options, RegistryClient& client, const std::string& digest,
                                   PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
                                   std::atomic<uint64_t>& bytes_done);
-Result<PullResult> produce_layered(const Config& config, const ImageStore& store, const ImageReference& ref,
-                                   RegistryClient& client, const std::string& digest, const ResolvedImage& image,
-                                   const std::vector<std::string>& diff_ids, const std::string& platform,
-                                   PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
-                                   std::atomic<uint64_t>& bytes_done);
 
 }  // namespace
 
@@ -326,9 +321,22 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
         log::warning("pulling " + ref.str() + ": it has " + std::to_string(image->layers.size()) +
                      " layers, more than the " + std::to_string(kMaxLayeredLayers) +
                      " a layered image stacks; storing it as one whole squashfs");
-    else if (options.layered)
-        return produce_layered(config, store, ref, client, digest, *image, cfg->diff_ids, options.platform.str(),
-                               std::move(result), update, cancel, bytes_done);
+    else if (options.layered) {
+        ImageMetadata meta;
+        meta.references.push_back(ref.str());
+        meta.platform = options.platform.str();
+        meta.manifest_json = image->manifest_json;
+        meta.config_json = image->config_json;
+        LayerBlobSource blobs;
+        blobs.fetch = [&](const std::vector<Descriptor>& wanted, const std::string& dir,
+                          const std::function<void(size_t)>& on_ready) {
+            return client.fetch_blobs(ref, wanted, dir, on_ready);
+        };
+        blobs.path = [&](size_t i, const std::string& dir) { return dir + "/" + digest_hex(image->layers[i].digest); };
+        return store_image_as_layers(config, store, "pulling " + ref.str() + " as layers", digest, image->layers,
+                                     cfg->diff_ids, std::move(meta), blobs, std::move(result), update, cancel,
+                                     bytes_done);
+    }
 
     // The staging area survives a producer that dies: its verified blobs are reused by the next one.
     auto staging = store.prepare_staging(digest);
@@ -438,6 +446,8 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
     return publish_whole(*stats);
 }
 
+}  // namespace
+
 // The layered producer (docs/store.md, "Layers"), run while holding the image's producer lock: the
 // layers the store lacks are downloaded (in parallel, as for a whole image), each converted on its own
 // into the overlay form and published under its chain ID, one producer per layer (a layer two images
@@ -447,14 +457,14 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
 // store lacks is composed from its layers (stored ones as they are, the others converted into the
 // staging area) and published under its group key, one producer per group; its layers are not
 // published on their own (docs/store.md, "Deep images").
-Result<PullResult> produce_layered(const Config& config, const ImageStore& store, const ImageReference& ref,
-                                   RegistryClient& client, const std::string& digest, const ResolvedImage& image,
-                                   const std::vector<std::string>& diff_ids, const std::string& platform,
-                                   PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
-                                   std::atomic<uint64_t>& bytes_done) {
-    const std::string context = "pulling " + ref.str() + " as layers";
-    if (image.layers.empty()) return make_error(context + ": the image has no layers");
-    if (diff_ids.size() != image.layers.size())
+Result<PullResult> store_image_as_layers(const Config& config, const ImageStore& store, const std::string& context,
+                                         const std::string& digest, const std::vector<Descriptor>& layers,
+                                         const std::vector<std::string>& diff_ids, ImageMetadata meta,
+                                         const LayerBlobSource& blobs, PullResult result,
+                                         const std::function<void(const std::function<void(PullProgress&)>&)>& update,
+                                         std::atomic<bool>& cancel, std::atomic<uint64_t>& bytes_done) {
+    if (layers.empty()) return make_error(context + ": the image has no layers");
+    if (diff_ids.size() != layers.size())
         return make_error(context + ": the config lists no diff_ids for its layers, which name them in the store");
     const uint64_t max_image_bytes = config.limits.max_image_bytes;
     const std::vector<std::string> chain = chain_ids(diff_ids);
@@ -485,7 +495,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
         expanded = add(expanded, bytes);
         return true;
     };
-    for (const auto& d : image.layers) declared = add(declared, d.size);
+    for (const auto& d : layers) declared = add(declared, d.size);
     for (size_t e = 0; e < plan.size(); ++e) {
         if (hold_stored(e)) continue;
         missing.push_back(e);
@@ -500,7 +510,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     for (size_t i = 0; i < chain.size(); ++i) {
         if (!fetch[i]) continue;
         fetch_slot[i] = to_fetch.size();
-        to_fetch.push_back(image.layers[i]);
+        to_fetch.push_back(layers[i]);
     }
     const size_t to_convert = to_fetch.size();
     // The whole stack, not only the layers fetched now: compressed layers cannot be larger than the
@@ -528,9 +538,9 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     BlobBoard board(to_fetch.size());
     Status download_status;
     std::thread downloader;
-    if (!to_fetch.empty())
+    if (!to_fetch.empty() && blobs.fetch)
         downloader = std::thread([&] {
-            download_status = client.fetch_blobs(ref, to_fetch, blobs_dir, [&](size_t j) { board.mark_ready(j); });
+            download_status = blobs.fetch(to_fetch, blobs_dir, [&](size_t j) { board.mark_ready(j); });
             if (!download_status) board.fail(download_status.error());
             board.finish();
         });
@@ -555,10 +565,11 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     // Converts layer i into `out` (overlay form), within what is left of the image's budget (the
     // converter's limits are per image).
     auto convert = [&](size_t i, const std::string& out) -> Result<ConversionStats> {
-        if (auto ready = board.wait_for(fetch_slot[i]); !ready) return ready.error().wrap(context);
-        const Descriptor& d = image.layers[i];
+        if (blobs.fetch)
+            if (auto ready = board.wait_for(fetch_slot[i]); !ready) return ready.error().wrap(context);
+        const Descriptor& d = layers[i];
         ::unlink(out.c_str());
-        LayerBlob blob{blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest, diff_ids[i]};
+        LayerBlob blob{blobs.path(i, blobs_dir), d.media_type, d.digest, diff_ids[i]};
         options.limits.max_image_bytes = max_image_bytes - std::min(max_image_bytes, expanded);
         auto stats = convert_layer_for_overlay(blob, out, options, kOverlayOpaqueXattr);
         if (!stats) {
@@ -587,7 +598,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
             auto stats = convert(r.first, tmp);
             if (!stats) return stats.error();
             record.diff_id = diff_ids[r.first];
-            record.blob_digest = image.layers[r.first].digest;
+            record.blob_digest = layers[r.first].digest;
             record.uncompressed_bytes = stats->uncompressed_bytes;
             image_bytes = stats->image_bytes;
         } else {
@@ -631,12 +642,7 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     update([&](PullProgress& p) { p.bytes_done = p.bytes_total; });
 
     update([&](PullProgress& p) { p.phase = PullProgress::Phase::publishing; });
-    ImageMetadata meta;
-    meta.references.push_back(ref.str());
-    meta.platform = platform;
-    meta.manifest_json = image.manifest_json;
-    meta.config_json = image.config_json;
-    meta.layers = image.layers;
+    meta.layers = layers;
     meta.compressor = config.compressor;
     meta.block_size = config.block_size;
     meta.layer_chain = keys;
@@ -647,7 +653,5 @@ Result<PullResult> produce_layered(const Config& config, const ImageStore& store
     update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
     return result;
 }
-
-}  // namespace
 
 }  // namespace gantry

@@ -120,6 +120,36 @@ imported() {
   [[ "$output" == "gantry: importing oci:$T/layout:v2: "*"no image tagged 'v2' (tags: v1)" ]]
 }
 
+@test "import --layered: the layers of a layered pull of the same image, shared with it; the stack is umoci's tree" {
+  skopeo_to "$GANTRY_TEST_IMAGE_LAYERS" "oci:$T/layout:v1"
+  imported "oci:$T/layout:v1" --layered
+  [ "$DIGEST" = "$GANTRY_TEST_DIGEST_LAYERS" ]
+  [ "$SQSH" = "$T/imported/images/${DIGEST#sha256:}.json" ]
+  [[ $stderr == *"imported oci:$T/layout:v1 as layers in "* ]]
+  [ ! -e "$T/imported/images/${DIGEST#sha256:}.sqsh" ]
+  chain=$(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["layer_chain"]))' "$SQSH")
+  n=$(python3 -c 'import json, sys; print(len(json.loads(json.load(open(sys.argv[1]))["manifest"])["layers"]))' "$SQSH")
+  [ "$(echo $chain | wc -w)" -eq "$n" ]
+  # A layered pull of the same image names the same layer files: nothing is downloaded or converted.
+  gets=$("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" 'sha256:[0-9a-f]+')
+  run "$GANTRY" pull --layered --quiet --store "$T/imported" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
+  [ "$status" -eq 0 ]
+  [ "$("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" 'sha256:[0-9a-f]+')" -eq "$gets" ]
+  # The whole image made from the imported layers (export) is umoci's tree.
+  run "$GANTRY" export --store "$T/imported" "$DIGEST" -o "$T/exported.sqsh"
+  [ "$status" -eq 0 ]
+  rm -rf "$T/a"
+  unsquashfs -q -n -d "$T/a" "$T/exported.sqsh" >/dev/null
+  rm "$T/a/etc/rc" "$T/a/etc/environment"
+  python3 "$TREECMP" --ignore-dir-mtime "$GANTRY_TEST_REF_LAYERS" "$T/a"
+  # gantry.conf's layered_images = yes makes a plain import store layers too.
+  skopeo_to "$GANTRY_TEST_IMAGE_TINY" "oci:$T/tiny:v1"
+  printf 'layered_images = yes\n' >>"$T/gantry.conf"
+  imported "oci:$T/tiny:v1"
+  [ "$SQSH" = "$T/imported/images/${DIGEST#sha256:}.json" ]
+  [ ! -e "$T/imported/images/${DIGEST#sha256:}.sqsh" ]
+}
+
 @test "docker-archive and oci-archive made by skopeo: same config digest and tree as the pull" {
   for img in LAYERS ZSTD DEBIAN; do
     name_var=GANTRY_TEST_IMAGE_$img
