@@ -175,6 +175,21 @@ Result<pid_t> serve_image_with_fuse(const std::string& image, const std::string&
     return *pid;
 }
 
+Status serve_layers_with_fuse(const std::vector<std::string>& layers, const std::vector<std::string>& dirs, uid_t uid,
+                              gid_t gid, const Config& config, std::vector<pid_t>& daemons) {
+    // Every server started first, then each waited for: they open their layers and answer INIT side by
+    // side (a step's start-up pays for about one, not one per layer).
+    const size_t first = daemons.size();
+    for (size_t i = 0; i < layers.size(); ++i) {
+        auto pid = start_fuse_server(layers[i], dirs[i], uid, gid, config);
+        if (!pid) return pid.error();
+        daemons.push_back(*pid);
+    }
+    for (size_t i = 0; i < layers.size(); ++i)
+        GANTRY_TRY(await_fuse_server(layers[i], dirs[i], daemons[first + i], config));
+    return {};
+}
+
 namespace {
 
 // A layered image (ContainerSpec::image_layers) with the fuse backend: one server of the container's
@@ -186,15 +201,7 @@ Status mount_layers_fuse(Setup& s) {
     const auto& layers = s.spec->image_layers;
     auto dirs = make_layer_dirs(s);
     if (!dirs) return dirs.error();
-    // Every server started first, then each waited for: they open their layers and answer INIT side by
-    // side (a step's start-up pays for about one, not one per layer).
-    for (size_t i = 0; i < layers.size(); ++i) {
-        auto pid = start_fuse_server(layers[i], (*dirs)[i], s.id.inner_uid, s.id.inner_gid, s.spec->config);
-        if (!pid) return pid.error();
-        s.layer_daemons.push_back(*pid);
-    }
-    for (size_t i = 0; i < layers.size(); ++i)
-        GANTRY_TRY(await_fuse_server(layers[i], (*dirs)[i], s.layer_daemons[i], s.spec->config));
+    GANTRY_TRY(serve_layers_with_fuse(layers, *dirs, s.id.inner_uid, s.id.inner_gid, s.spec->config, s.layer_daemons));
     return mount_layer_stack(s, *dirs);  // in a user namespace: Linux >= 5.11
 }
 

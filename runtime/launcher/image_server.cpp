@@ -330,26 +330,16 @@ Status serve_image(const std::string& image, const std::vector<std::string>& lay
         if (!daemon) return daemon.error();
         daemons.push_back(*daemon);
     } else {
-        // Every layer's daemon started, then each waited for (they answer INIT side by side), then
-        // the stack, its lower layers named relative to the server's directory ("2:1:0:empty" keeps
-        // the options short): read-only, nosuid, nodev, `userxattr` (Linux >= 5.11, in a user namespace).
+        // Every layer's server (side by side), then the stack of them, named relative to the server's
+        // directory: read-only, nosuid, nodev, `userxattr` (Linux >= 5.11, in a user namespace).
         const std::string base = target.substr(0, target.rfind('/'));
+        std::vector<std::string> names, dirs;
         for (size_t i = 0; i < layers.size(); ++i) {
-            auto daemon = start_fuse_server(layers[i], base + "/layer." + std::to_string(i), inner_uid, inner_gid, config);
-            if (!daemon) return daemon.error();
-            daemons.push_back(*daemon);
+            names.push_back("layer." + std::to_string(i));
+            dirs.push_back(base + "/" + names.back());
         }
-        std::string lowers = "empty";
-        for (size_t i = 0; i < layers.size(); ++i) {
-            GANTRY_TRY(await_fuse_server(layers[i], base + "/layer." + std::to_string(i), daemons[i], config));
-            lowers = "layer." + std::to_string(i) + ":" + lowers;
-        }
-        const std::string opts = "lowerdir=" + lowers + ",userxattr";
-        if (::chdir(base.c_str()) != 0) return system_error("entering " + base);
-        int rc = ::mount("overlay", target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str());
-        int err = errno;
-        (void)!::chdir("/");
-        if (rc != 0) return system_error("stacking the " + std::to_string(layers.size()) + " layers with overlayfs", err);
+        GANTRY_TRY(serve_layers_with_fuse(layers, dirs, inner_uid, inner_gid, config, daemons));
+        GANTRY_TRY(stack_layers(base, names, target, image));
     }
     UniqueFd root(::open(target.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     UniqueFd userns(::open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC));

@@ -113,6 +113,10 @@ Result<std::string> fuse_server_program(const Config& config);
 Result<pid_t> start_fuse_server(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
                                 const Config& config);
 Status await_fuse_server(const std::string& image, const std::string& target, pid_t pid, const Config& config);
+// One started server per layer (layers[i] on dirs[i]), all started before any is waited for; each
+// started daemon's pid is appended to `daemons` as soon as it runs, so the caller ends them on error.
+Status serve_layers_with_fuse(const std::vector<std::string>& layers, const std::vector<std::string>& dirs, uid_t uid,
+                              gid_t gid, const Config& config, std::vector<pid_t>& daemons);
 // Mounts `image` with FUSE on `target` (ids `uid`/`gid` as the mounting namespace sees them) and
 // starts the fuse_server on it; returns the daemon's pid once it serves. Needs CAP_SYS_ADMIN in the
 // user namespace owning the current mount namespace.
@@ -124,6 +128,12 @@ Status mount_image_fuse(Setup& s);  // a private daemon for this container (the 
 // mounted at image_dir (`userxattr`: the form the store's layers mark opaque directories in).
 Result<std::vector<std::string>> make_layer_dirs(Setup& s);
 Status mount_layer_stack(Setup& s, const std::vector<std::string>& dirs);
+// The read-only overlayfs of `names` (directories below `base`, bottom first, over `base`/empty) at
+// `target`; the lower layers are named relative to `base` to keep the options short. `what` names
+// the image in errors.
+Status stack_layers(const std::string& base, const std::vector<std::string>& names, const std::string& target,
+                    const std::string& what);
+
 Status extract_image(Setup& s);
 
 // image_server.cpp: one FUSE server per (user, image, inner ids, cgroup), shared by that user's containers.

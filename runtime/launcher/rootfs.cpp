@@ -236,25 +236,32 @@ bool kernel_stacks_layers() {
 
 namespace gantry::launcher {
 
-Status mount_layer_stack(Setup& s, const std::vector<std::string>& dirs) {
-    // The lower layers by their names in staging/layers ("2:1:0:empty"), which the kernel resolves
-    // against our working directory: the mount's options are one page (4 KiB), which full paths would
-    // fill at about a hundred layers; overlayfs itself takes up to 500.
-    const std::string base = s.staging + "/layers";
-    std::string lowers;
-    for (const auto& dir : dirs) lowers = dir.substr(base.size() + 1) + ":" + lowers;  // top layer first
-    // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
-    std::string opts = "lowerdir=" + lowers + "empty,userxattr";
+Status stack_layers(const std::string& base, const std::vector<std::string>& names, const std::string& target,
+                    const std::string& what) {
+    // The lower layers by their names below `base` ("2:1:0:empty"), which the kernel resolves against
+    // our working directory: the mount's options are one page (4 KiB), which full paths would fill at
+    // about a hundred layers; overlayfs itself takes up to 500. An empty directory at the bottom:
+    // overlayfs needs two lower layers without an upper one.
+    std::string lowers = "empty";
+    for (const auto& name : names) lowers = name + ":" + lowers;  // top layer first
+    const std::string opts = "lowerdir=" + lowers + ",userxattr";
     UniqueFd here(::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!here || ::chdir(base.c_str()) != 0) return system_error("entering " + base);
-    int rc = ::mount("overlay", s.image_dir.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str());
+    int rc = ::mount("overlay", target.c_str(), "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts.c_str());
     int err = errno;
     if (::fchdir(here.get()) != 0) return system_error("returning from " + base);
     if (rc != 0)
-        return system_error("stacking the " + std::to_string(dirs.size()) + " layers of " + s.spec->image_path +
-                                " with overlayfs at " + s.image_dir,
+        return system_error("stacking the " + std::to_string(names.size()) + " layers of " + what +
+                                " with overlayfs at " + target,
                             err);
     return {};
+}
+
+Status mount_layer_stack(Setup& s, const std::vector<std::string>& dirs) {
+    const std::string base = s.staging + "/layers";
+    std::vector<std::string> names;
+    for (const auto& dir : dirs) names.push_back(dir.substr(base.size() + 1));
+    return stack_layers(base, names, s.image_dir, s.spec->image_path);
 }
 
 // Where the writable layer lives: with --writable, a directory of the user's in scratch_path (local
