@@ -54,8 +54,8 @@ struct Config {
     // fuse backend: serve an image to all of a user's containers from one server per node
     // (runtime/launcher/image_server.cpp), which lives mount_idle_seconds after its last container.
     bool fuse_shared = true;
-    // Store newly pulled images as layers (docs/store.md, "Layers"; issue #19, in progress): gantry
-    // pull/run and the plugin's pulls then convert only the layers the store lacks.
+    // Store newly pulled images as layers (docs/store.md, "Layers"; issue #19): gantry pull/run,
+    // gantry import and the plugin's pulls then convert only the layers the store lacks.
     bool layered_images = false;
     // fuse backend: the program that serves an image: gantry (gantry-imagefs, runtime/imagefs) or
     // squashfuse_ll (Debian's squashfuse, the fallback).

@@ -428,8 +428,8 @@ VerbRunner define_pull(CLI::App& app) {
                       ->type_name("always|missing|never");
     app.add_flag("-q,--quiet", a->quiet, "no progress");
     app.add_flag("--layered", a->layered,
-                 "store the image as layers, converting only those the store lacks\n"
-                 "(issue #19, in progress: such images cannot run yet; docs/store.md)");
+                 "store the image as layers (one squashfs per layer, shared with other\n"
+                 "images), converting only those the store lacks (gantry.conf layered_images)");
     // Hidden (group ""): the plugin's side of a pull (plugin/pull.cpp): the typed report
     // (include/gantry/pull_report.hpp) and the two halves of a pull into a trusted store (see
     // credentials_to_json).
