@@ -78,9 +78,11 @@ Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, con
 // layer has no entry for (its root included) get root-owned 0755 attributes, which overlayfs shows
 // in place of a lower layer's: compose with it only layers whose tars list their directories, or
 // key such a layer by the stack below it. Limits and errors as for convert_layers.
+// `breach` as for convert_layers.
 Result<ConversionStats> convert_layer_for_overlay(const LayerBlob& layer, const std::string& output,
                                                   const SquashfsOptions& options,
-                                                  const std::string& opaque_xattr = "trusted.overlay.opaque");
+                                                  const std::string& opaque_xattr = "trusted.overlay.opaque",
+                                                  std::optional<LimitBreach>* breach = nullptr);
 
 // A file to add to an image: its path inside the image ("/etc/rc"), content and permission bits;
 // owned by root, modified now.

@@ -418,8 +418,9 @@ Result<ConversionStats> convert_layers(const std::vector<LayerBlob>& layers, con
 }
 
 Result<ConversionStats> convert_layer_for_overlay(const LayerBlob& layer, const std::string& output,
-                                                  const SquashfsOptions& options, const std::string& opaque_xattr) {
-    return without_exceptions(output, [&] { return convert({layer}, output, options, {}, nullptr, &opaque_xattr); });
+                                                  const SquashfsOptions& options, const std::string& opaque_xattr,
+                                                  std::optional<LimitBreach>* breach) {
+    return without_exceptions(output, [&] { return convert({layer}, output, options, {}, breach, &opaque_xattr); });
 }
 
 }  // namespace gantry

@@ -571,9 +571,13 @@ Result<PullResult> store_image_as_layers(const Config& config, const ImageStore&
         ::unlink(out.c_str());
         LayerBlob blob{blobs.path(i, blobs_dir), d.media_type, d.digest, diff_ids[i]};
         options.limits.max_image_bytes = max_image_bytes - std::min(max_image_bytes, expanded);
-        auto stats = convert_layer_for_overlay(blob, out, options, kOverlayOpaqueXattr);
+        std::optional<LimitBreach> breach;
+        auto stats = convert_layer_for_overlay(blob, out, options, kOverlayOpaqueXattr, &breach);
         if (!stats) {
             ::unlink(out.c_str());
+            // A downloaded blob over a limit is intact but useless: a resumed pull must not convert
+            // it again. (An import's blobs are the source's files: they stay.)
+            if (breach && blobs.fetch) ::unlink(blob.path.c_str());
             return stats.error().wrap(context);
         }
         expanded = add(expanded, stats->uncompressed_bytes);
