@@ -90,6 +90,55 @@ gantry_sha256() {
   echo "sha256:$(sha256sum "$1" | cut -d' ' -f1)"
 }
 
+# gantry_image_stored STORE DIGEST: the store holds the image complete, in either form: its whole
+# squashfs (images/<hex>.sqsh), or its record as an image stored as layers (gantry.conf's
+# layered_images, the default) and the file of every layer it names (images/layer-<chain hex>.sqsh;
+# the test images are shallower than a layer group, docs/store.md "Deep images").
+gantry_image_stored() {
+  local images=$1/images hex=${2#sha256:}
+  [ -f "$images/$hex.sqsh" ] && return 0
+  [ -f "$images/$hex.json" ] || return 1
+  python3 - "$images" "$hex" <<'EOF2'
+import json, os, sys
+images, hex_ = sys.argv[1], sys.argv[2]
+chain = json.load(open(f"{images}/{hex_}.json")).get("layer_chain", [])
+sys.exit(0 if chain and all(os.path.isfile(f"{images}/layer-{c.split(':')[-1]}.sqsh") for c in chain) else 1)
+EOF2
+}
+
+# gantry_image_tree PATH DIR: a stored image's tree at DIR, from the path `gantry pull` or `gantry
+# import` printed: a whole squashfs is unpacked there (unsquashfs); for an image record (an image
+# stored as layers) each layer is loop-mounted read-only and overlayfs stacks them at DIR (userxattr,
+# as Gantry's backends do), the mounts appended to GANTRY_MOUNTS (gantry_unmount_all undoes them).
+# Root only; DIR must hold no ':' or ','; the test images are shallower than a layer group.
+gantry_image_tree() {
+  local path=$1 dir=$2 chain lowers="" m n=0
+  if [[ $path == *.sqsh ]]; then
+    unsquashfs -q -n -d "$dir" "$path" >/dev/null
+    return
+  fi
+  mkdir -p "$dir" "$dir.empty"
+  while read -r chain; do
+    m=$dir.layer$n
+    mkdir -p "$m"
+    mount -t squashfs -o loop,ro "${path%/*}/layer-${chain#sha256:}.sqsh" "$m"
+    GANTRY_MOUNTS+=("$m")
+    lowers="$m${lowers:+:$lowers}"
+    n=$((n + 1))
+  done < <(python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["layer_chain"]))' "$path")
+  mount -t overlay overlay -o "ro,userxattr,lowerdir=$lowers:$dir.empty" "$dir"
+  GANTRY_MOUNTS+=("$dir")
+}
+
+# gantry_unmount_all: unmounts what gantry_image_tree mounted, the stacks before their layers.
+gantry_unmount_all() {
+  local i
+  for ((i = ${#GANTRY_MOUNTS[@]} - 1; i >= 0; i--)); do
+    mountpoint -q "${GANTRY_MOUNTS[$i]}" && umount "${GANTRY_MOUNTS[$i]}"
+  done
+  GANTRY_MOUNTS=()
+}
+
 # gantry_fresh_image WORKDIR NAME [PAYLOAD_BYTES]: pushes gantry-test/NAME to the open registry: tiny
 # plus one layer with a unique file (and optionally that many random bytes), so its digest is new and
 # no store has it yet. Prints the manifest digest.

@@ -30,9 +30,11 @@ setup() {
   printf 'insecure_registries = %s\n' "$REG" > "$T/gantry.conf"
   chmod 0644 "$T/gantry.conf"
   export GANTRY_CONFIG=$T/gantry.conf
+  GANTRY_MOUNTS=()
 }
 
 teardown() {
+  gantry_unmount_all
   rm -rf "$T"
 }
 
@@ -65,7 +67,8 @@ registry_config() {
   skopeo inspect --raw --tls-verify=false "docker://$REG/$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["config"]["digest"])'
 }
 
-# pulled IMAGE: pulls it into $T/pulled; sets PULLED_DIGEST and PULLED_SQSH.
+# pulled IMAGE: pulls it into $T/pulled; sets PULLED_DIGEST and PULLED_SQSH (the path pull printed:
+# the image's squashfs, or its record when it is stored as layers).
 pulled() {
   run "$GANTRY" pull --quiet --store "$T/pulled" "$REG/$1"
   echo "$output"
@@ -74,15 +77,16 @@ pulled() {
   PULLED_SQSH=$(echo "$output" | tail -n1 | awk '{print $2}')
 }
 
-# same_tree SQSH_A SQSH_B: both unsquashfs'd trees are identical (treecmp, mtimes included).
+# same_tree PATH_A PATH_B: the two stored images' trees (gantry_image_tree) are identical (treecmp,
+# mtimes included).
 same_tree() {
-  rm -rf "$T/a" "$T/b"
-  unsquashfs -q -n -d "$T/a" "$1" >/dev/null
-  unsquashfs -q -n -d "$T/b" "$2" >/dev/null
-  python3 "$TREECMP" "$T/a" "$T/b"
+  local a=$T/a.$RANDOM$RANDOM b=$T/b.$RANDOM$RANDOM
+  gantry_image_tree "$1" "$a"
+  gantry_image_tree "$2" "$b"
+  python3 "$TREECMP" "$a" "$b"
 }
 
-# imported SOURCE [OPTIONS...]: imports into $T/imported; sets DIGEST and SQSH.
+# imported SOURCE [OPTIONS...]: imports into $T/imported; sets DIGEST and SQSH (as PULLED_SQSH).
 imported() {
   local source=$1
   shift
@@ -106,7 +110,7 @@ imported() {
   [ "$(config_digest "$T/pulled" "$PULLED_DIGEST")" = "$want" ]
   same_tree "$PULLED_SQSH" "$SQSH"
   rm -rf "$T/a"
-  unsquashfs -q -n -d "$T/a" "$SQSH" >/dev/null
+  gantry_image_tree "$SQSH" "$T/a"
   python3 "$TREECMP" --ignore-dir-mtime "$GANTRY_TEST_REF_LAYERS" "$T/a"
   # The work area is gone; importing again finds the image stored.
   [ -z "$(ls -A "$T/imported/staging")" ]
@@ -289,7 +293,7 @@ EOF
   grep -q "exec '/usr/local/bin/gantry-entrypoint' '/bin/sh' '-c'" <<< "$output"
   # Everything else is the stored image's tree, unchanged (owners, modes, mtimes, contents).
   rm -rf "$T/a" "$T/b"
-  unsquashfs -q -n -d "$T/a" "$PULLED_SQSH" >/dev/null
+  gantry_image_tree "$PULLED_SQSH" "$T/a"
   unsquashfs -q -n -d "$T/b" "$T/tiny.sqsh" >/dev/null
   rm -f "$T/b/etc/environment" "$T/b/etc/rc"
   python3 "$TREECMP" --ignore-dir-mtime "$T/a" "$T/b"

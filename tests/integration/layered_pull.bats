@@ -168,19 +168,21 @@ PY
   [ -d "$T/merged/bin" ]
 }
 
-@test "an image stored as layers: a plain pull makes its whole squashfs from the layers, downloading nothing; --pull=never does not count the layers for it" {
+@test "an image stored as layers: a pull with layered_images = no makes its whole squashfs from the layers, downloading nothing; --pull=never does not count the layers for it" {
   run "$GANTRY" pull --layered --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
   [ "$status" -eq 0 ]
   hex=${GANTRY_TEST_DIGEST_LAYERS#sha256:}
   [ ! -e "$STORE/images/$hex.sqsh" ]
-  # Stored layers do not satisfy a plain pull, even under --pull=never's "is it stored" question.
-  run "$GANTRY" pull --quiet --pull never --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
+  # Stored layers do not satisfy a pull of whole images, even under --pull=never's "is it stored"
+  # question.
+  printf 'layered_images = no\n' >"$T/whole.conf"
+  run env GANTRY_CONFIG="$T/whole.conf" "$GANTRY" pull --quiet --pull never --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
   [ "$status" -ne 0 ]
   [[ $output == *"is not in the store"* ]]
   blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/${GANTRY_TEST_IMAGE_LAYERS%:*}/manifests/latest" | jq -r '.layers[].digest')
   declare -A before
   for b in $blobs; do before[$b]=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
-  run "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
+  run env GANTRY_CONFIG="$T/whole.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/$GANTRY_TEST_IMAGE_LAYERS"
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | tail -n1)" = "$GANTRY_TEST_DIGEST_LAYERS $STORE/images/$hex.sqsh" ]

@@ -234,9 +234,9 @@ blob_gets() {
   less_than 90
   nodes_healthy
   # No image was published, nothing half-written is left where readers look, and nobody holds the lock.
-  [ ! -e "$STORE/images/$hex.sqsh" ]
+  ! gantry_image_stored "$STORE" "$hex" || false
   [ ! -e "$STORE/images/$hex.json" ]
-  [ "$(find "$STORE/staging" -name 'image.sqsh.*' | wc -l)" -eq 0 ]
+  [ "$(find "$STORE/staging" -name '*.sqsh.*' | wc -l)" -eq 0 ]
   flock -n "$STORE/locks/$hex.lock" true
 
   # The registry comes back (same storage): the same srun now succeeds and publishes the image.
@@ -246,7 +246,7 @@ blob_gets() {
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -c "^$digest$")" -eq 3 ]
-  [ -e "$STORE/images/$hex.sqsh" ]
+  gantry_image_stored "$STORE" "$hex"
   [ ! -e "$STORE/staging/$hex" ]
   nodes_healthy
 }
@@ -257,7 +257,7 @@ blob_gets() {
   run as_user timeout 120 srun -N3 -n3 --container-image="$image" true
   echo "$output"
   [ "$status" -eq 0 ]
-  [ -e "$STORE/images/${digest#sha256:}.sqsh" ]
+  gantry_image_stored "$STORE" "$digest"
 
   kill -9 "$(cat "$WORK/gone/pid")"
   # Nothing answers on the port any more: a request would fail, so every success below ran from the store.
@@ -330,7 +330,7 @@ blob_gets() {
   # ... and the other two nodes took over the pull without a human and ran their tasks.
   [ "$(grep -c "^ran .* $digest$" "$WORK/kill.out")" -eq 2 ]
   [ "$(grep -c "^ran $producer_node " "$WORK/kill.out")" -eq 0 ]
-  [ -e "$STORE/images/$hex.sqsh" ]
+  gantry_image_stored "$STORE" "$hex"
   [ ! -e "$STORE/staging/$hex" ]
   nodes_healthy
 
@@ -408,7 +408,7 @@ resumed_step() {
   echo "# scancel mid-pull: nodes idle, producer lock free ${ELAPSED} s after scancel" >&3
   less_than 20
   [ "$(cat "/proc/${holder##*:}/comm" 2>/dev/null)" != gantry ]
-  [ ! -e "$STORE/images/$HEX.sqsh" ]
+  ! gantry_image_stored "$STORE" "$HEX" || false
   ! grep -q "^ran " "$WORK/cancel.out" || false
   nodes_healthy
   unshape_link
@@ -450,7 +450,7 @@ EOF_JOB
   ! grep -q "^ran " "$WORK/job.out" || false
   # The allocation was not harmed: the script's next step ran on all three nodes.
   [ "$(grep -c "^host step " "$WORK/job.out")" -eq 3 ]
-  [ ! -e "$STORE/images/$HEX.sqsh" ]
+  ! gantry_image_stored "$STORE" "$HEX" || false
   nodes_healthy
   unshape_link
   resumed_step
@@ -519,7 +519,7 @@ producer_node_crash() {
   [ "$(grep -c "^ran $CRASHED_NODE " "$WORK/crash.out")" -eq 0 ]
   # Either both took over and ran, and the image is there; or Slurm ended the whole step first.
   [ "$ran" -eq 2 ] || [ "$ran" -eq 0 ]
-  if [ "$ran" -eq 2 ]; then [ -e "$STORE/images/$hex.sqsh" ]; fi
+  if [ "$ran" -eq 2 ]; then gantry_image_stored "$STORE" "$hex"; fi
   # Neither way leaves a producer behind. When Slurm ended the step first, a survivor was still pulling
   # in slurmstepd (slurm_spank_init_post_opt, before the tasks exist): the plugin sees slurmstepd hold
   # the kill request and stops that pull, so the survivors leave `completing` within seconds. Measured
@@ -542,7 +542,7 @@ producer_node_crash() {
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -c "^ran .* $digest$")" -eq 2 ]
-  [ -e "$STORE/images/$hex.sqsh" ]
+  gantry_image_stored "$STORE" "$hex"
   [ -e "$STORE/images/$hex.json" ]
   # A staging area may only be left if no one holds its lock; `gantry gc` then reclaims it (docs/store.md).
   if [ -e "$STORE/staging/$hex" ]; then
@@ -552,7 +552,7 @@ producer_node_crash() {
     runuser -u "$U" -- "$GANTRY_BUILD_DIR/runtime/gantry" gc --store "$STORE"
     [ ! -e "$STORE/staging/$hex" ]
   fi
-  [ "$(find "$STORE/staging" -name 'image.sqsh.*' | wc -l)" -eq 0 ]
+  [ "$(find "$STORE/staging" -name '*.sqsh.*' | wc -l)" -eq 0 ]
   # Every blob of the image crossed the network at most once per interrupted download plus once: twice
   # when the survivors finished (the crashed producer's part, the rest); when Slurm ended the step, up to
   # four: the survivor that had taken over was stopped too, and the other survivor, waiting for the lock,

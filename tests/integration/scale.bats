@@ -140,7 +140,7 @@ blob_gets() { "$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_
   new_holder=
   for ((i = 0; i < 1200; i++)); do
     [ -n "$new_holder" ] || { new_holder=$(head -n1 "$STORE/locks/$hex.lock" 2>/dev/null || true); [ "$new_holder" != "$holder" ] || new_holder=; }
-    [ -e "$STORE/images/$hex.sqsh" ] && break
+    gantry_image_stored "$STORE" "$hex" && break
     sleep 0.1
   done
   t_image=$(date +%s%N)
@@ -153,7 +153,7 @@ blob_gets() { "$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_
   # Another node took the lock and published the image.
   [ -n "$new_holder" ]
   [ "${new_holder%%:*}" != "$CRASHED_NODE" ]
-  [ -e "$STORE/images/$hex.sqsh" ]
+  gantry_image_stored "$STORE" "$hex"
   # Every rank on the surviving nodes ran in the image; none on the crashed node.
   ranks=$(grep '^ran ' "$WORK/crash.out" || true)
   [ "$(echo "$ranks" | awk -v d="$digest" '$5 == d && $6 == "image"' | wc -l)" -eq $(((SCALE_NODES - 1) * SCALE_TASKS)) ]

@@ -80,10 +80,13 @@ nodes_idle() {
   [ "$(echo "$output" | grep -c '^tiny work dir$')" -eq 2 ]
   ! echo "$output" | grep -q trojan || false
   # The image is in the job user's own store, found through the account database, owned by the user.
-  [ -f "$UHOME/.cache/gantry/images/$hex.sqsh" ]
-  [ "$(stat -c %U "$UHOME/.cache/gantry/images/$hex.sqsh")" = "$U" ]
+  # (Stored whole or as layers: its record and its squashfs files, all the user's.)
+  gantry_image_stored "$UHOME/.cache/gantry" "$hex"
+  [ "$(stat -c %U "$UHOME/.cache/gantry/images/$hex.json")" = "$U" ]
+  [ -z "$(find "$UHOME/.cache/gantry/images" -name '*.sqsh' ! -user "$U")" ]
   # Nothing was created in root's home.
   [ ! -e /root/.cache/gantry/images/$hex.sqsh ]
+  [ ! -e /root/.cache/gantry/images/$hex.json ]
   echo "planted /tmp/.cache before: $planted_before"
 }
 
