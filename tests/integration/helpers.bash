@@ -92,8 +92,8 @@ gantry_sha256() {
 
 # gantry_image_stored STORE DIGEST: the store holds the image complete, in either form: its whole
 # squashfs (images/<hex>.sqsh), or its record as an image stored as layers (gantry.conf's
-# layered_images, the default) and the file of every layer it names (images/layer-<chain hex>.sqsh;
-# the test images are shallower than a layer group, docs/store.md "Deep images").
+# layered_images) and the file of every lower it names (images/layer-<key hex>.sqsh: a layer, or a
+# group of layers of a deep image, docs/store.md "Deep images").
 gantry_image_stored() {
   local images=$1/images hex=${2#sha256:}
   [ -f "$images/$hex.sqsh" ] && return 0
@@ -110,7 +110,7 @@ EOF2
 # import` printed: a whole squashfs is unpacked there (unsquashfs); for an image record (an image
 # stored as layers) each layer is loop-mounted read-only and overlayfs stacks them at DIR (userxattr,
 # as Gantry's backends do), the mounts appended to GANTRY_MOUNTS (gantry_unmount_all undoes them).
-# Root only; DIR must hold no ':' or ','; the test images are shallower than a layer group.
+# Root only; DIR must hold no ':' or ','.
 gantry_image_tree() {
   local path=$1 dir=$2 chain lowers="" m n=0
   if [[ $path == *.sqsh ]]; then

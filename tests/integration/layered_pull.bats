@@ -15,16 +15,12 @@ setup() {
   STORE=$T/store
   TREECMP=$GANTRY_SOURCE_DIR/tests/integration/treecmp.py
   COUNT=$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh
-  MOUNTS=()
+  GANTRY_MOUNTS=()
 }
 
 teardown() {
   for pid in ${KILL_PIDS:-}; do kill -9 "$pid" 2>/dev/null || true; done
-  local m i
-  for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
-    m=${MOUNTS[$i]}
-    mountpoint -q "$m" && umount "$m"
-  done
+  gantry_unmount_all
   rm -rf "$T"
 }
 
@@ -34,21 +30,9 @@ layer_chain() {
     "$STORE/images/${1#sha256:}.json"
 }
 
-# mount_stack DIGEST DIR: every layer loop-mounted read-only, stacked by overlayfs (userxattr) at DIR,
-# with an empty directory at the bottom (overlayfs needs two lower layers without an upper one).
+# mount_stack DIGEST DIR: the image's layers stacked at DIR (gantry_image_tree of its record).
 mount_stack() {
-  local digest=$1 dir=$2 chain lowers="" n=0 m
-  mkdir -p "$T/empty" "$dir"
-  while read -r chain; do
-    m=$T/l.${digest#sha256:}.$n  # no colon: overlayfs separates lower layers with them
-    mkdir -p "$m"
-    mount -t squashfs -o loop,ro "$STORE/images/layer-${chain#sha256:}.sqsh" "$m"
-    MOUNTS+=("$m")
-    lowers="$m${lowers:+:$lowers}"
-    n=$((n + 1))
-  done < <(layer_chain "$digest")
-  mount -t overlay overlay -o "ro,userxattr,lowerdir=$lowers:$T/empty" "$dir"
-  MOUNTS+=("$dir")
+  gantry_image_tree "$STORE/images/${1#sha256:}.json" "$2"
 }
 
 # tiny_and_new_tag KIND: tiny, then a new tag on it (tiny + one layer, gantry_fresh_image), both
