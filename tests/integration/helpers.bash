@@ -90,20 +90,26 @@ gantry_sha256() {
   echo "sha256:$(sha256sum "$1" | cut -d' ' -f1)"
 }
 
+# gantry_layer_chain RECORD: the lower files an image record (images/<hex>.json of an image stored as
+# layers) names, by key, bottom first, one per line: each a layer, or a group of layers of a deep
+# image (images/layer-<key hex>.sqsh; docs/store.md "Deep images"). Nothing for a whole image's.
+gantry_layer_chain() {
+  python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1])).get("layer_chain", [])))' "$1"
+}
+
 # gantry_image_stored STORE DIGEST: the store holds the image complete, in either form: its whole
 # squashfs (images/<hex>.sqsh), or its record as an image stored as layers (gantry.conf's
-# layered_images) and the file of every lower it names (images/layer-<key hex>.sqsh: a layer, or a
-# group of layers of a deep image, docs/store.md "Deep images").
+# layered_images) and the file of every lower it names (gantry_layer_chain).
 gantry_image_stored() {
-  local images=$1/images hex=${2#sha256:}
+  local images=$1/images hex=${2#sha256:} chain n=0
   [ -f "$images/$hex.sqsh" ] && return 0
   [ -f "$images/$hex.json" ] || return 1
-  python3 - "$images" "$hex" <<'EOF2'
-import json, os, sys
-images, hex_ = sys.argv[1], sys.argv[2]
-chain = json.load(open(f"{images}/{hex_}.json")).get("layer_chain", [])
-sys.exit(0 if chain and all(os.path.isfile(f"{images}/layer-{c.split(':')[-1]}.sqsh") for c in chain) else 1)
-EOF2
+  while read -r chain; do
+    [ -n "$chain" ] || continue
+    [ -f "$images/layer-${chain#sha256:}.sqsh" ] || return 1
+    n=$((n + 1))
+  done < <(gantry_layer_chain "$images/$hex.json")
+  [ "$n" -gt 0 ]
 }
 
 # gantry_image_tree PATH DIR: a stored image's tree at DIR, from the path `gantry pull` or `gantry
@@ -125,18 +131,19 @@ gantry_image_tree() {
     GANTRY_MOUNTS+=("$m")
     lowers="$m${lowers:+:$lowers}"
     n=$((n + 1))
-  done < <(python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["layer_chain"]))' "$path")
+  done < <(gantry_layer_chain "$path")
   mount -t overlay overlay -o "ro,userxattr,lowerdir=$lowers:$dir.empty" "$dir"
   GANTRY_MOUNTS+=("$dir")
 }
 
-# gantry_unmount_all: unmounts what gantry_image_tree mounted, the stacks before their layers.
+# gantry_unmount_all [FIRST]: unmounts what gantry_image_tree mounted (from entry FIRST of
+# GANTRY_MOUNTS on, default all), the stacks before their layers.
 gantry_unmount_all() {
-  local i
-  for ((i = ${#GANTRY_MOUNTS[@]} - 1; i >= 0; i--)); do
+  local first=${1:-0} i
+  for ((i = ${#GANTRY_MOUNTS[@]} - 1; i >= first; i--)); do
     mountpoint -q "${GANTRY_MOUNTS[$i]}" && umount "${GANTRY_MOUNTS[$i]}"
   done
-  GANTRY_MOUNTS=()
+  GANTRY_MOUNTS=("${GANTRY_MOUNTS[@]:0:first}")
 }
 
 # gantry_fresh_image WORKDIR NAME [PAYLOAD_BYTES]: pushes gantry-test/NAME to the open registry: tiny

@@ -131,7 +131,7 @@ imported() {
   [ "$SQSH" = "$T/imported/images/${DIGEST#sha256:}.json" ]
   [[ $stderr == *"imported oci:$T/layout:v1 as layers in "* ]]
   [ ! -e "$T/imported/images/${DIGEST#sha256:}.sqsh" ]
-  chain=$(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["layer_chain"]))' "$SQSH")
+  chain=$(gantry_layer_chain "$SQSH")
   n=$(python3 -c 'import json, sys; print(len(json.loads(json.load(open(sys.argv[1]))["manifest"])["layers"]))' "$SQSH")
   [ "$(echo $chain | wc -w)" -eq "$n" ]
   # A layered pull of the same image names the same layer files: nothing is downloaded or converted.

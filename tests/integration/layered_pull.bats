@@ -26,8 +26,7 @@ teardown() {
 
 # layer_chain DIGEST: the image record's chain IDs, bottom first, one per line.
 layer_chain() {
-  python3 -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["layer_chain"]))' \
-    "$STORE/images/${1#sha256:}.json"
+  gantry_layer_chain "$STORE/images/${1#sha256:}.json"
 }
 
 # mount_stack DIGEST DIR: the image's layers stacked at DIR (gantry_image_tree of its record).

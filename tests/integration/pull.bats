@@ -38,10 +38,10 @@ compare_with_reference() {
 # image_file PATH FILE: FILE's contents in the image pull printed. Called as $(image_file ...), in a
 # subshell: the mounts it makes are undone here, not in teardown.
 image_file() {
-  local tree=$T/tree.$RANDOM$RANDOM before=${#GANTRY_MOUNTS[@]} rc=0 i
+  local tree=$T/tree.$RANDOM$RANDOM before=${#GANTRY_MOUNTS[@]} rc=0
   gantry_image_tree "$1" "$tree"
   cat "$tree/$2" || rc=$?
-  for ((i = ${#GANTRY_MOUNTS[@]} - 1; i >= before; i--)); do umount "${GANTRY_MOUNTS[$i]}"; done
+  gantry_unmount_all "$before"
   return $rc
 }
 
