@@ -34,6 +34,9 @@ reg=$GANTRY_TEST_REGISTRY_HTTP
 repo="gantry-bench/incremental"
 work=$(mktemp -d /var/tmp/gantry-bench-incremental.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# The whole-image rows store Enroot's form (layered_images = no); the layered rows ask with --layered.
+printf 'layered_images = no\n' >"$work/whole.conf"
+export GANTRY_CONFIG=$work/whole.conf
 echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$work/policy.json"
 
 now() { date +%s.%N; }

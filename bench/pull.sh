@@ -18,6 +18,9 @@ repo=${1:-gantry-test/big}
 tag=latest
 work=$(mktemp -d /var/tmp/gantry-bench-pull.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# One whole squashfs, as the Enroot-equivalent pipeline below makes (layered_images = no).
+printf 'layered_images = no\n' >"$work/whole.conf"
+export GANTRY_CONFIG=$work/whole.conf
 accept='application/vnd.oci.image.manifest.v1+json,application/vnd.docker.distribution.manifest.v2+json'
 
 now() { date +%s.%N; }

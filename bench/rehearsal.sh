@@ -133,19 +133,20 @@ gets() {
 manifests() { grep -cE "\"(GET|HEAD) /v2/gantry-test/$image_name/manifests/" "$log" || true; }
 
 # fresh_store NAME: a new, empty shared store for the next steps (the plugin rereads gantry.conf on
-# every step).
+# every step). Images are stored whole (layered_images = no): the takeover below watches the
+# producer's staging/<hex>/blobs and waits for images/<hex>.sqsh.
 fresh_store() {
   local d
   if [ "$store_kind" = open ]; then
     store=$work/store-$1
     install -d -m 1777 "$store"
-    printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\n' "$store" "$reg" >"$H/gantry.conf"
+    printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\nlayered_images = no\n' "$store" "$reg" >"$H/gantry.conf"
   else
     id -u "$owner" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$owner"
     store=$tstores/store-$1
     install -d -m 0755 "$tstores"
     for d in "" images refs used locks staging; do install -d -o "$owner" -g "$owner" -m 0755 "$store/$d"; done
-    printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nimport_messages = 0\n' "$store" "$owner" "$reg" >"$H/gantry.conf"
+    printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nimport_messages = 0\nlayered_images = no\n' "$store" "$owner" "$reg" >"$H/gantry.conf"
   fi
 }
 

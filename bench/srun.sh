@@ -19,7 +19,8 @@ reg=$GANTRY_TEST_LOGIN_ADDR:${GANTRY_TEST_REGISTRY_HTTP##*:}
 here=$(cd "$(dirname "$0")/.." && pwd)
 store=$GANTRY_TEST_FSX/store
 install -d -m 1777 "$store"
-printf 'store_path = %s\ninsecure_registries = %s\n' "$store" "$reg" > "$harness/gantry.conf"
+# The image stored whole (Enroot's form, as before issue #19); LAYERED=1 adds the default, layers.
+printf 'store_path = %s\ninsecure_registries = %s\nlayered_images = no\n' "$store" "$reg" > "$harness/gantry.conf"
 as_user() { runuser -u "$GANTRY_TEST_USER" -- env -C "$GANTRY_TEST_FSX" "$@"; }
 now() { date +%s%N; }
 
@@ -54,7 +55,7 @@ if [ "${LAYERED:-0}" = 1 ]; then
   : >"$harness/bench-p" && : >"$harness/bench-w" && : >"$harness/bench-l" && : >"$harness/bench-lp"
   for _ in $(seq "$runs"); do
     runs=1 time_runs as_user srun -N3 -n12 true >>"$harness/bench-p"
-    conf "$store" ""
+    conf "$store" $'layered_images = no\n'
     runs=1 time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true >>"$harness/bench-w"
     conf "$lstore" $'layered_images = yes\n'
     runs=1 time_runs as_user srun -N3 -n12 --container-image="$reg#$image" true >>"$harness/bench-l"

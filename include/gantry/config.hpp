@@ -55,8 +55,9 @@ struct Config {
     // (runtime/launcher/image_server.cpp), which lives mount_idle_seconds after its last container.
     bool fuse_shared = true;
     // Store newly pulled images as layers (docs/store.md, "Layers"; issue #19): gantry pull/run,
-    // gantry import and the plugin's pulls then convert only the layers the store lacks.
-    bool layered_images = false;
+    // gantry import and the plugin's pulls convert only the layers the store lacks. The default;
+    // `layered_images = no` stores every image as one whole squashfs (Enroot's form) instead.
+    bool layered_images = true;
     // fuse backend: the program that serves an image: gantry (gantry-imagefs, runtime/imagefs) or
     // squashfuse_ll (Debian's squashfuse, the fallback).
     std::string fuse_server = "gantry";

@@ -429,7 +429,8 @@ VerbRunner define_pull(CLI::App& app) {
     app.add_flag("-q,--quiet", a->quiet, "no progress");
     app.add_flag("--layered", a->layered,
                  "store the image as layers (one squashfs per layer, shared with other\n"
-                 "images), converting only those the store lacks (gantry.conf layered_images)");
+                 "images), converting only those the store lacks; the default unless\n"
+                 "gantry.conf sets layered_images = no");
     // Hidden (group ""): the plugin's side of a pull (plugin/pull.cpp): the typed report
     // (include/gantry/pull_report.hpp) and the two halves of a pull into a trusted store (see
     // credentials_to_json).
@@ -482,9 +483,9 @@ VerbRunner define_gc(CLI::App& app) {
 
 const Registration reg_pull({{"pull", "pull [--store DIR] [--platform OS/ARCH] [--pull POLICY] [--quiet] IMAGE   fetch an image into the store",
                               "[OPTIONS] IMAGE",
-                              "Fetches IMAGE (a registry reference) into the store as one squashfs file and prints\n"
-                              "'<digest> <squashfs path>' (with --layered: one squashfs per layer, and the path of\n"
-                              "the image's record)."},
+                              "Fetches IMAGE (a registry reference) into the store, one squashfs per layer (gantry.conf\n"
+                              "layered_images, the default), and prints '<digest> <path>': the image's record (with\n"
+                              "layered_images = no or the extract backend: the image's one squashfs file)."},
                              define_pull});
 const Registration reg_images({{"images", "images [--store DIR] [-q] [--digests] [--format json]   list the images in the store",
                                 "[OPTIONS]",

@@ -103,7 +103,8 @@ VerbRunner define_import(CLI::App& app) {
                           ->type_name("OS/ARCH[/VARIANT]");
     app.add_flag("-q,--quiet", a->quiet, "no summary line");
     app.add_flag("--layered", a->layered,
-                 "store it as layers (one squashfs per layer, shared with other images; gantry.conf layered_images)");
+                 "store it as layers (one squashfs per layer, shared with other images); the\n"
+                 "default unless gantry.conf sets layered_images = no");
     app.add_option("SOURCE", a->source, "the local image")->required();
     return {[a] { return cmd_import(*a); }, {}};
 }
@@ -122,7 +123,8 @@ const Registration reg_import(
     {{"import", "import [--store DIR] [--tag NAME] SOURCE   import a local image (OCI layout, archive, docker/podman)",
       "[OPTIONS] SOURCE",
       "Converts a local image into the store, as `gantry pull` does a registry's, and prints\n"
-      "'<digest> <squashfs path>'. SOURCE is one of\n"
+      "'<digest> <path>' (the image's record, or its squashfs file with layered_images = no).\n"
+      "SOURCE is one of\n"
       "  oci:DIR[:TAG]                  an OCI layout directory (skopeo copy ... oci:DIR:TAG)\n"
       "  oci-archive:FILE[:TAG]         a tar of an OCI layout\n"
       "  docker-archive:FILE[:IMAGE]    `docker save` output (IMAGE picks one of several)\n"

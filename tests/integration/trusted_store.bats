@@ -91,7 +91,8 @@ docker_config() {
   chown -R "$U" "$WORK/home"
 }
 
-@test "srun into a trusted store: pulled as the store account, kernel-mounted, one loop mount shared by concurrent steps" {
+@test "srun into a trusted store (whole images, layered_images = no): pulled as the store account, kernel-mounted, one loop mount shared by concurrent steps" {
+  write_conf "$REG" "layered_images = no"
   # The job user cannot write the store: the old behaviour (pull as the user) could not fill it.
   ! runuser -u "$U" -- touch "$TSTORE/images/probe" 2>/dev/null || false
   run as_user timeout 180 srun -w "$NODE" -N1 -n1 --container-image="$REG#gantry-test/tiny" \
@@ -135,8 +136,7 @@ docker_config() {
   [ "$(loops_of_store)" -eq 0 ]
 }
 
-@test "layered_images = yes: srun pulls the image as layers into the trusted store, and the kernel backend stacks them" {
-  write_conf "$REG" "layered_images = yes"
+@test "the default gantry.conf (layered_images = yes): srun pulls the image as layers into the trusted store, and the kernel backend stacks them" {
   run as_user timeout 180 srun -w "$NODE" -N1 -n2 --container-image="$REG#gantry-test/tiny" \
     sh -c 'cat /work/README; awk '\''$5 == "/bin" { for (i = 7; $i != "-"; i++); print $(i + 1) }'\'' /proc/self/mountinfo'
   echo "$output"
@@ -174,8 +174,11 @@ docker_config() {
   echo "$output"
   [ "$status" -eq 0 ]
   echo "$output" | grep -qx "tiny work dir"
-  sqsh=$(ls "$TSTORE"/images/*.sqsh)
-  [ "$(stat -c %U "$sqsh")" = "$OWNER" ]
+  # The image's record (and its files, whole or layers) written by the store account.
+  rec=$(ls "$TSTORE"/images/*.json | grep -v '/layer-')
+  [ "$(echo "$rec" | wc -l)" -eq 1 ]
+  [ "$(stat -c %U "$rec")" = "$OWNER" ]
+  for f in "$TSTORE"/images/*.sqsh; do [ "$(stat -c %U "$f")" = "$OWNER" ]; done
   # The blobs came from the registry with authentication (the store account's pull, with the user's credentials).
   grep -q 'GET /v2/gantry-test/tiny/blobs/.*" 200 ' "$WORK/registry/registry.log" ||
     grep -q 'uri=/v2/gantry-test/tiny/blobs/' "$WORK/registry/registry.log"
@@ -194,7 +197,7 @@ docker_config() {
   #    half of the pull print the stored image's digest and hand over no credentials. The registry, asked
   #    by the store account's half, still refuses: the user's side decides nothing but the credentials.
   rm -f "$WORK/home/.docker/config.json"
-  digest=sha256:$(basename "$sqsh" .sqsh)
+  digest=sha256:$(basename "$rec" .json)
   # Only in gantry itself (srun runs with the same environment).
   printf '%s\n' '#define _GNU_SOURCE' '#include <errno.h>' '#include <stdio.h>' '#include <stdlib.h>' '#include <string.h>' \
     '#include <unistd.h>' '__attribute__((constructor)) static void forge(void) {' \
@@ -203,7 +206,7 @@ docker_config() {
     >"$WORK/forge.c"
   gcc -shared -fPIC -o "$WORK/forge.so" "$WORK/forge.c"
   chmod 0755 "$WORK/forge.so"
-  run as_user timeout 120 env LD_PRELOAD="$WORK/forge.so" FORGED_DIGEST="$digest" FORGED_PATH="$sqsh" \
+  run as_user timeout 120 env LD_PRELOAD="$WORK/forge.so" FORGED_DIGEST="$digest" FORGED_PATH="$rec" \
     srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" cat /work/README
   echo "$output"
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ]

@@ -42,6 +42,10 @@ TEST_CASE("gantry.conf: values, comments and defaults") {
     REQUIRE(unshared.ok());
     CHECK_FALSE(unshared->fuse_shared);
     CHECK_FALSE(gantry::parse_config("fuse_shared = sometimes\n", "c").ok());
+    CHECK(c->layered_images);  // images stored as layers by default (issue #19)
+    auto whole = gantry::parse_config("layered_images = no\n", "c");
+    REQUIRE(whole.ok());
+    CHECK_FALSE(whole->layered_images);
     CHECK(c->fuse_poll_us == 0);  // gantry-imagefs sleeps at once by default (libfuse's loop)
     auto poll = gantry::parse_config("fuse_poll_us = 50\n", "c");
     REQUIRE(poll.ok());
