@@ -152,9 +152,11 @@ Result<PullReport> pull_outcome(const Captured& r, const std::string& report_tex
 // store). Everything it reports (digest, file, config) is the user's word: the image is served only
 // unprivileged (squashfuse in the user's namespace), never kernel-mounted.
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
-                                const std::string& image, std::vector<std::string> env) {
+                                const std::string& image, std::vector<std::string> env, bool whole) {
     std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet", "--report-fd", std::to_string(kReportFd),
-                                     "--store", store_root, image};
+                                     "--store", store_root};
+    if (whole) argv.push_back("--whole");
+    argv.push_back(image);
     if (::access(settings.config.c_str(), F_OK) == 0) env.push_back("GANTRY_CONFIG=" + settings.config);
     // The nodes of this step share a failed producer's error instead of each retrying the same pull
     // in turn (runtime/store/pull.cpp); a killed producer is still taken over.
@@ -181,7 +183,7 @@ Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id,
 //     yet, and its report -- digest, file, config -- comes from a process the job user cannot trace,
 //     preload into or otherwise tamper with. Forged credentials only get the registry's 401.
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           const std::string& image, std::vector<std::string> env) {
+                                           const std::string& image, std::vector<std::string> env, bool whole) {
     bool have_config = ::access(settings.config.c_str(), F_OK) == 0;
     std::vector<std::string> argv = {gantry_cli(settings), "pull", "--credentials-only", "--credentials-out-fd",
                                      std::to_string(kCredentialsFd), image};
@@ -225,7 +227,9 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
 
     std::vector<std::string> owner_argv = {gantry_cli(settings), "pull", "--quiet", "--credentials-fd",
                                            std::to_string(kCredentialsFd), "--report-fd", std::to_string(kReportFd),
-                                           "--store", config.store_path, image};
+                                           "--store", config.store_path};
+    if (whole) owner_argv.push_back("--whole");
+    owner_argv.push_back(image);
     std::vector<std::string> owner_env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("HOME=") + owner->pw_dir,
                                           std::string("USER=") + owner->pw_name, "LANG=C.UTF-8"};
     if (have_config) owner_env.push_back("GANTRY_CONFIG=" + settings.config);

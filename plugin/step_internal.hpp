@@ -131,9 +131,11 @@ std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env);
 std::string helper_path(const Settings& settings, const std::string& name, const char* installed);
 std::string gantry_cli(const Settings& settings);
 Result<std::string> job_store_path(const Config& config, uid_t uid);
+// `whole`: the step's container cannot stack layers (can_stack_layers), so the pull stores the image
+// whole (or makes its whole file from the layers a store holds) whatever layered_images says.
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
-                                const std::string& image, std::vector<std::string> env);
+                                const std::string& image, std::vector<std::string> env, bool whole);
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           const std::string& image, std::vector<std::string> env);
+                                           const std::string& image, std::vector<std::string> env, bool whole);
 
 }  // namespace gantry::plugin

@@ -13,6 +13,7 @@
 #include "gantry/digest.hpp"
 #include "gantry/dropins.hpp"
 #include "gantry/image_config.hpp"
+#include "gantry/launcher.hpp"
 #include "gantry/mounts.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/run_request.hpp"
@@ -146,8 +147,13 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             auto store = ImageStore::open(st.config.store_path, false, st.config);  // the admin's path, root-owned or store_owner's
             two_halves = store && store->trusted(st.config);
         }
-        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env)
-                                 : pull_as_user(settings, *id, *store_root, image, env);
+        // The launcher picks the backend after the pull (Container::create): ask now whether that
+        // backend can stack layers (a node without usable fuse falls back to extract, which cannot),
+        // so the pull gives the step a whole image rather than layers it cannot run.
+        auto wanted = parse_mount_backend(st.config.mount_backend);
+        bool whole = !can_stack_layers(st.config, wanted ? *wanted : MountBackend::auto_, two_halves);
+        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env, whole)
+                                 : pull_as_user(settings, *id, *store_root, image, env, whole);
         if (!pulled) return pulled.error();
         // srun announced the import unless a named container might have made it unnecessary.
         if (st.config.import_messages) {

@@ -263,6 +263,12 @@ bool kernel_release_at_least(std::string_view release, int major, int minor);
 // `userxattr` (the form the store's layers carry their opaque markers in), which Linux 5.11 brought.
 // Where it cannot, layered images run as whole images made from their layers (docs/store.md).
 bool kernel_stacks_layers();
+// Whether a container started here with `backend` (auto: gantry.conf's mount_backend, else what the
+// launcher picks: kernel where `privileged` (root and a trusted store), fuse where /dev/fuse and the
+// fuse server are usable, extract otherwise) can stack a layered image: not with the extract backend,
+// nor on a kernel before Linux 5.11. Asked before a pull, so that an image the container cannot stack
+// is stored (or made from stored layers) whole instead of failing the start.
+bool can_stack_layers(const Config& config, MountBackend backend, bool privileged);
 
 // Kernel backend: unmounts the node-wide image mounts (<runtime_path>/images) that no container has
 // used for config.mount_idle_seconds. A mount seen unused for the first time starts its idle clock

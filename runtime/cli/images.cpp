@@ -134,7 +134,7 @@ int credentials_only(const ImageReference& ref, int out_fd) {
 
 struct PullArgs {
     std::string image, store, platform, pull, report_fd, creds_out, creds_in;
-    bool quiet = false, credentials_only = false, layered = false;
+    bool quiet = false, credentials_only = false, layered = false, whole = false;
     CLI::Option *store_opt, *platform_opt, *pull_opt, *report_opt, *creds_out_opt, *creds_in_opt;
 };
 
@@ -189,8 +189,11 @@ int cmd_pull(const PullArgs& a) {
     // gantry.conf's layered_images, unless the extract backend (which needs whole images) is the site's,
     // or this is the plugin's pull (--report-fd) on a node whose kernel cannot stack layers: the step
     // that follows runs here, so it gets a whole image (made from stored layers where there are some).
-    opts.layered = a.layered || (config->layered_images && config->mount_backend != "extract" &&
-                                 (!report_opt || kernel_stacks_layers()));
+    // --whole (hidden, the plugin's: the step's backend cannot stack layers, see can_stack_layers)
+    // asks for a whole image whatever gantry.conf says.
+    if (a.whole && a.layered) return finish_usage(make_error("pull: --whole and --layered exclude each other"));
+    opts.layered = !a.whole && (a.layered || (config->layered_images && config->mount_backend != "extract" &&
+                                              (!report_opt || kernel_stacks_layers())));
     if (platform_opt) {
         auto p = Platform::parse(*platform_opt);
         if (!p) return finish_usage(p.error().wrap("pull: --platform"));
@@ -435,6 +438,7 @@ VerbRunner define_pull(CLI::App& app) {
     // (include/gantry/pull_report.hpp) and the two halves of a pull into a trusted store (see
     // credentials_to_json).
     a->report_opt = app.add_option("--report-fd", a->report_fd)->group("");
+    app.add_flag("--whole", a->whole)->group("");
     app.add_flag("--credentials-only", a->credentials_only)->group("");
     a->creds_out_opt = app.add_option("--credentials-out-fd", a->creds_out)->group("");
     a->creds_in_opt = app.add_option("--credentials-fd", a->creds_in)->group("");

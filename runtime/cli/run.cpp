@@ -113,11 +113,16 @@ int run_verb(const RunArgs& a) {
     MountBackend wanted = req.backend != MountBackend::auto_ ? req.backend
                           : conf_backend                      ? *conf_backend
                                                               : MountBackend::auto_;
-    // Nor on a kernel that cannot stack them (Linux < 5.11), which is said when layers are configured.
-    bool layers_ok = wanted != MountBackend::extract && kernel_stacks_layers();
+    // Nor on a kernel that cannot stack them (Linux < 5.11), nor where the launcher will fall back to
+    // extract (no usable fuse, not root); said when layers are configured. Root counts as privileged:
+    // its auto backend is kernel for a trusted store, else fuse, which root can open.
+    bool layers_ok = can_stack_layers(req.config, wanted, ::getuid() == 0);
     if (wanted != MountBackend::extract && !layers_ok && req.config.layered_images)
-        log::info("this kernel cannot stack image layers (overlayfs with userxattr needs Linux 5.11): images "
-                  "stored as layers run as whole images made from their layers");
+        log::info(kernel_stacks_layers()
+                      ? "the fuse backend cannot run here (see gantry doctor) and the kernel backend needs root: "
+                        "images stored as layers run as whole images made from their layers (extract backend)"
+                      : "this kernel cannot stack image layers (overlayfs with userxattr needs Linux 5.11): images "
+                        "stored as layers run as whole images made from their layers");
     auto resolved = resolve_runnable_image(req.config, store_option, image, false, *policy, layers_ok);
     if (!resolved) return setup_failed(resolved.error());
     req.image_path = resolved->squashfs_path;

@@ -315,7 +315,7 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     if (!backend) return backend.error();
     if (!spec.image_layers.empty() && *backend == MountBackend::extract)
         return make_error("the image " + spec.image_path + " is stored as layers, which the extract backend cannot "
-                          "stack; use the kernel or fuse backend, or pull the image without --layered");
+                          "stack; use the kernel or fuse backend, or store it whole (gantry.conf layered_images = no)");
     s.backend = *backend;
     // Every privileged start also releases the node-wide image mounts idle for too long.
     if (launcher::running_as_real_root()) (void)release_idle_mounts(spec.config);

@@ -112,6 +112,22 @@ Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_o
     return MountBackend::extract;
 }
 
+}  // namespace launcher
+
+bool can_stack_layers(const Config& config, MountBackend backend, bool privileged) {
+    if (!kernel_stacks_layers()) return false;
+    if (backend == MountBackend::auto_) {
+        auto conf = parse_mount_backend(config.mount_backend);
+        backend = conf ? *conf : MountBackend::auto_;
+    }
+    // As choose_backend picks: a backend named stacks (or fails on its own terms, saying why), auto
+    // falls back to extract where neither the kernel backend nor the fuse backend can run.
+    if (backend != MountBackend::auto_) return backend != MountBackend::extract;
+    return privileged || launcher::fuse_accessible(config).ok();
+}
+
+namespace launcher {
+
 // serve_image_with_fuse's first half: the mount and the server started, not yet waited for.
 Result<pid_t> start_fuse_server(const std::string& image, const std::string& target, uid_t uid, gid_t gid,
                                 const Config& config) {

@@ -314,6 +314,51 @@ PY
   ! pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" || false
 }
 
+@test "the default gantry.conf where the fuse backend cannot run (no /dev/fuse access, not root): gantry run stores the image whole for extract, and makes stored layers whole without a download" {
+  TUSER=$("$GANTRY_SOURCE_DIR/tests/harness/user.sh")
+  chmod 0755 "$T"
+  USTORE=$T/ustore
+  mkdir "$USTORE"
+  chown "$TUSER" "$USTORE"
+  : >"$T/default.conf"  # every key at its default: layered_images = yes, mount_backend = auto
+  # /dev/fuse unusable for the user in a mount namespace of this test only (a mode-000 node bound
+  # over it); the host's /dev/fuse is not touched.
+  mknod "$T/nofuse" c 10 229
+  chmod 000 "$T/nofuse"
+  no_fuse() {
+    unshare -m sh -c 'mount --bind "$1" /dev/fuse && shift && exec "$@"' sh "$T/nofuse" \
+      runuser -u "$TUSER" -- env GANTRY_CONFIG="$T/default.conf" "$@"
+  }
+  # 1. A new image: stored whole (the extract backend, which auto falls back to, cannot stack layers).
+  name=nofuse-$RANDOM$RANDOM
+  digest=$(gantry_fresh_image "$T" "$name")
+  id=$(cat "$T/uniq-$name/unique/id")
+  run no_fuse "$GANTRY" run --store "$USTORE" "$REG/gantry-test/$name:latest" cat /unique/id
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *"$id"* ]]
+  [[ $output == *"the fuse backend cannot run here"* ]]
+  [ -f "$USTORE/images/${digest#sha256:}.sqsh" ]
+  [ -z "$(ls "$USTORE/images" | grep '^layer-')" ]
+  # 2. An image the store holds as layers (pulled where fuse works): made whole from them, no blob GET.
+  name2=nofuse2-$RANDOM$RANDOM
+  digest2=$(gantry_fresh_image "$T" "$name2")
+  id2=$(cat "$T/uniq-$name2/unique/id")
+  run runuser -u "$TUSER" -- env GANTRY_CONFIG="$T/default.conf" "$GANTRY" pull --quiet --store "$USTORE" "$REG/gantry-test/$name2:latest"
+  [ "$status" -eq 0 ]
+  [ ! -e "$USTORE/images/${digest2#sha256:}.sqsh" ]
+  [ -n "$(ls "$USTORE/images" | grep '^layer-')" ]
+  blobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name2/manifests/latest" | jq -r '.layers[].digest')
+  declare -A before
+  for b in $blobs; do before[$b]=$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b"); done
+  run no_fuse "$GANTRY" run --store "$USTORE" --pull missing "$REG/gantry-test/$name2:latest" cat /unique/id
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ $output == *"$id2"* ]]
+  [ -f "$USTORE/images/${digest2#sha256:}.sqsh" ]
+  for b in $blobs; do [ "$("$COUNT" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")" -eq "${before[$b]}" ]; done
+}
+
 @test "pull --layered of an image that lists one blob twice: both layers are converted and stacked" {
   local layout=$T/layout-dup reg=$GANTRY_TEST_REGISTRY_HTTP name=layered-dup-$RANDOM$RANDOM
   cp -a "$GANTRY_TEST_OCI_TINY" "$layout"

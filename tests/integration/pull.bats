@@ -160,7 +160,7 @@ image_file() {
   gantry_image_stored "$STORE" "$digest"
 }
 
-@test "a corrupted blob aborts the pull, names the blob and publishes nothing" {
+@test "a corrupted blob aborts the pull, names the blob and publishes no image and not its layer" {
   digest=$(fresh_image "corrupt-$RANDOM$RANDOM")
   name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')
   blob=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].digest')
@@ -173,7 +173,16 @@ image_file() {
   [ "$status" -ne 0 ]
   echo "$output" | grep -q "$blob"
   [ "$(echo "$output" | wc -l)" -eq 1 ]
-  [ -z "$(ls "$STORE/images")" ]
+  # No image: neither a whole squashfs nor a record. Stored as layers (the default), layers below the
+  # corrupt one may have been published meanwhile, each complete and verified (a later pull reuses
+  # them, gc collects them unused), never the corrupt blob's.
+  [ -z "$(ls "$STORE/images" | grep -v '^layer-')" ]
+  for f in "$STORE"/images/layer-*.sqsh; do
+    [ -e "$f" ] || continue
+    [ -f "${f%.sqsh}.json" ]
+    unsquashfs -s "$f" >/dev/null
+  done
+  ! grep -qs "$blob" "$STORE"/images/layer-*.json || false
 }
 
 @test "a missing repository is a clear 404 error" {

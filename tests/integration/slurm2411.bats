@@ -89,11 +89,22 @@ slurmd_alive() {
   [ ! -e "$GANTRY_T2411_ROOT/work/README" ]
   slurmd_alive
   # The default backend for a store users can write: the image is served by gantry-imagefs (on
-  # trixie's libfuse 3.17), and the step ends cleanly: its holder and fuse daemon are gone.
-  run as_user timeout 120 srun -n1 --container-image="$TINY" sh -c 'grep -c " fuse" /proc/self/mountinfo'
-  echo "$output"
-  [ "$status" -eq 0 ]
-  [ "$output" -ge 1 ]
+  # trixie's libfuse 3.17), and the step ends cleanly: its holder and fuse daemons are gone. /bin is
+  # gantry-imagefs's mount (an image stored whole) or the overlayfs stack of the layers' (the default);
+  # while the step runs, the user's gantry-imagefs serves it.
+  as_user timeout 120 srun -n1 --container-image="$TINY" sh -c \
+    'awk '\''$5 == "/bin" { for (i = 7; $i != "-"; i++); print $(i + 1) }'\'' /proc/self/mountinfo; sleep 6' \
+    >"$WORK/fstype" 2>&1 &
+  step=$!
+  served=
+  for i in $(seq 100); do
+    pgrep -u "$U" -x gantry-imagefs >/dev/null && served=1 && break
+    sleep 0.1
+  done
+  wait "$step"
+  cat "$WORK/fstype"
+  [ -n "$served" ]
+  grep -qxE 'fuse\.gantry-imagefs|overlay' "$WORK/fstype"
   sleep 1
   # Any fuse daemon left is an image server's (the job's, until its epilog ends it, or a gantry run's
   # in another suite, until mount_idle_seconds), never one the step's holder ran itself.
