@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -62,6 +63,9 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
                                   const PullOptions& options, RegistryClient& client, const std::string& digest,
                                   PullResult result, const ProgressUpdate& update, std::atomic<bool>& cancel,
                                   std::atomic<uint64_t>& bytes_done);
+std::optional<Result<PullResult>> whole_from_stored_layers(const Config& config, const ImageStore& store,
+                                                           const ImageReference& ref, const std::string& digest,
+                                                           PullResult result, const ProgressUpdate& update);
 
 }  // namespace
 
@@ -184,6 +188,28 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return result;
     }
+    // Stored only as layers, for a caller that needs the whole file (the extract backend, a node that
+    // cannot stack): where the store answers for the reference without the registry (a pinned digest,
+    // a tag under missing/never), the file is made from the layers and the record's own manifest and
+    // config under the digest's producer lock: no network, as for a whole image the store holds.
+    if (!registry_authorizes && !options.layered && !options.accept_layered) {
+        if (auto layered = stored_digest(store, ref, options.policy, true)) {
+            auto lock = store.lock_producer(*layered, options.producer_timeout, [](const std::string&) {});
+            if (!lock) return lock.error();
+            if (auto path = served_path(store, *layered, false)) {  // another producer made it meanwhile
+                store.touch(*layered);
+                PullResult done;
+                done.digest = *layered;
+                done.squashfs_path = *path;
+                update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+                return done;
+            }
+            PullResult whole;
+            whole.digest = *layered;
+            whole.squashfs_path = store.squashfs_path(*layered);
+            if (auto made = whole_from_stored_layers(config, store, ref, *layered, whole, update)) return *made;
+        }
+    }
     if (options.policy == PullPolicy::never)
         return make_error(ref.str() + " is not in the store " + store.root() +
                           " and the pull policy is 'never'; pull it first (gantry pull " + ref.str() +
@@ -298,6 +324,40 @@ std::optional<ConversionStats> compose_stored_layers(const Config& config, const
     return *stats;
 }
 
+// The store holds `digest` as layers and the caller needs it whole: the whole squashfs composed from the
+// layer files (compose_stored_layers) in the digest's staging area and published with the record's own
+// metadata (its manifest, config and layers; no layer_chain), the reference added. Called under the
+// digest's producer lock, with no registry. nullopt when the image is not stored as layers or composing
+// failed (said as a warning); the caller then downloads, or says the image is not in the store.
+std::optional<Result<PullResult>> whole_from_stored_layers(const Config& config, const ImageStore& store,
+                                                           const ImageReference& ref, const std::string& digest,
+                                                           PullResult result, const ProgressUpdate& update) {
+    auto stored = store.find(digest);
+    if (!stored || !stored->layered()) return std::nullopt;
+    auto staging = store.prepare_staging(digest);
+    if (!staging) return Result<PullResult>(staging.error().wrap("pulling " + ref.str()));
+    std::string output = *staging + "/image.sqsh." + std::to_string(::getpid());
+    ::unlink(output.c_str());
+    auto composed = compose_stored_layers(config, store, digest, output, update);
+    if (!composed) return std::nullopt;
+    ImageMetadata meta = stored->metadata;
+    meta.layer_chain.clear();
+    if (std::find(meta.references.begin(), meta.references.end(), ref.str()) == meta.references.end())
+        meta.references.push_back(ref.str());
+    meta.compressor = config.compressor;
+    meta.block_size = config.block_size;
+    auto published = store.publish(digest, output, meta);
+    if (!published) {
+        ::unlink(output.c_str());
+        return Result<PullResult>(published.error().wrap("pulling " + ref.str()));
+    }
+    store.remove_staging(digest);
+    result.produced = true;
+    result.stats = *composed;
+    update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+    return Result<PullResult>(std::move(result));
+}
+
 // The producer's part of pull_image, run while holding the producer lock.
 Result<PullResult> produce_locked(const Config& config, const ImageStore& store, const ImageReference& ref,
                                   const PullOptions& options, RegistryClient& client, const std::string& digest,
@@ -370,7 +430,7 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
     // The store holds this image as layers (a layered pull), and this caller needs it whole (the
     // extract backend): composed from the layer files, no blob downloaded. Any failure there falls
     // back to the download below.
-    if (auto composed = compose_stored_layers(config, store, digest, output, update)) return publish_whole(*composed);
+    if (auto made = whole_from_stored_layers(config, store, ref, digest, result, update)) return *made;
 
     std::vector<LayerBlob> layers;
     uint64_t bytes_total = 0;
