@@ -115,9 +115,11 @@ CgroupPlugin=cgroup/v1"
 
   # Both clusters run jobs, as root and as the test user; each one sees only its own nodes.
   run in_b srun -N2 hostname
+  echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | sort | tr '\n' ' ')" = "bnode1 bnode2 " ]
   run in_b env -C "$B/fsx" runuser -u "$GANTRY_TEST_USER" -- srun -N2 hostname
+  echo "$output"  # once (CI, 2026-11-28, under load) it held more than the two names; say what
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | sort | tr '\n' ' ')" = "bnode1 bnode2 " ]
   # A batch job's own srun reaches B too (the job's environment carries SLURM_CONF).
