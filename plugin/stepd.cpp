@@ -150,8 +150,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // The launcher picks the backend after the pull (Container::create): ask now whether that
         // backend can stack layers (a node without usable fuse falls back to extract, which cannot),
         // so the pull gives the step a whole image rather than layers it cannot run.
-        auto wanted = parse_mount_backend(st.config.mount_backend);
-        bool whole = !can_stack_layers(st.config, wanted ? *wanted : MountBackend::auto_, two_halves);
+        bool whole = !can_stack_layers(st.config, MountBackend::auto_, two_halves);  // auto: gantry.conf's
         auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env, whole)
                                  : pull_as_user(settings, *id, *store_root, image, env, whole);
         if (!pulled) return pulled.error();

@@ -97,33 +97,34 @@ Status fuse_accessible(const Config& config) {
     return {};
 }
 
-Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok) {
-    MountBackend b = spec.backend;
+// The backend a container gets: the one asked for, else gantry.conf's mount_backend, else kernel where
+// privileged, fuse where it can run, extract otherwise. Shared by choose_backend and can_stack_layers,
+// which asks before a pull what the launcher will pick after it.
+MountBackend resolve_backend(const Config& config, MountBackend b, bool privileged_ok) {
     if (b == MountBackend::auto_) {
-        auto conf = parse_mount_backend(spec.config.mount_backend);
+        auto conf = parse_mount_backend(config.mount_backend);
         b = conf ? *conf : MountBackend::auto_;
     }
+    if (b != MountBackend::auto_) return b;
+    if (privileged_ok) return MountBackend::kernel;
+    if (fuse_accessible(config)) return MountBackend::fuse;
+    return MountBackend::extract;
+}
+
+Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok) {
+    MountBackend b = resolve_backend(spec.config, spec.backend, privileged_ok);
     if (b == MountBackend::kernel && !privileged_ok)
         return make_error("the kernel backend needs root and an image in the trusted store (" + spec.image_path +
                           " is not); use --backend fuse");
-    if (b != MountBackend::auto_) return b;
-    if (privileged_ok) return MountBackend::kernel;
-    if (fuse_accessible(spec.config)) return MountBackend::fuse;
-    return MountBackend::extract;
+    return b;
 }
 
 }  // namespace launcher
 
 bool can_stack_layers(const Config& config, MountBackend backend, bool privileged) {
-    if (!kernel_stacks_layers()) return false;
-    if (backend == MountBackend::auto_) {
-        auto conf = parse_mount_backend(config.mount_backend);
-        backend = conf ? *conf : MountBackend::auto_;
-    }
-    // As choose_backend picks: a backend named stacks (or fails on its own terms, saying why), auto
-    // falls back to extract where neither the kernel backend nor the fuse backend can run.
-    if (backend != MountBackend::auto_) return backend != MountBackend::extract;
-    return privileged || launcher::fuse_accessible(config).ok();
+    // A backend named stacks (or fails on its own terms, saying why); auto falls back to extract where
+    // neither the kernel backend nor the fuse backend can run.
+    return kernel_stacks_layers() && launcher::resolve_backend(config, backend, privileged) != MountBackend::extract;
 }
 
 namespace launcher {

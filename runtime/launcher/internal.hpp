@@ -102,6 +102,7 @@ Status check_squashfs(const std::string& path);
 // The checks of a spec's user-named paths (the image file, bind sources), with the caller's own rights:
 // what `gantry-holder --check-paths` runs as the job user for a root creator (container.cpp).
 Status check_paths_here(const ContainerSpec& spec);
+MountBackend resolve_backend(const Config& config, MountBackend b, bool privileged_ok);
 Result<MountBackend> choose_backend(const ContainerSpec& spec, bool privileged_ok);
 // /dev/fuse is usable and the server gantry.conf's fuse_server names is installed.
 Status fuse_accessible(const Config& config);
