@@ -7,6 +7,7 @@
 #include <openssl/x509.h>
 
 #include <memory>
+#include <string_view>
 
 #include "auth/internal.hpp"
 #include "gantry/log.hpp"
@@ -90,6 +91,26 @@ void read_response(CURL* easy, long& status, std::map<std::string, std::string>&
     }
 }
 
+size_t count_header_bytes(char* data, size_t size, size_t n, void* user) {
+    auto* count = static_cast<HeaderCount*>(user);
+    const size_t len = size * n;
+    if (count->answer_ended) *count = HeaderCount{};
+    count->bytes += len;
+    if (count->bytes > kMaxResponseHeaderBytes) {
+        count->too_large = true;
+        return 0;  // anything but len stops the transfer
+    }
+    std::string_view line(data, len);
+    count->answer_ended = line == "\r\n" || line == "\n";
+    return len;
+}
+
+std::string response_headers_too_large() {
+    return "the server's response headers passed " + std::to_string(kMaxResponseHeaderBytes >> 10) +
+           " KiB and were not read further (a misbehaving server or proxy); check the URL and any proxy "
+           "(https_proxy) in between";
+}
+
 Result<Response> perform(const Request& request) {
     std::unique_ptr<CURL, CurlDeleter> e(curl_easy_init());
     if (!e) return make_error("HTTP request to " + redact(request.url) + ": curl_easy_init failed");
@@ -126,9 +147,14 @@ Result<Response> perform(const Request& request) {
     }
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp);
+    HeaderCount header_count;
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &count_header_bytes);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &header_count);
     char errbuf[CURL_ERROR_SIZE] = {0};
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
     CURLcode rc = curl_easy_perform(c);
+    if (header_count.too_large)
+        return make_error(request.method + " " + redact(request.url) + ": " + response_headers_too_large());
     if (rc != CURLE_OK)
         return make_error(request.method + " " + redact(request.url) + ": " +
                           (errbuf[0] != '\0' ? std::string(errbuf) : curl_easy_strerror(rc)));

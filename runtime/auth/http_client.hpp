@@ -34,6 +34,23 @@ struct Response {
     }
 };
 
+// The most header bytes one HTTP answer may carry: its status line, header lines and the blank line
+// after them, as received (an interim 1xx answer and each redirect hop count on their own). Registries,
+// S3 and the AWS endpoints send a few KiB; past this the server or a proxy is misbehaving, and the
+// request stops there: nothing of such an answer is used, and it is not retried.
+inline constexpr size_t kMaxResponseHeaderBytes = size_t{256} << 10;
+
+// A CURLOPT_HEADERFUNCTION (with a HeaderCount as CURLOPT_HEADERDATA) that counts an answer's header
+// bytes and stops the transfer (CURLE_WRITE_ERROR) past kMaxResponseHeaderBytes.
+struct HeaderCount {
+    size_t bytes = 0;
+    bool answer_ended = false;  // the blank line was seen: the next line starts another answer
+    bool too_large = false;
+};
+size_t count_header_bytes(char* data, size_t size, size_t n, void* user);
+// What a request stopped by that limit says (after "METHOD URL: ").
+std::string response_headers_too_large();
+
 // An Error when no HTTP answer came (the message names the URL without its query, and curl's reason).
 Result<Response> perform(const Request& request);
 

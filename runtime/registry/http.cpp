@@ -128,6 +128,7 @@ struct HttpConnection::State {
     Response* response = nullptr;
     bool started = false;  // the sink has been told the status
     bool have_headers = false;  // status and headers read from libcurl (first body byte, or the end)
+    auth::http::HeaderCount header_count;
 
     static size_t on_body(char* data, size_t size, size_t n, void* user) {
         auto* st = static_cast<State*>(user);
@@ -208,6 +209,7 @@ Result<Response> HttpConnection::perform(const Request& request) {
         s_->response = &response;
         s_->started = false;
         s_->have_headers = false;
+        s_->header_count = {};
         s_->errbuf[0] = '\0';
 
         curl_easy_reset(e);
@@ -237,6 +239,8 @@ Result<Response> HttpConnection::perform(const Request& request) {
         if (s_->transport->share() != nullptr) curl_easy_setopt(e, CURLOPT_SHARE, s_->transport->share());
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &State::on_body);
         curl_easy_setopt(e, CURLOPT_WRITEDATA, s_.get());
+        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &auth::http::count_header_bytes);
+        curl_easy_setopt(e, CURLOPT_HEADERDATA, &s_->header_count);
         curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, &State::on_progress);
         curl_easy_setopt(e, CURLOPT_XFERINFODATA, s_.get());
@@ -271,6 +275,15 @@ Result<Response> HttpConnection::perform(const Request& request) {
             response.curl_error = s_->errbuf[0] != '\0' ? s_->errbuf : curl_easy_strerror(rc);
             while (!response.curl_error.empty() && response.curl_error.back() == '\n') response.curl_error.pop_back();
             if (rc == CURLE_ABORTED_BY_CALLBACK) response.cancelled = true;
+        }
+        if (s_->header_count.too_large) {
+            // libcurl has parsed the headers it read before the stop (a Docker-Content-Digest may be
+            // among them): none of them is kept.
+            response.headers_too_large = true;
+            response.status = 0;
+            response.headers.clear();
+            response.body.clear();
+            response.curl_error = auth::http::response_headers_too_large();
         }
         log::debug(request.method + " " + redact_url(url) + " -> " +
                    (rc == CURLE_OK ? "HTTP " + std::to_string(response.status) : response.curl_error));

@@ -48,6 +48,9 @@ struct Response {
     bool cancelled = false;                       // cancel or stop was set
     bool sink_aborted = false;                    // the sink returned false
     bool body_too_large = false;                  // the body exceeded max_body
+    // The answer's headers passed auth::http::kMaxResponseHeaderBytes: the transfer stopped, status and
+    // headers are left empty (nothing of such an answer is used) and curl_error says why.
+    bool headers_too_large = false;
 
     [[nodiscard]] std::string header(const std::string& lower_name) const {
         auto it = headers.find(lower_name);

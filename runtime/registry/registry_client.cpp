@@ -146,7 +146,7 @@ Result<http::Response> RegistryClient::Impl::send(http::HttpConnection& conn, co
 }
 
 bool RegistryClient::Impl::retryable(const http::Response& r) {
-    if (r.cancelled || r.sink_aborted || r.body_too_large) return false;
+    if (r.cancelled || r.sink_aborted || r.body_too_large || r.headers_too_large) return false;
     if (r.curl_code != 0) {
         switch (r.curl_code) {
             // Configuration and trust problems do not heal by themselves.
@@ -210,6 +210,7 @@ Result<http::Response> RegistryClient::Impl::send_with_retry(http::HttpConnectio
     for (int attempt = 1;; ++attempt) {
         auto resp = send(conn, ref, req);
         if (!resp) return resp.error().wrap(what);
+        if (resp->headers_too_large) return failure(what, *resp);  // no part of that answer is used
         if (!retryable(*resp) || attempt >= options.max_attempts) return resp;
         log::debug(failure(what, *resp).message + "; retrying (" + std::to_string(attempt) + "/" +
                    std::to_string(options.max_attempts - 1) + ")");
@@ -231,7 +232,8 @@ Result<FetchedManifest> RegistryClient::Impl::fetch_manifest(const ImageReferenc
     auto resp = impl.send_with_retry(*conn, ref, req, what);
     if (!resp) return resp.error();
     if (resp->body_too_large) return make_error(what + ": larger than 4 MiB, not a manifest");
-    if (resp->status != 200) return failure(what, *resp);
+    // A 200 whose transfer broke off (after the last retry) is the transfer's failure, not a mismatch.
+    if (resp->status != 200 || resp->curl_code != 0) return failure(what, *resp);
     FetchedManifest m;
     m.bytes = std::move(resp->body);
     m.digest = Sha256::of(m.bytes);
@@ -335,7 +337,7 @@ Result<ResolvedImage> RegistryClient::resolve(const ImageReference& ref, const P
     if (!resp) return resp.error();
     if (resp->body_too_large)
         return make_error(what + ": larger than the " + std::to_string(image.config.size) + " bytes the manifest says");
-    if (resp->status != 200) return Impl::failure(what, *resp);
+    if (resp->status != 200 || resp->curl_code != 0) return Impl::failure(what, *resp);
     if (resp->body.size() != image.config.size)
         return make_error(what + ": " + std::to_string(resp->body.size()) + " bytes, the manifest says " +
                           std::to_string(image.config.size));

@@ -147,9 +147,15 @@ start_aws_peers() { # imds_endpoint.py: sets AWS_PEER (http://127.0.0.1:PORT) an
   python3 "$BATS_TEST_DIRNAME/imds_endpoint.py" --port-file "$BATS_TEST_TMPDIR/peer.port" --log "$AWS_PEER_LOG" \
     --access-key ASIAGANTRYROLE --secret-key "$SECRET-role" --session-token "session-$RANDOM" \
     --container-path /v2/credentials/gantry --container-token "container-token-$$" \
-    --web-identity-token "jwt-$$" 3>&- &
+    --web-identity-token "jwt-$$" "$@" 3>&- &
   PIDS+=($!)
   AWS_PEER=http://127.0.0.1:$(wait_port "$BATS_TEST_TMPDIR/peer.port")
+}
+
+# container_endpoint_pull [TOKEN]: a pull whose AWS credentials come from the container endpoint.
+container_endpoint_pull() {
+  AWS_CONTAINER_CREDENTIALS_FULL_URI=$AWS_PEER/v2/credentials/gantry \
+    AWS_CONTAINER_AUTHORIZATION_TOKEN=${1:-container-token-$$} pull
 }
 
 @test "no credentials: the 401 message names the registry and every source tried" {
@@ -432,7 +438,7 @@ PY
   [ "$(tokens_issued)" = 1 ]
   # A wrong container token: refused, and the message says where.
   rm -rf "$STORE" "$HOME/.cache"
-  AWS_CONTAINER_CREDENTIALS_FULL_URI=$AWS_PEER/v2/credentials/gantry AWS_CONTAINER_AUTHORIZATION_TOKEN=wrong pull
+  container_endpoint_pull wrong
   [ "$status" -ne 0 ]
   [[ "$output" == *"container credentials endpoint $AWS_PEER/v2/credentials/gantry: HTTP 403"* ]]
   # Web identity: the token file is traded at STS for role credentials.
@@ -580,4 +586,21 @@ PY
   [ "$status" -ne 0 ]
   [[ "$output" == *"profile sso uses AWS IAM Identity Center (SSO), which Gantry does not implement"* ]]
   [ "$(tr -d '\n' <"$STS_COUNT")" = 2 ]
+}
+
+@test "native ECR: an AWS endpoint's response headers: 256 KiB are read, one byte more stops the request" {
+  start_aws_peers --header-bytes 262144
+  start_ecr --key "ASIAGANTRYROLE:$SECRET-role"
+  container_endpoint_pull
+  pulled_ok
+  [ "$(tokens_issued)" = 1 ]
+  kill "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true
+  rm -f "$BATS_TEST_TMPDIR/peer.port" "$AWS_PEER_LOG"
+  rm -rf "$STORE" "$HOME/.cache"
+  start_aws_peers --header-bytes 262145
+  container_endpoint_pull
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"container credentials endpoint $AWS_PEER/v2/credentials/gantry: GET $AWS_PEER/v2/credentials/gantry: the server's response headers passed 256 KiB and were not read further (a misbehaving server or proxy); "* ]]
+  [ "$(grep -c '^container' "$AWS_PEER_LOG")" -eq 1 ]   # asked once, not retried
+  [ "$(tokens_issued)" = 1 ]                              # no credentials from that answer reached ECR
 }

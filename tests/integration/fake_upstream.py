@@ -20,6 +20,8 @@ Options:
                           which refuses requests that carry Authorization, as S3 does
   --truncate-blobs N      cut the first N blob bodies over 64 KiB (layers, not configs) in half:
                           the full Content-Length is announced, then the connection closes
+  --header-bytes N        pad every answer of the front with X-Pad headers to exactly N bytes of
+                          headers (status line and blank line included)
 """
 
 import argparse
@@ -28,6 +30,8 @@ import http.server
 import re
 import sys
 import threading
+
+from loopback import pad_headers
 
 BLOB = re.compile(r"^/v2/(.+)/blobs/(sha256:[0-9a-f]{64})$")
 PASS_HEADERS = ("content-type", "content-length", "docker-content-digest", "content-range", "accept-ranges", "etag")
@@ -69,6 +73,11 @@ class Base(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+    def end_headers(self):
+        if self.state.args.header_bytes and isinstance(self, Front):
+            pad_headers(self, self.state.args.header_bytes)
+        super().end_headers()
 
     def reply(self, code, body=b"", headers=None):
         self.send_response(code)
@@ -169,6 +178,7 @@ def main():
     p.add_argument("--retry-after", type=int)
     p.add_argument("--redirect-blobs", action="store_true")
     p.add_argument("--truncate-blobs", type=int, default=0)
+    p.add_argument("--header-bytes", type=int, default=0)
     args = p.parse_args()
     state = State(args)
     Front.state = state

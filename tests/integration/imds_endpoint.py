@@ -7,6 +7,8 @@
 - the container credentials endpoint: GET --container-path, with Authorization equal to --container-token;
 - STS AssumeRoleWithWebIdentity: POST / (form) with WebIdentityToken equal to --web-identity-token.
 
+--header-bytes N pads the container endpoint's answers to exactly N bytes of headers.
+
 All of them hand out the same --access-key/--secret-key/--session-token. Each request is appended to --log
 as "<kind> <status>", so tests can tell which source was used and that IMDSv1 (no token) was never tried.
 """
@@ -18,7 +20,7 @@ import sys
 import time
 import urllib.parse
 
-from loopback import Server, serve
+from loopback import Server, pad_headers, serve
 
 ROLE = "gantry-test-role"
 
@@ -39,6 +41,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        if kind == "container" and self.server.opts.header_bytes:
+            pad_headers(self, self.server.opts.header_bytes)
         self.end_headers()
         self.wfile.write(data)
 
@@ -102,6 +106,8 @@ def main():
     p.add_argument("--container-path", default="")
     p.add_argument("--container-token", default="")
     p.add_argument("--web-identity-token", default="")
+    # The container endpoint's answers carry exactly this many bytes of headers (X-Pad lines added).
+    p.add_argument("--header-bytes", type=int, default=0)
     opts = p.parse_args()
     srv = Server(("127.0.0.1", 0), Handler)
     srv.opts = opts

@@ -95,3 +95,22 @@ def check_sigv4(handler, body, keys, region, service, session_token="", now=None
         raise Refused(403, "signature", "The request signature we calculated does not match the signature you provided.",
                       "canonical request botocore computed:\n" + canonical)
     return akid, signed_headers
+
+
+def pad_headers(handler, total):
+    """Adds X-Pad-NNNNN header lines so that the answer's whole header block -- status line, every
+    header line and the blank line that ends them, as sent -- comes to exactly `total` bytes. Call it
+    after the answer's last send_header and before end_headers (it reads what BaseHTTPRequestHandler
+    has buffered so far). Lines stay under 8 KiB: the limit under test is the block's, not a line's."""
+    left = total - sum(len(b) for b in handler._headers_buffer) - 2  # 2: the blank line
+    overhead = len("X-Pad-00000: \r\n")
+    if left < overhead + 1:
+        raise ValueError("pad_headers: %d bytes cannot be padded to %d" % (total + 2 - left, total))
+    n = 0
+    while left > 0:
+        take = min(left, 8192)
+        if 0 < left - take < overhead + 1:  # keep the rest long enough for one more line
+            take = left - (overhead + 1)
+        handler.send_header("X-Pad-%05d" % n, "p" * (take - overhead))
+        left -= take
+        n += 1

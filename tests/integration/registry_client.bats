@@ -271,3 +271,33 @@ own_layer() { # the digest of the private random layer (the top one)
   [ ! -e "$BLOBS/$hex" ]
   [ ! -e "$BLOBS/$hex.partial" ]
 }
+
+@test "response headers: 256 KiB are read; one byte more stops the request, without a retry or any part used" {
+  start_fake --header-bytes 262144
+  drive GANTRY_REG_MODE=digest GANTRY_REG_REF="$FAKE/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  [ "$(first_line)" = "$GANTRY_TEST_DIGEST_TINY" ]
+  drive GANTRY_REG_REF="$FAKE/$GANTRY_TEST_IMAGE_TINY" GANTRY_REG_DIR="$BLOBS"
+  [ "$status" -eq 0 ]
+  [ "$(first_line)" = "$GANTRY_TEST_DIGEST_TINY 1" ]
+  check_blobs 1
+  grep -q '^REQ HEAD /v2/gantry-test/tiny/manifests/' "$FAKE_LOG"
+  kill "$FAKE_PID"; wait "$FAKE_PID" 2>/dev/null || true
+  rm -f "$BATS_TEST_TMPDIR/fake.port"
+
+  start_fake --header-bytes 262145
+  rm -rf "$BLOBS"; mkdir -p "$BLOBS"
+  local limit="the server's response headers passed 256 KiB and were not read further (a misbehaving server or proxy); "
+  # The tag's HEAD: its Docker-Content-Digest was among the headers libcurl read before the stop; it
+  # must not be taken as the answer.
+  drive GANTRY_REG_MODE=digest GANTRY_REG_REF="$FAKE/$GANTRY_TEST_IMAGE_TINY" GANTRY_REG_RETRY_BASE_S=0.05
+  [ "$status" -ne 0 ]
+  [[ "$(first_line)" == "error: resolving $FAKE/gantry-test/tiny:latest: $limit"* ]]
+  [ "$(grep -c '^REQ ' "$FAKE_LOG")" -eq 1 ]
+  : >"$FAKE_LOG"
+  drive GANTRY_REG_REF="$FAKE/$GANTRY_TEST_IMAGE_TINY" GANTRY_REG_DIR="$BLOBS" GANTRY_REG_RETRY_BASE_S=0.05
+  [ "$status" -ne 0 ]
+  [[ "$(first_line)" == "error: fetching manifest $FAKE/gantry-test/tiny:latest: $limit"* ]]
+  [ "$(grep -c '^REQ ' "$FAKE_LOG")" -eq 1 ]   # no retry, no blob request
+  [ -z "$(ls -A "$BLOBS")" ]
+}
