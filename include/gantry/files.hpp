@@ -78,6 +78,18 @@ Result<RegularFile> open_regular_at(const Directory& dir, const std::string& nam
 Status write_all(int fd, std::string_view data, const std::string& what);
 // Reads at most `max_bytes` from `fd` (from offset 0); a longer file is an error naming `what`.
 Result<std::string> read_capped(int fd, size_t max_bytes, const std::string& what);
+// The most a configuration or credential file may hold: gantry.conf and its enroot_conf, Docker
+// config.json / auth.json, Enroot .credentials, AWS config / credentials / token files, CDI specs. Real
+// ones hold a few KiB; the cap means /dev/zero or a runaway file in one's place cannot grow memory
+// without end (docs/admin.md, "Limits").
+inline constexpr size_t kMaxConfigFileBytes = size_t{4} << 20;
+// Reads a configuration or credential file named by a path (symlinks followed: admins and users link
+// these files). The open is O_NONBLOCK, so a FIFO in the file's place cannot hang it (nor a pull, nor
+// slurmstepd); only a regular file of at most `max_bytes` is read, and /dev/null reads as empty
+// (GANTRY_CONFIG=/dev/null means "no file"). Errors name `what` ("reading WHAT: ..."); a failed open
+// keeps its errno, so ENOENT tells a missing file.
+Result<std::string> read_config_file(const std::string& path, const std::string& what,
+                                     size_t max_bytes = kMaxConfigFileBytes);
 // open_regular_at + read_capped; `st` receives the file's status when given.
 Result<std::string> read_regular_at(const Directory& dir, const std::string& name, size_t max_bytes,
                                     struct stat* st = nullptr);

@@ -54,8 +54,8 @@ std::string sts_endpoint(const std::string& region) {
 
 Result<AwsCredentials> web_identity(const std::string& token_file, const std::string& role_arn,
                                     const std::string& session, const std::string& region, const std::string& what) {
-    auto token = try_read_file(token_file);
-    if (!token) return system_error(what + ": reading the token file " + token_file);
+    auto token = read_config_file(token_file, "the token file " + token_file);
+    if (!token) return token.error().wrap(what);
     std::string url = sts_endpoint(region);
     if (url.rfind("https://", 0) != 0 && !http::is_local_http(url))
         return make_error(what + ": refusing the STS endpoint " + http::redact(url) + " (not https)");
@@ -386,8 +386,8 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
     SharedFiles files;
     files.cred_path = aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
     files.conf_path = aws_file("AWS_CONFIG_FILE", "config");
-    files.creds = parse_aws_ini(try_read_file(files.cred_path).value_or(""), false);
-    files.conf = parse_aws_ini(try_read_file(files.conf_path).value_or(""), true);
+    files.creds = parse_aws_ini(read_source_file(files.cred_path, display_path(files.cred_path)).value_or(""), false);
+    files.conf = parse_aws_ini(read_source_file(files.conf_path, display_path(files.conf_path)).value_or(""), true);
     const std::string& cred_path = files.cred_path;
     const std::string& conf_path = files.conf_path;
     const std::string what = "profile " + profile;
@@ -424,8 +424,9 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
         req.connect_timeout_ms = 2000;
         std::string token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN");
         if (!env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").empty()) {
-            auto t = try_read_file(env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
-            if (!t) return system_error(src + ": reading AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
+            const std::string file = env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
+            auto t = read_config_file(file, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE " + file);
+            if (!t) return t.error().wrap(src);
             token = trim(*t);
         }
         if (!token.empty()) req.headers.push_back("Authorization: " + token);

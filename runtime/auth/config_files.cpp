@@ -7,12 +7,11 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "auth/internal.hpp"
 #include "gantry/auth.hpp"
+#include "gantry/files.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
 
@@ -177,23 +176,29 @@ DockerConfigAnswer parse_docker_config(std::string_view text, const ImageReferen
     return out;  // else an empty entry (credsStore placeholder)
 }
 
+std::optional<std::string> read_source_file(const std::string& path, const std::string& source) {
+    auto text = read_config_file(path, source);
+    if (text) return std::move(*text);
+    const Error& e = text.error();
+    if (e.errnum == ENOENT || e.errnum == ENOTDIR) return std::nullopt;
+    // The lookup runs with the job user's identity (also under slurmstepd): a file they cannot read
+    // is theirs to fix.
+    if (e.errnum == EACCES)
+        log::warning("ignoring " + source + ": not readable by you (permission denied)");
+    else
+        log::warning(e.message + "; ignoring it");
+    return std::nullopt;
+}
+
 namespace {
 
 // One file in Docker's format. `namespaces`: auth.json semantics (keys may carry a repository path).
 std::optional<Credentials> lookup_file(const std::string& path, const std::string& source, const ImageReference& ref,
                                        bool namespaces) {
-    std::ifstream in(path);
-    if (!in) {
-        // No file: nothing from this source. A file the user cannot read (the lookup runs with the job
-        // user's identity, also under slurmstepd) is said so: its owner may expect it to be used.
-        if (::access(path.c_str(), R_OK) != 0 && errno == EACCES)
-            log::warning("ignoring " + source + ": not readable by you (permission denied)");
-        return std::nullopt;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
+    auto text = read_source_file(path, source);
+    if (!text) return std::nullopt;
     // Parsing runs nothing; the helpers the file names run here, in Docker's order, before its auths.
-    auto answer = parse_docker_config(text.str(), ref, namespaces, source);
+    auto answer = parse_docker_config(*text, ref, namespaces, source);
     for (const auto& [helper, how] : answer.helpers) {
         auto c = from_helper(helper, ref, how);
         if (c) return c;

@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <sstream>
 
 #include "auth/internal.hpp"
@@ -99,13 +98,11 @@ std::optional<Credentials> enroot_credentials(const ImageReference& ref) {
     if (dir.empty()) return std::nullopt;
     const std::string path = dir + "/.credentials";
     const std::string source = auth::display_path(path);
-    std::ifstream in(path);
-    if (!in) return std::nullopt;
-    std::stringstream text;
-    text << in.rdbuf();
+    auto text = auth::read_source_file(path, source);
+    if (!text) return std::nullopt;
     const std::string registry = lower(ref.registry);
     const auth::NetrcEntry* found = nullptr;
-    const auto entries = auth::parse_netrc(text.str());
+    const auto entries = auth::parse_netrc(*text);
     for (const auto& e : entries) {
         std::string m = lower(e.machine);
         bool host_ok = m == registry || (auth::is_hub(m) && auth::is_hub(registry));

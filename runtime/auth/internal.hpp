@@ -13,6 +13,12 @@ std::string home_dir();
 // `path` with the home directory written as "~", for messages.
 std::string display_path(const std::string& path);
 
+// A credential source's file (Docker config.json / auth.json, Enroot .credentials, the AWS shared
+// files), read through read_config_file. A missing file is no source (nullopt, silently); one that
+// exists but cannot be used (not readable by the job user, a FIFO, a device, over the size limit) is
+// skipped with a warning naming `source`, since its owner may expect it to be used.
+std::optional<std::string> read_source_file(const std::string& path, const std::string& source);
+
 // ---- The on-disk token cache (token_cache.cpp).
 // "<token_cache_dir()>/<prefix>-<hash of key>" (append ".json" / ".lock"), the directory made 0700;
 // empty when there is no home or the directory cannot be made (warned).

@@ -5,12 +5,12 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
 
+#include "gantry/files.hpp"
 #include "gantry/strings.hpp"
 
 namespace gantry {
@@ -262,20 +262,18 @@ ContainerDefaults container_defaults(const Config& config) {
 }
 
 Result<Config> load_config(const std::string& path, bool missing_ok) {
-    std::ifstream f(path);
-    if (!f) {
-        if (missing_ok && errno == ENOENT) return Config{};
-        return system_error("reading configuration " + path);
+    // Through read_config_file: the plugin reads this file as root inside slurmstepd, where a FIFO in
+    // its place must not hang the step, nor a huge file grow its memory.
+    auto text = read_config_file(path, "configuration " + path);
+    if (!text) {
+        if (missing_ok && text.error().errnum == ENOENT) return Config{};
+        return text.error();
     }
-    std::stringstream ss;
-    ss << f.rdbuf();
-    auto config = parse_config(ss.str(), path);
+    auto config = parse_config(*text, path);
     if (!config || config->enroot_conf.empty()) return config;
-    std::ifstream e(config->enroot_conf);
-    if (!e) return system_error("reading " + config->enroot_conf + " (enroot_conf in " + path + ")");
-    std::stringstream es;
-    es << e.rdbuf();
-    GANTRY_TRY(apply_enroot_conf(*config, es.str(), config->enroot_conf));
+    auto enroot = read_config_file(config->enroot_conf, config->enroot_conf + " (enroot_conf in " + path + ")");
+    if (!enroot) return enroot.error();
+    GANTRY_TRY(apply_enroot_conf(*config, *enroot, config->enroot_conf));
     return config;
 }
 

@@ -6,6 +6,7 @@
 #include <linux/openat2.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -210,6 +211,21 @@ Result<std::string> read_regular_at(const Directory& dir, const std::string& nam
         return make_error("reading " + dir.path_of(name) + ": larger than the limit of " + std::to_string(max_bytes) +
                           " bytes");
     return read_capped(f->fd.get(), max_bytes, dir.path_of(name));
+}
+
+Result<std::string> read_config_file(const std::string& path, const std::string& what, size_t max_bytes) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!fd) return system_error("reading " + what);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return system_error("reading " + what);
+    if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3)) return std::string();  // /dev/null
+    if (!S_ISREG(st.st_mode))
+        return make_error("reading " + what +
+                          ": not a regular file (a FIFO, device or directory is never read as one); put a file there");
+    if (static_cast<uint64_t>(st.st_size) > max_bytes)
+        return make_error("reading " + what + ": larger than the limit of " + std::to_string(max_bytes) + " bytes");
+    // The size is checked again while reading: the file may grow after the fstat.
+    return read_capped(fd.get(), max_bytes, what);
 }
 
 Status write_file_atomic_at(const Directory& dir, const std::string& name, const std::string& content, mode_t mode) {

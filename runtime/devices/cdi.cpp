@@ -225,9 +225,9 @@ Result<ContainerEdits> cdi_edits(const Config& config, const std::vector<std::st
             bool yaml = ends_with(name, ".yaml") || ends_with(name, ".yml");
             if (!yaml && !ends_with(name, ".json")) continue;
             std::string file = d + "/" + name;
-            auto text = try_read_file(file);
+            auto text = read_config_file(file, "CDI spec " + file);
             if (!text) {
-                broken.push_back("CDI spec " + file + ": cannot read");
+                broken.push_back(text.error().message);
                 continue;
             }
             auto doc = parse_cdi_spec(file, *text, yaml);

@@ -604,3 +604,24 @@ PY
   [ "$(grep -c '^container' "$AWS_PEER_LOG")" -eq 1 ]   # asked once, not retried
   [ "$(tokens_issued)" = 1 ]                              # no credentials from that answer reached ECR
 }
+
+@test "a FIFO or /dev/zero in a credential file's place: warned about, skipped, no hang" {
+  mkdir -p "$HOME/.docker" "$HOME/.config/enroot" "$HOME/.aws"
+  mkfifo "$HOME/.docker/config.json" "$HOME/.aws/credentials"
+  ln -s /dev/zero "$HOME/.config/enroot/.credentials"
+  ln -s /dev/zero "$HOME/.aws/config"
+  run timeout 60 "$GANTRY" pull --store "$STORE" "$REF"
+  [ "$status" -ne 0 ]
+  [ "$status" -ne 124 ]   # no open or read waited for a writer that never comes
+  [[ "$output" == *"reading ~/.docker/config.json: not a regular file"*"; ignoring it"* ]]
+  [[ "$output" == *"reading ~/.config/enroot/.credentials: not a regular file"*"; ignoring it"* ]]
+  [[ "$output" == *"no credentials found for $GANTRY_TEST_REGISTRY_TLS"* ]]
+  # The AWS shared files are read when the registry is an ECR one.
+  start_ecr
+  run timeout 60 "$GANTRY" pull --store "$STORE" "$REF"
+  [ "$status" -ne 0 ]
+  [ "$status" -ne 124 ]
+  [[ "$output" == *"reading ~/.aws/credentials: not a regular file"*"; ignoring it"* ]]
+  [[ "$output" == *"reading ~/.aws/config: not a regular file"*"; ignoring it"* ]]
+  [ "$(tokens_issued)" = 0 ]
+}

@@ -1,5 +1,6 @@
 // Unit tests for the core module: configuration parsing, digests, image config, strings, thread watch.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "gantry/config.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/fd.hpp"
+#include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/slurm_conf.hpp"
 #include "gantry/spawn.hpp"
@@ -505,5 +507,58 @@ TEST_CASE("gantry.conf: load_config reads the enroot.conf it names") {
     REQUIRE_FALSE(missing.ok());
     CHECK(missing.error().message.find(dir + "/missing.conf (enroot_conf in " + dir + "/gantry.conf)") !=
           std::string::npos);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("configuration files: size limit at its boundary, FIFOs, devices and directories refused, /dev/null empty") {
+    std::string dir =
+        std::filesystem::temp_directory_path() / ("gantry-config-files-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const size_t max = gantry::kMaxConfigFileBytes;
+    CHECK(max == size_t{4} << 20);
+
+    std::ofstream(dir + "/full") << std::string(max, '#');
+    auto full = gantry::read_config_file(dir + "/full", "full");
+    REQUIRE(full.ok());
+    CHECK(full->size() == max);
+
+    std::ofstream(dir + "/over") << std::string(max + 1, '#');
+    auto over = gantry::read_config_file(dir + "/over", "the file over");
+    REQUIRE_FALSE(over.ok());
+    CHECK(over.error().message == "reading the file over: larger than the limit of 4194304 bytes");
+
+    // A FIFO with no writer: a blocking open would wait for ever; this one returns at once.
+    REQUIRE(::mkfifo((dir + "/fifo").c_str(), 0600) == 0);
+    auto fifo = gantry::read_config_file(dir + "/fifo", "fifo");
+    REQUIRE_FALSE(fifo.ok());
+    CHECK(fifo.error().message.find("reading fifo: not a regular file") == 0);
+
+    auto zero = gantry::read_config_file("/dev/zero", "/dev/zero");
+    REQUIRE_FALSE(zero.ok());
+    CHECK(zero.error().message.find("not a regular file") != std::string::npos);
+    auto directory = gantry::read_config_file(dir, "a directory");
+    REQUIRE_FALSE(directory.ok());
+    CHECK(directory.error().message.find("not a regular file") != std::string::npos);
+
+    auto null = gantry::read_config_file("/dev/null", "/dev/null");
+    REQUIRE(null.ok());
+    CHECK(null->empty());
+
+    auto missing = gantry::read_config_file(dir + "/missing", "missing");
+    REQUIRE_FALSE(missing.ok());
+    CHECK(missing.error().errnum == ENOENT);
+
+    // gantry.conf and the enroot.conf it names go through it: a FIFO in either place is an error, not a hang.
+    auto conf = gantry::load_config(dir + "/fifo", false);
+    REQUIRE_FALSE(conf.ok());
+    CHECK(conf.error().message.find("reading configuration " + dir + "/fifo: not a regular file") == 0);
+    std::ofstream(dir + "/gantry.conf") << "enroot_conf = " + dir + "/fifo\n";
+    auto enroot = gantry::load_config(dir + "/gantry.conf", false);
+    REQUIRE_FALSE(enroot.ok());
+    CHECK(enroot.error().message.find("(enroot_conf in " + dir + "/gantry.conf): not a regular file") !=
+          std::string::npos);
+    CHECK(gantry::load_config("/dev/null", false).ok());
+    CHECK(gantry::load_config(dir + "/missing", true).ok());
     std::filesystem::remove_all(dir);
 }
