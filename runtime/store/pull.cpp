@@ -176,34 +176,32 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // the registry must vouch for the caller: a private_images store (users cannot read its files, so
     // only a registry that lets them pull the image may hand it over) or a pull on someone's behalf.
     const bool registry_authorizes = options.registry_authorizes || config.private_images;
+    const bool takes_layers = options.layered || options.accept_layered;
+    // The store serves `digest` at `path`: that is the pull's result, with nothing produced.
+    auto served = [&](const std::string& digest, const std::string& path) {
+        store.touch(digest);
+        PullResult r;
+        r.digest = digest;
+        r.squashfs_path = path;
+        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
+        return r;
+    };
     if (registry_authorizes && options.policy == PullPolicy::never)
         return make_error("the pull policy 'never' is not available for " + ref.str() +
                           ": in this store every pull is authorized by the registry (private_images or a "
                           "store_owner pull); use --pull=always or missing");
-    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy, options.layered || options.accept_layered)) {
-        store.touch(*stored);
-        PullResult result;
-        result.digest = *stored;
-        result.squashfs_path = served_path(store, *stored, true).value_or(store.squashfs_path(*stored));
-        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
-        return result;
-    }
+    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy, takes_layers))
+        return served(*stored, served_path(store, *stored, true).value_or(store.squashfs_path(*stored)));
     // Stored only as layers, for a caller that needs the whole file (the extract backend, a node that
     // cannot stack): where the store answers for the reference without the registry (a pinned digest,
     // a tag under missing/never), the file is made from the layers and the record's own manifest and
     // config under the digest's producer lock: no network, as for a whole image the store holds.
-    if (!registry_authorizes && !options.layered && !options.accept_layered) {
+    if (!registry_authorizes && !takes_layers) {
         if (auto layered = stored_digest(store, ref, options.policy, true)) {
             auto lock = store.lock_producer(*layered, options.producer_timeout, [](const std::string&) {});
             if (!lock) return lock.error();
-            if (auto path = served_path(store, *layered, false)) {  // another producer made it meanwhile
-                store.touch(*layered);
-                PullResult done;
-                done.digest = *layered;
-                done.squashfs_path = *path;
-                update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
-                return done;
-            }
+            // Another producer may have made it meanwhile.
+            if (auto path = served_path(store, *layered, false)) return served(*layered, *path);
             PullResult whole;
             whole.digest = *layered;
             whole.squashfs_path = store.squashfs_path(*layered);
@@ -227,12 +225,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     PullResult result;
     result.digest = digest;
     result.squashfs_path = store.squashfs_path(digest);
-    if (auto path = served_path(store, digest, options.layered || options.accept_layered)) {
-        result.squashfs_path = *path;
-        store.touch(digest);
-        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
-        return result;
-    }
+    if (auto path = served_path(store, digest, takes_layers)) return served(digest, *path);
 
     // One producer per digest. Others wait here and find the image published when they get the lock.
     // Waiters of one Slurm job step (the plugin sets GANTRY_PULL_GROUP to JOBID.STEPID) share the
@@ -251,12 +244,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         });
     });
     if (!lock) return lock.error();
-    if (auto path = served_path(store, digest, options.layered || options.accept_layered)) {
-        result.squashfs_path = *path;
-        store.touch(digest);
-        update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
-        return result;
-    }
+    if (auto path = served_path(store, digest, takes_layers)) return served(digest, *path);
     if (!group.empty()) {
         // "GROUP\nHOST:PID\nMESSAGE", written by a producer of this step since we started waiting
         // (2 s of slack for clocks of nodes that share the store); the store honours only a note

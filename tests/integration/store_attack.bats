@@ -200,6 +200,56 @@ victim_intact() {
   victim_intact
 }
 
+@test "a planted layered image and tag under --pull=never: the victim is told the image is not in the store" {
+  # The attacker plants tiny's public layered record, its tag record (refs/) and an evil squashfs under
+  # every chain ID, so that a run which never asks the registry would find "tiny" in the store.
+  as "$ATTACKER" "$GANTRY" pull --layered --quiet --store "$WORK/home-$ATTACKER/store" "$REG/$GANTRY_TEST_IMAGE_TINY" >/dev/null
+  own=$WORK/home-$ATTACKER/store
+  record=$(cd "$own/images" && ls | grep -v '^layer-' | grep '\.json$')
+  [ -n "$record" ]
+  hex=${record%.json}
+  [ -n "$(ls "$own/refs")" ]
+  attacker_layout
+  mkdir -p "$WORK/evil/work" "$WORK/evil/bin"
+  echo ATTACKER-MARKER >"$WORK/evil/work/README"
+  printf '#!/bin/sh\necho ATTACKER-MARKER\n' >"$WORK/evil/bin/cat" && chmod 0755 "$WORK/evil/bin/cat"
+  mksquashfs "$WORK/evil" "$WORK/evil.sqsh" -noappend -quiet -no-progress >/dev/null
+  chmod 0644 "$WORK/evil.sqsh"
+  as "$ATTACKER" sh -c "cp '$own/images/$record' '$S/images/$record' && chmod 0644 '$S/images/$record' &&
+    cp '$own'/refs/* '$S/refs/' && chmod 0644 '$S'/refs/* &&
+    for j in '$own'/images/layer-*.json; do
+      b=\$(basename \"\$j\" .json)
+      cp \"\$j\" '$S/images/' && cp '$WORK/evil.sqsh' '$S/images/'\"\$b\".sqsh && chmod 0444 '$S/images/'\"\$b\".sqsh
+    done"
+  # --pull=never with the extract backend (which needs a whole file, made from stored layers) and
+  # auto, by tag and by digest: nothing planted is trusted, so the image is not in the store.
+  local ref backend
+  for backend in extract auto; do
+    for ref in "$REG/$GANTRY_TEST_IMAGE_TINY" "$REG/gantry-test/tiny@sha256:$hex"; do
+      run as "$VICTIM" "$GANTRY" run --store "$S" --pull never --backend "$backend" "$ref" cat /work/README
+      echo "$output"
+      [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+      ! echo "$output" | grep -q ATTACKER-MARKER || false
+      echo "$output" | grep -q "gantry: $ref is not in the store $S and the pull policy is 'never'"
+    done
+  done
+  run as "$VICTIM" "$GANTRY" pull --whole --pull never --store "$S" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "is not in the store $S and the pull policy is 'never'"
+  [ ! -e "$S/images/$hex.sqsh" ]   # no whole file composed from the planted layers
+  # Root does not use (nor write) a store users can write.
+  run timeout 60 "$GANTRY" run --store "$S" --pull never "$REG/$GANTRY_TEST_IMAGE_TINY" cat /work/README
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  ! echo "$output" | grep -q ATTACKER-MARKER || false
+  echo "$output" | grep -q "as root: $S is writable by all users"
+  # A pull from the registry: the genuine image, or a refusal naming the planted files' owner.
+  victim_runs_genuine_tiny "uid 4243, which it does not trust" cat /work/README
+  [ ! -e "$S/images/$hex.sqsh" ] || [ "$(stat -c %u "$S/images/$hex.sqsh")" != 4243 ]
+  victim_intact
+}
+
 @test "a lock file symlinked to another user's file: the victim's and root's pulls leave the target unchanged" {
   digest=$(tiny_digest)
   hex=${digest#sha256:}
