@@ -6,6 +6,16 @@
 # jobs, the second stops, and the host cluster's files are byte-identical, its processes alive, the
 # first harness still healthy, and nothing of the second is left in the host's network namespaces.
 
+bats_require_minimum_version 1.5.0  # run --separate-stderr
+
+# run_srun CMD...: runs CMD (an srun, or what starts one) with $output holding its stdout only: srun's
+# own notes under load (a job waiting for resources, a step retried) go to stderr, and both are shown.
+run_srun() {
+  run --separate-stderr "$@"
+  echo "$output"
+  echo "$stderr" >&2
+}
+
 setup() {
   # The CTest cluster ("A").
   # shellcheck disable=SC1091
@@ -114,12 +124,10 @@ CgroupPlugin=cgroup/v1"
   ip link show "$B_LINK" >/dev/null
 
   # Both clusters run jobs, as root and as the test user; each one sees only its own nodes.
-  run in_b srun -N2 hostname
-  echo "$output"
+  run_srun in_b srun -N2 hostname
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | sort | tr '\n' ' ')" = "bnode1 bnode2 " ]
-  run in_b env -C "$B/fsx" runuser -u "$GANTRY_TEST_USER" -- srun -N2 hostname
-  echo "$output"  # once (CI, 2026-11-28, under load) it held more than the two names; say what
+  run_srun in_b env -C "$B/fsx" runuser -u "$GANTRY_TEST_USER" -- srun -N2 hostname
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | sort | tr '\n' ' ')" = "bnode1 bnode2 " ]
   # A batch job's own srun reaches B too (the job's environment carries SLURM_CONF).
@@ -128,7 +136,7 @@ CgroupPlugin=cgroup/v1"
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(sort "$B/fsx/job.out" | tr '\n' ' ')" = "bnode1 bnode2 " ]
-  run in_a srun -N3 hostname
+  run_srun in_a srun -N3 hostname
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | sort | tr '\n' ' ')" = "gnode1 gnode2 gnode3 " ]
   run in_b sinfo -h -o %N
@@ -164,7 +172,7 @@ CgroupPlugin=cgroup/v1"
   run env GANTRY_HARNESS_DIR="$A_HDIR" "$SLURM_SH" status
   echo "$output"
   [ "$status" -eq 0 ]
-  run in_a srun -N3 hostname
+  run_srun in_a srun -N3 hostname
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | sort | tr '\n' ' ')" = "gnode1 gnode2 gnode3 " ]
   echo "# isolation test body: $((SECONDS - t0)) s" >&3
