@@ -62,6 +62,32 @@ attacker_layout() {
   as "$ATTACKER" sh -c "cd '$S' && mkdir images refs used locks staging && chmod 1777 images refs used locks staging"
 }
 
+# plant_layered_tiny [refs]: the attacker learns tiny's public layered form (its record and chain IDs)
+# from a store of their own, then plants it in the shared store (laid out by attacker_layout) with an
+# evil squashfs under every chain ID; with "refs", its tag record too. Sets RECORD (the record's name).
+plant_layered_tiny() {
+  local own=$WORK/home-$ATTACKER/store
+  as "$ATTACKER" "$GANTRY" pull --layered --quiet --store "$own" "$REG/$GANTRY_TEST_IMAGE_TINY" >/dev/null
+  RECORD=$(cd "$own/images" && ls | grep -v '^layer-' | grep '\.json$')
+  [ -n "$RECORD" ]
+  attacker_layout
+  mkdir -p "$WORK/evil/work" "$WORK/evil/bin"
+  echo ATTACKER-MARKER >"$WORK/evil/work/README"
+  printf '#!/bin/sh\necho ATTACKER-MARKER\n' >"$WORK/evil/bin/cat" && chmod 0755 "$WORK/evil/bin/cat"
+  mksquashfs "$WORK/evil" "$WORK/evil.sqsh" -noappend -quiet -no-progress >/dev/null
+  chmod 0644 "$WORK/evil.sqsh"
+  as "$ATTACKER" sh -c "cp '$own/images/$RECORD' '$S/images/$RECORD' && chmod 0644 '$S/images/$RECORD' &&
+    for j in '$own'/images/layer-*.json; do
+      b=\$(basename \"\$j\" .json)
+      cp \"\$j\" '$S/images/' && cp '$WORK/evil.sqsh' '$S/images/'\"\$b\".sqsh && chmod 0444 '$S/images/'\"\$b\".sqsh
+    done"
+  [ -n "$(ls "$S"/images/layer-*.sqsh)" ]
+  if [ "${1:-}" = refs ]; then
+    [ -n "$(ls "$own/refs")" ]
+    as "$ATTACKER" sh -c "cp '$own'/refs/* '$S/refs/' && chmod 0644 '$S'/refs/*"
+  fi
+}
+
 # victim_runs_genuine_tiny REFUSAL CMD...: the victim's `gantry run` of tiny in the shared store
 # neither hangs nor shows the attacker's marker: it runs the genuine image, or fails with REFUSAL
 # (an extended regex) saying why.
@@ -168,24 +194,7 @@ victim_intact() {
 }
 
 @test "layers and a layered record planted under a public image's chain IDs: the victim never runs the attacker's files" {
-  # The attacker learns the public layered form of tiny (its record and chain IDs) from a store of
-  # their own, then plants it in the shared store with an evil squashfs under every chain ID.
-  as "$ATTACKER" "$GANTRY" pull --layered --quiet --store "$WORK/home-$ATTACKER/store" "$REG/$GANTRY_TEST_IMAGE_TINY" >/dev/null
-  own=$WORK/home-$ATTACKER/store/images
-  record=$(cd "$own" && ls | grep -v '^layer-' | grep '\.json$')
-  [ -n "$record" ]
-  attacker_layout
-  mkdir -p "$WORK/evil/work" "$WORK/evil/bin"
-  echo ATTACKER-MARKER >"$WORK/evil/work/README"
-  printf '#!/bin/sh\necho ATTACKER-MARKER\n' >"$WORK/evil/bin/cat" && chmod 0755 "$WORK/evil/bin/cat"
-  mksquashfs "$WORK/evil" "$WORK/evil.sqsh" -noappend -quiet -no-progress >/dev/null
-  chmod 0644 "$WORK/evil.sqsh"
-  as "$ATTACKER" sh -c "cp '$own/$record' '$S/images/$record' && chmod 0644 '$S/images/$record' &&
-    for j in '$own'/layer-*.json; do
-      b=\$(basename \"\$j\" .json)
-      cp \"\$j\" '$S/images/' && cp '$WORK/evil.sqsh' '$S/images/'\"\$b\".sqsh && chmod 0444 '$S/images/'\"\$b\".sqsh
-    done"
-  [ -n "$(ls "$S"/images/layer-*.sqsh)" ]
+  plant_layered_tiny
   printf 'layered_images = yes\n' >"$GANTRY_CONFIG"
   victim_runs_genuine_tiny "the store holds this layer from uid 4243, which it does not trust" cat /work/README
   # The victim's listing ignores the planted record and layers, and says why.
@@ -203,24 +212,8 @@ victim_intact() {
 @test "a planted layered image and tag under --pull=never: the victim is told the image is not in the store" {
   # The attacker plants tiny's public layered record, its tag record (refs/) and an evil squashfs under
   # every chain ID, so that a run which never asks the registry would find "tiny" in the store.
-  as "$ATTACKER" "$GANTRY" pull --layered --quiet --store "$WORK/home-$ATTACKER/store" "$REG/$GANTRY_TEST_IMAGE_TINY" >/dev/null
-  own=$WORK/home-$ATTACKER/store
-  record=$(cd "$own/images" && ls | grep -v '^layer-' | grep '\.json$')
-  [ -n "$record" ]
-  hex=${record%.json}
-  [ -n "$(ls "$own/refs")" ]
-  attacker_layout
-  mkdir -p "$WORK/evil/work" "$WORK/evil/bin"
-  echo ATTACKER-MARKER >"$WORK/evil/work/README"
-  printf '#!/bin/sh\necho ATTACKER-MARKER\n' >"$WORK/evil/bin/cat" && chmod 0755 "$WORK/evil/bin/cat"
-  mksquashfs "$WORK/evil" "$WORK/evil.sqsh" -noappend -quiet -no-progress >/dev/null
-  chmod 0644 "$WORK/evil.sqsh"
-  as "$ATTACKER" sh -c "cp '$own/images/$record' '$S/images/$record' && chmod 0644 '$S/images/$record' &&
-    cp '$own'/refs/* '$S/refs/' && chmod 0644 '$S'/refs/* &&
-    for j in '$own'/images/layer-*.json; do
-      b=\$(basename \"\$j\" .json)
-      cp \"\$j\" '$S/images/' && cp '$WORK/evil.sqsh' '$S/images/'\"\$b\".sqsh && chmod 0444 '$S/images/'\"\$b\".sqsh
-    done"
+  plant_layered_tiny refs
+  hex=${RECORD%.json}
   # --pull=never with the extract backend (which needs a whole file, made from stored layers) and
   # auto, by tag and by digest: nothing planted is trusted, so the image is not in the store.
   local ref backend
