@@ -7,6 +7,8 @@
 
 load helpers
 
+bats_require_minimum_version 1.5.0  # run --separate-stderr
+
 setup() {
   gantry_load_env registry images
   GANTRY=$GANTRY_BUILD_DIR/runtime/gantry
