@@ -21,10 +21,19 @@ namespace gantry {
 // at the limit; the blob fetcher refuses declared sizes beyond max_image_bytes before downloading.
 // The defaults stay well above genuine ML images (a 20 GB PyTorch image: tens of GB of tar, hundreds
 // of thousands of files at most). docs/squashfs.md, "Limits", lists every limit and where it is enforced.
+// Every layer may decompress to this much whatever its ratio (max_layer_ratio): a small genuine layer
+// of zeros, or a plain tar at 1:1, is never refused by the ratio.
+inline constexpr uint64_t kLayerRatioFloorBytes = 1ULL << 30;
+
 struct PullLimits {
     uint64_t max_layer_bytes = 64ULL << 30;   // uncompressed bytes of one layer (sparse files at full size)
     uint64_t max_image_bytes = 256ULL << 30;  // the same for all layers of one pull together
     uint64_t max_layer_entries = 10'000'000;  // tar entries (headers) of one layer
+    // A layer's decompressed stream may be at most this many times its blob's size (and always
+    // ratio_floor_bytes): a bomb stops after a small part of max_layer_bytes. gzip cannot pass about
+    // 1032:1, so only layers of almost nothing but zeros come near the default.
+    uint64_t max_layer_ratio = 1000;
+    uint64_t ratio_floor_bytes = kLayerRatioFloorBytes;  // not a gantry.conf key: tests lower it
 };
 
 struct Config {

@@ -153,6 +153,7 @@ const std::map<std::string, Setter>& setters() {
         {"max_layer_bytes", limit_key(&PullLimits::max_layer_bytes)},
         {"max_image_bytes", limit_key(&PullLimits::max_image_bytes)},
         {"max_layer_entries", limit_key(&PullLimits::max_layer_entries)},
+        {"max_layer_ratio", limit_key(&PullLimits::max_layer_ratio)},
         {"insecure_registries",
          [](Config& c, const std::string& v) -> Status {
              c.insecure_registries = split_list(v, ',');

@@ -2,6 +2,7 @@
 // either the winning version of its path (then its data streams straight into the squashfs writer)
 // or hidden by something above it (then it is skipped). The merge rules live in image_tree.cpp, the
 // squashfs output in squashfs_writer.cpp, the blob decoding in layer_reader.cpp.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -118,8 +119,11 @@ public:
         const uint64_t image_left = limits_.max_image_bytes - std::min(limits_.max_image_bytes, expanded_);
         image_binds_ = image_left < limits_.max_layer_bytes;
         budget_ = std::min(image_left, limits_.max_layer_bytes);
+        // The decompressed stream is bound by the layer's ratio too (files' declared sizes are not:
+        // sparse holes cost no decompression).
+        stream_budget_ = std::min(budget_, ratio_budget(blob.path));
         file_bytes_ = 0;
-        auto opened = LayerReader::open(blob.path, blob.media_type, !blob.diff_id.empty(), budget_);
+        auto opened = LayerReader::open(blob.path, blob.media_type, !blob.diff_id.empty(), stream_budget_);
         if (!opened) return opened.error();
         LayerReader& reader = **opened;
         layer_ = layer;
@@ -135,7 +139,7 @@ public:
         }
         // Past the byte limit, whatever failed (a tar header cut short, the padding after the tar's
         // end) failed because of it.
-        if (reader.over_limit()) return over_budget();
+        if (reader.over_limit()) return stream_budget_ < budget_ ? over_ratio() : over_budget();
         if (!digest) return digest.error();
         stats_.uncompressed_bytes += reader.uncompressed_bytes();
         if (!blob.diff_id.empty() && *digest != blob.diff_id)
@@ -167,6 +171,30 @@ private:
                 return st.error().wrap("entry '" + shown_name(name) + "'");
         }
         return {};
+    }
+
+    // max_layer_ratio times the blob's size, at least ratio_floor_bytes; no bound when the blob is not
+    // a regular file whose size tells its compressed length.
+    uint64_t ratio_budget(const std::string& path) {
+        struct stat st {};
+        compressed_ = 0;
+        if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return UINT64_MAX;
+        compressed_ = static_cast<uint64_t>(st.st_size);
+        const uint64_t ratio = limits_.max_layer_ratio;
+        const uint64_t scaled = ratio != 0 && compressed_ > UINT64_MAX / ratio ? UINT64_MAX : compressed_ * ratio;
+        return std::max(scaled, limits_.ratio_floor_bytes);
+    }
+
+    Error over_ratio() {
+        const bool floor = stream_budget_ == limits_.ratio_floor_bytes;
+        return breach("max_layer_ratio",
+                      "expands beyond " + limit_value("max_layer_ratio", limits_.max_layer_ratio, false) +
+                          " times its compressed size of " + format_bytes(compressed_) +
+                          (floor ? ", and past the " + format_bytes(limits_.ratio_floor_bytes) +
+                                       " any layer may expand to,"
+                                 : std::string()) +
+                          " uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf if the "
+                          "image is genuine");
     }
 
     Error over_budget() {
@@ -353,6 +381,8 @@ private:
     std::optional<std::string> broken_limit_;
     uint64_t expanded_ = 0;     // what the layers converted so far expanded to
     uint64_t budget_ = 0;       // what this layer may expand to
+    uint64_t stream_budget_ = 0;  // what its decompressed stream may come to (budget_ and the ratio)
+    uint64_t compressed_ = 0;     // the blob's size
     bool image_binds_ = false;  // the budget is what is left of max_image_bytes
     uint64_t file_bytes_ = 0;   // sizes of this layer's files written so far, holes included
     int layer_ = 0;

@@ -252,6 +252,42 @@ image_file() {
   [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$digest" ]
 }
 
+@test "a decompression bomb under the default gantry.conf: max_layer_ratio stops it after 1 GiB, nothing published" {
+  # One zstd layer of 1.2 GiB of zeros: about 40 KB, a ratio near 30,000. max_layer_bytes (64 GiB)
+  # would let it expand to the end; the ratio limit (1000, and 1 GiB for any layer) stops it.
+  local name=bomb-$RANDOM$RANDOM layout=$T/layout-bomb
+  cp -a "$GANTRY_TEST_OCI_TINY" "$layout"
+  python3 -c '
+import sys, tarfile
+class Zeros:
+    def read(self, n):
+        return bytes(n)
+with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as t:
+    info = tarfile.TarInfo("zeros")
+    info.size = 1200 << 20
+    t.addfile(info, Zeros())
+' | python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$layout" latest - --compress zstd >/dev/null
+  skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$REG/gantry-test/$name:latest"
+  layer=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].digest')
+  size=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].size')
+  [ "$size" -lt 1000000 ]
+  : > "$T/default.conf"
+  run env GANTRY_CONFIG="$T/default.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$(echo "$output" | wc -l)" -eq 1 ]
+  echo "$output" | grep -qF "converting layer $layer: expands beyond max_layer_ratio = 1000 times its compressed size of "
+  echo "$output" | grep -qF ", and past the 1.0 GiB any layer may expand to, uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf if the image is genuine"
+  [ -z "$(ls "$STORE/images" | grep -v '^layer-')" ]
+  [ -z "$(find "$STORE/staging" -name 'image.sqsh*')" ]
+  [ -z "$(find "$STORE/staging" -name "${layer#sha256:}*")" ]
+  # An admin who knows the image is genuine raises the key: the ratio then lets it through.
+  printf 'max_layer_ratio = 100000\n' > "$T/ratio.conf"
+  run env GANTRY_CONFIG="$T/ratio.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -eq 0 ]
+}
+
 @test "layers declared beyond max_image_bytes are refused before a byte is downloaded" {
   digest=$(fresh_image "declared-$RANDOM$RANDOM" 300000)
   name=$(ls "$T" | grep '^layout-' | sed 's/^layout-//')

@@ -85,14 +85,19 @@ TEST_CASE("gantry.conf: pull limits") {
     CHECK(defaults.max_layer_bytes == 64ULL << 30);
     CHECK(defaults.max_image_bytes == 256ULL << 30);
     CHECK(defaults.max_layer_entries == 10000000);
+    CHECK(defaults.max_layer_ratio == 1000);
+    CHECK(defaults.ratio_floor_bytes == 1ULL << 30);
     auto c = gantry::parse_config(
-        "max_layer_bytes = 1\nmax_image_bytes = 1099511627776\nmax_layer_entries = 9223372036854775807\n", "c");
+        "max_layer_bytes = 1\nmax_image_bytes = 1099511627776\nmax_layer_entries = 9223372036854775807\n"
+        "max_layer_ratio = 20\n",
+        "c");
     REQUIRE(c.ok());
+    CHECK(c->limits.max_layer_ratio == 20);
     CHECK(c->limits.max_layer_bytes == 1);
     CHECK(c->limits.max_image_bytes == 1ULL << 40);
     CHECK(c->limits.max_layer_entries == 9223372036854775807ULL);
     for (const char* bad : {"max_layer_bytes = 0\n", "max_image_bytes = -5\n", "max_layer_entries = 10M\n",
-                            "max_image_bytes = 9223372036854775808\n", "max_layer_bytes =\n"}) {
+                            "max_image_bytes = 9223372036854775808\n", "max_layer_bytes =\n", "max_layer_ratio = 0\n"}) {
         auto r = gantry::parse_config(bad, "c");
         INFO(bad);
         REQUIRE_FALSE(r.ok());

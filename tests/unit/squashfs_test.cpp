@@ -641,6 +641,60 @@ TEST_CASE("limits: a layer of zeros expanding past max_layer_bytes stops the con
     }
 }
 
+TEST_CASE("limits: max_layer_ratio bounds what a small compressed layer decompresses to; at the limit it passes") {
+    // 8 MiB of zeros: a few KiB of gzip or zstd, a ratio in the thousands.
+    const std::string tar = Layer().file("zeros", std::string(8 << 20, '\0')).tar();
+    for (Comp comp : {Comp::gzip, Comp::zstd}) {
+        INFO((comp == Comp::gzip ? "gzip" : "zstd"));
+        Image img;
+        img.layers.push_back(blob_of_tar(img.tmp.path, tar, comp));
+        const uint64_t compressed = fs::file_size(img.layers[0].path);
+        const uint64_t needed = (tar.size() + compressed - 1) / compressed;  // the least ratio that fits
+        REQUIRE(needed > 1);
+        // The defaults (1000, and 1 GiB for any layer) let it through.
+        REQUIRE(img.convert().ok());
+        fs::remove(img.out());
+
+        SquashfsOptions opt;
+        opt.limits.ratio_floor_bytes = 1;
+        opt.limits.max_layer_ratio = needed - 1;
+        auto r = img.convert(opt);
+        REQUIRE_FALSE(r.ok());
+        INFO(r.error().message);
+        CHECK(contains(r.error().message, "converting layer " + img.layers[0].digest + ": expands beyond max_layer_ratio = " +
+                                              std::to_string(needed - 1) + " times its compressed size of "));
+        CHECK(contains(r.error().message, " uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf "
+                                          "if the image is genuine"));
+        REQUIRE(img.breach);
+        CHECK(img.breach->limit == "max_layer_ratio");
+        CHECK_FALSE(fs::exists(img.out()));
+        opt.limits.max_layer_ratio = needed;
+        r = img.convert(opt);
+        INFO((r.ok() ? std::string() : r.error().message));
+        REQUIRE(r.ok());
+        CHECK_FALSE(img.breach);
+        fs::remove(img.out());
+
+        // The floor every layer may expand to, at its boundary: the whole stream counts.
+        opt.limits.max_layer_ratio = 1;
+        opt.limits.ratio_floor_bytes = tar.size() - 1;
+        r = img.convert(opt);
+        REQUIRE_FALSE(r.ok());
+        CHECK(contains(r.error().message, ", and past the "));
+        REQUIRE(img.breach);
+        CHECK(img.breach->limit == "max_layer_ratio");
+        opt.limits.ratio_floor_bytes = tar.size();
+        REQUIRE(img.convert(opt).ok());
+    }
+    // A plain tar is its own size: ratio 1 with no floor passes.
+    Image plain;
+    plain.layers.push_back(blob_of_tar(plain.tmp.path, tar, Comp::plain));
+    SquashfsOptions opt;
+    opt.limits.max_layer_ratio = 1;
+    opt.limits.ratio_floor_bytes = 1;
+    REQUIRE(plain.convert(opt).ok());
+}
+
 TEST_CASE("limits: zeros hidden after the tar's end count too") {
     // libarchive stops at the end-of-archive blocks; the rest of the stream is drained for the
     // diff_id, and a bomb there must not be drained without limit.
