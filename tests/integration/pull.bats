@@ -27,6 +27,15 @@ teardown() {
 
 fresh_image() { gantry_fresh_image "$T" "$@"; }
 
+# pull_fails_in_one_line CONF NAME: a pull of gantry-test/NAME under GANTRY_CONFIG=CONF fails, saying
+# why in exactly one line ($output).
+pull_fails_in_one_line() {
+  run env GANTRY_CONFIG="$1" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$2"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$(echo "$output" | wc -l)" -eq 1 ]
+}
+
 # compare_with_reference PATH REF_ROOTFS: the image pull printed (its squashfs, or its record when
 # it is stored as layers: the stack of them) has the reference tree.
 compare_with_reference() {
@@ -230,10 +239,7 @@ image_file() {
   # (2.0 MiB of tar) stays within the limit, so only the unique layer breaks it, whichever order the
   # layers are converted in (a whole image's from the top, an image stored as layers as they arrive).
   printf 'max_layer_bytes = 2621440\n' > "$T/limit.conf"
-  run env GANTRY_CONFIG="$T/limit.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
-  echo "$output"
-  [ "$status" -ne 0 ]
-  [ "$(echo "$output" | wc -l)" -eq 1 ]
+  pull_fails_in_one_line "$T/limit.conf" "$name"
   echo "$output" | grep -qF "pulling $REG/gantry-test/$name"
   echo "$output" | grep -qF "converting layer $layer: "
   echo "$output" | grep -qF "expands beyond max_layer_bytes = 2621440 (2.5 MiB) uncompressed; raise max_layer_bytes in gantry.conf if the image is genuine"
@@ -268,14 +274,11 @@ with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMA
     t.addfile(info, Zeros())
 ' | python3 "$GANTRY_SOURCE_DIR/tests/images/oci.py" add-layer "$layout" latest - --compress zstd >/dev/null
   skopeo copy -q --dest-tls-verify=false "oci:$layout:latest" "docker://$REG/gantry-test/$name:latest"
-  layer=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].digest')
-  size=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest" | jq -r '.layers[-1].size')
-  [ "$size" -lt 1000000 ]
+  manifest=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$REG/v2/gantry-test/$name/manifests/latest")
+  layer=$(echo "$manifest" | jq -r '.layers[-1].digest')
+  [ "$(echo "$manifest" | jq -r '.layers[-1].size')" -lt 1000000 ]
   : > "$T/default.conf"
-  run env GANTRY_CONFIG="$T/default.conf" "$GANTRY" pull --quiet --store "$STORE" "$REG/gantry-test/$name"
-  echo "$output"
-  [ "$status" -ne 0 ]
-  [ "$(echo "$output" | wc -l)" -eq 1 ]
+  pull_fails_in_one_line "$T/default.conf" "$name"
   echo "$output" | grep -qF "converting layer $layer: expands beyond max_layer_ratio = 1000 times its compressed size of "
   echo "$output" | grep -qF ", and past the 1.0 GiB any layer may expand to, uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf if the image is genuine"
   [ -z "$(ls "$STORE/images" | grep -v '^layer-')" ]
