@@ -203,14 +203,23 @@ Result<std::string> read_capped(int fd, size_t max_bytes, const std::string& wha
     return out;
 }
 
+namespace {
+
+// read_capped of a regular file whose fstat said `size`: one already larger is refused before a byte
+// is read; the cap still holds while reading (the file may grow after the fstat).
+Result<std::string> read_regular_capped(int fd, off_t size, size_t max_bytes, const std::string& what) {
+    if (static_cast<uint64_t>(size) > max_bytes)
+        return make_error("reading " + what + ": larger than the limit of " + std::to_string(max_bytes) + " bytes");
+    return read_capped(fd, max_bytes, what);
+}
+
+}  // namespace
+
 Result<std::string> read_regular_at(const Directory& dir, const std::string& name, size_t max_bytes, struct stat* st) {
     auto f = open_regular_at(dir, name, O_RDONLY);
     if (!f) return f.error();
     if (st != nullptr) *st = f->st;
-    if (static_cast<uint64_t>(f->st.st_size) > max_bytes)
-        return make_error("reading " + dir.path_of(name) + ": larger than the limit of " + std::to_string(max_bytes) +
-                          " bytes");
-    return read_capped(f->fd.get(), max_bytes, dir.path_of(name));
+    return read_regular_capped(f->fd.get(), f->st.st_size, max_bytes, dir.path_of(name));
 }
 
 Result<std::string> read_config_file(const std::string& path, const std::string& what, size_t max_bytes) {
@@ -222,10 +231,7 @@ Result<std::string> read_config_file(const std::string& path, const std::string&
     if (!S_ISREG(st.st_mode))
         return make_error("reading " + what +
                           ": not a regular file (a FIFO, device or directory is never read as one); put a file there");
-    if (static_cast<uint64_t>(st.st_size) > max_bytes)
-        return make_error("reading " + what + ": larger than the limit of " + std::to_string(max_bytes) + " bytes");
-    // The size is checked again while reading: the file may grow after the fstat.
-    return read_capped(fd.get(), max_bytes, what);
+    return read_regular_capped(fd.get(), st.st_size, max_bytes, what);
 }
 
 Status write_file_atomic_at(const Directory& dir, const std::string& name, const std::string& content, mode_t mode) {
