@@ -1,6 +1,6 @@
 // The job epilog (root): named containers of the job end with it (container_scope=job), then the
-// fuse image servers its containers shared on this node, and node-wide image mounts idle for too
-// long are released.
+// fuse image servers its containers shared on this node and (cgroup/v2) the job's own cgroup leaf,
+// and node-wide image mounts idle for too long are released.
 #include <string>
 
 #include "gantry/launcher.hpp"
@@ -24,6 +24,9 @@ void clean_up_job(spank_t sp, const Settings& settings) {
     }
     if (int ended = end_job_image_servers(config, jobid); ended > 0)
         log::debug("ended " + std::to_string(ended) + " image server(s) of job " + std::to_string(jobid));
+    // cgroup/v2: whatever is left in the job's own leaf (a holder's or server's children), then the leaf.
+    if (int removed = end_job_cgroups(config, jobid); removed > 0)
+        log::debug("removed " + std::to_string(removed) + " cgroup(s) of job " + std::to_string(jobid));
 }
 
 }  // namespace gantry::plugin

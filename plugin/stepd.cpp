@@ -94,7 +94,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             } else {
                 st.joined.defaults.workdir = st.joined.defaults.image_workdir;
             }
-            if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
+            st.cgroup_level = settings.container_scope == "job" ? CgroupLevel::job : CgroupLevel::node;
             return {};
         }
         if (existing && mode == "create") {
@@ -244,8 +244,12 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     st.joined = created->state();
     if (auto recorded = record_job_image_server(st.config, id->jobid, st.joined); !recorded)
         log::warning("recording the job's image server: " + recorded.error().message);
+    // Where the holder goes once Slurm has placed the first task (task_forked): the task's own leaf
+    // for a step's container, the job's leaf for a named one, outside every job for a node-wide one
+    // (container_scope=global): never left in the step, where it started (cgroup/v2: step_N/slurm).
     if (name.empty()) st.cgroup_level = CgroupLevel::step;
     else if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
+    else st.cgroup_level = CgroupLevel::node;
     if (name.empty()) {
         st.container = std::move(*created);  // stopped when the step's last task exits
     } else {
@@ -306,6 +310,11 @@ void task_forked(spank_t sp) {
     // the job, not to this step: it serves the job's later steps too, and the job epilog ends it.
     if (auto placed = place_image_server_in_job_cgroups(task, st.joined); !placed)
         log::warning("placing the job's image server in the job's cgroups: " + placed.error().message);
+    // cgroup/v2: the job's own leaf, if one was made, is ended and removed by the job epilog.
+    uint32_t jobid = 0;
+    if (item(sp, S_JOB_ID, &jobid))
+        if (auto recorded = record_job_cgroups(st.config, jobid, task); !recorded)
+            log::warning("recording the job's cgroup: " + recorded.error().message);
 }
 
 void task_exited(spank_t sp, const Settings& settings) {

@@ -200,11 +200,20 @@ Status join(const ContainerState& state);
 // The same through descriptors opened before (open_join_handles), e.g. with more rights than now.
 Status join(const ContainerState& state, const JoinHandles& handles);
 
-// proctrack/cgroup, task/cgroup: moves the holder and its children (the fuse daemon) into the cgroups
-// of process `model` (a Slurm task), cut at its step ("/step_N") or job ("/job_N") level, one
-// hierarchy at a time; hierarchies without such a component (not Slurm's) are left alone. Root only.
-// Returns the first failure but tries every hierarchy.
-enum class CgroupLevel { step, job };
+// proctrack/cgroup, task/cgroup (cgroup v1 and v2): moves the holder and its children (the fuse daemon)
+// into the cgroups that `level` names for process `model` (a task Slurm has placed; read from the
+// kernel, /proc/MODEL/cgroup), one hierarchy at a time:
+//   step: the task's own cgroup, exactly: a leaf, killed with the step on every release (cgroup/v2
+//         since Slurm 25.05 kills only step_N/user, where the task's leaf is);
+//   job:  v2: the leaf JOB/gantry (JOB: the task's cgroup three levels up, whatever its name: job_ID
+//         or, from 26.05, a SLUID), outside every step, ended by the job epilog (end_job_cgroups);
+//         v1: the job's cgroup (job_ID), which takes processes on v1;
+//   node: v2: the leaf gantry beside the job directories (a container_scope=global holder: outside
+//         every job, so no step end waits for it); v1: left where it is.
+// Never a non-leaf cgroup on v2 (EBUSY with controllers; without, a process there escapes the kill).
+// Hierarchies where the task is not in Slurm's layout are left alone. Root only. Returns the first
+// failure but tries every hierarchy.
+enum class CgroupLevel { step, job, node };
 Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel level);
 
 // The fuse image server a job's containers share on a node (ContainerSpec::fuse_server_scope; the
@@ -216,6 +225,15 @@ Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel
 Status record_job_image_server(const Config& config, uint32_t jobid, const ContainerState& state);
 Status place_image_server_in_job_cgroups(pid_t model, const ContainerState& state);
 int end_job_image_servers(const Config& config, uint32_t jobid);
+
+// cgroup v2: the job's own leaf (JOB/gantry, see place_in_cgroups_of) once something was placed there,
+// noted in <runtime_dir>/servers/job_JOBID.cgroups (root's file) by record_job_cgroups; the job
+// epilog's end_job_cgroups kills what is left in each (cgroup.kill, or SIGKILL by pidfd before Linux
+// 5.14), waits up to `deadline_ms` for it to empty, removes the leaf and then the job's directory if
+// Slurm left it empty (Slurm's own removal failed while the leaf was there). Returns how many leaves
+// it removed; a leaf still populated at the deadline is kept in the record for the next epilog.
+Status record_job_cgroups(const Config& config, uint32_t jobid, pid_t model);
+int end_job_cgroups(const Config& config, uint32_t jobid, int deadline_ms = 5000);
 
 // How much of the caller's environment enters the container.
 enum class EnvironmentRule {

@@ -1,19 +1,32 @@
-// Placing a container's holder in the cgroups of a Slurm step or job (proctrack/cgroup, task/cgroup):
-// the plugin creates the holder before slurmstepd makes the step's cgroups, so the holder (and its
-// fuse daemon) would otherwise stay in slurmd's cgroup, outside the job's accounting and limits and
-// outside the end-of-step kill. A task, once Slurm has placed it, shows the right cgroups.
+// Placing a container's holder in the cgroups of a Slurm step or job (proctrack/cgroup, task/cgroup,
+// cgroup v1 and v2): the plugin creates the holder before the task exists, from slurmstepd, so the
+// holder (and its fuse daemon) starts wherever slurmstepd is: on v1 outside the job, on cgroup/v2 in
+// STEP/slurm, where slurmstepd sits during the SPANK callbacks. Left there, a holder would escape the
+// step's kill on v1, and on v2 keep STEP populated after Slurm 25.05's cgroup.kill of STEP/user, which
+// makes proctrack wait UnkillableStepTimeout and drain the node.
+// So the places are decided from the kernel's account of a task Slurm has placed (/proc/TASK/cgroup),
+// never from the job's or step's directory names (a 26.05 job directory is a SLUID): a step's holder
+// goes into the task's own leaf, a job's processes into a leaf of Gantry's own in the job's directory
+// (outside every step), ended by the job epilog with cgroup.kill (no pid to go stale, and right under
+// namespace/linux, where the pids the plugin sees are not the epilog's).
 // The fuse image server a job's containers share on a node (ContainerSpec::fuse_server_scope) goes
-// into the job's cgroups, and is recorded in root's runtime directory so that the job's epilog
-// ends it whatever the process tracking (linuxproc, cgroup v2: a job cgroup takes no process).
+// there too, and is also recorded by pid in root's runtime directory so that the job's epilog ends it
+// whatever the process tracking (linuxproc: no cgroups at all).
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -22,23 +35,18 @@
 #include "internal.hpp"
 
 namespace gantry {
-namespace {
+namespace launcher {
 
-struct CgroupMount {
-    std::string root, point, fstype;
-    std::vector<std::string> options;  // super options: the v1 controllers, name=...
-};
-
-std::vector<CgroupMount> cgroup_mounts() {
-    std::vector<CgroupMount> out;
-    std::ifstream in("/proc/self/mountinfo");
+std::vector<CgroupHierarchy> parse_cgroup_mounts(std::string_view mountinfo) {
+    std::vector<CgroupHierarchy> out;
+    std::istringstream in{std::string(mountinfo)};
     std::string line;
     while (std::getline(in, line)) {
         auto dash = line.find(" - ");
         if (dash == std::string::npos) continue;
         std::istringstream head(line.substr(0, dash)), tail(line.substr(dash + 3));
         std::string id, parent, devno;
-        CgroupMount m;
+        CgroupHierarchy m;
         std::string source, super;
         if (!(head >> id >> parent >> devno >> m.root >> m.point) || !(tail >> m.fstype >> source >> super)) continue;
         if (m.fstype != "cgroup" && m.fstype != "cgroup2") continue;
@@ -49,12 +57,89 @@ std::vector<CgroupMount> cgroup_mounts() {
     return out;
 }
 
-// "/slurm_n1/uid_5/job_7/step_0/task_1" cut after the component starting with `level` ("step_",
-// "job_"); "" when there is none (a hierarchy Slurm does not manage).
+namespace {
+
+// "/a/b/c" -> "/a/b"; "/a" -> "/"; "/" -> "".
+std::string parent_of(const std::string& path) {
+    if (path == "/" || path.empty()) return {};
+    auto slash = path.rfind('/');
+    return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string base_of(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+std::string child_of(const std::string& dir, const std::string& name) { return dir == "/" ? "/" + name : dir + "/" + name; }
+
+// "/slurm_n1/uid_5/job_7/step_0/task_1" cut after the component starting with `level` ("job_"); ""
+// when there is none. cgroup/v1 only: its job cgroup is always job_ID.
 std::string cut_at(const std::string& path, const std::string& level) {
     size_t pos = path.find("/" + level);
     if (pos == std::string::npos) return {};
     return path.substr(0, path.find('/', pos + 1));
+}
+
+// The hierarchy mounted for a /proc/PID/cgroup line's controllers ("" = the unified one), holding `path`.
+const CgroupHierarchy* hierarchy_for(const std::vector<CgroupHierarchy>& mounts, const std::string& controllers,
+                                     const std::string& path) {
+    for (const auto& m : mounts) {
+        bool match = controllers.empty() ? m.fstype == "cgroup2" : m.fstype == "cgroup";
+        for (const auto& c : split_list(controllers, ','))
+            if (std::find(m.options.begin(), m.options.end(), c) == m.options.end()) match = false;
+        if (match && (m.root == "/" || path == m.root || starts_with(path, m.root + "/"))) return &m;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+std::vector<CgroupTarget> cgroup_targets(std::string_view task_cgroups, const std::vector<CgroupHierarchy>& mounts,
+                                         CgroupLevel level) {
+    std::vector<CgroupTarget> out;
+    std::istringstream in{std::string(task_cgroups)};
+    std::string line;
+    while (std::getline(in, line)) {
+        auto c1 = line.find(':'), c2 = line.find(':', c1 + 1);
+        if (c1 == std::string::npos || c2 == std::string::npos) continue;
+        std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
+        std::string task = line.substr(c2 + 1);
+        if (task.empty() || task[0] != '/') continue;
+        bool unified = line.substr(0, c1) == "0" && controllers.empty();
+        CgroupTarget t;
+        t.unified = unified;
+        if (level == CgroupLevel::step) {
+            t.path = task;
+        } else if (unified) {
+            // Slurm's cgroup/v2 layout (22.05 to 26.05): JOB/STEP/user/TASK, JOB being job_ID or a
+            // SLUID. Only the shape is relied on: a task in a directory called "user", two levels
+            // below the job's directory.
+            std::string user = parent_of(task), step = parent_of(user), job = parent_of(step);
+            if (base_of(user) != "user" || job.empty() || job == "/") continue;
+            std::string dir = level == CgroupLevel::job ? job : parent_of(job);
+            if (dir.empty()) continue;
+            t.path = child_of(dir, "gantry");
+            t.make_leaf = true;
+        } else if (level == CgroupLevel::job) {
+            t.path = cut_at(task, "job_");
+        }
+        if (t.path.empty()) continue;
+        const CgroupHierarchy* m = hierarchy_for(mounts, controllers, t.path);
+        if (m == nullptr) continue;
+        std::string rel = m->root == "/" ? t.path : t.path.substr(m->root.size());
+        t.dir = m->point + (rel == "/" ? "" : rel);
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
+}  // namespace launcher
+
+namespace {
+
+std::string read_small(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
 }
 
 Status write_pid(const std::string& procs, pid_t pid) {
@@ -66,56 +151,68 @@ Status write_pid(const std::string& procs, pid_t pid) {
     return {};
 }
 
-// The real uid of a process (/proc/PID/status "Uid:"), -1 when it is gone.
-uid_t real_uid_of(pid_t pid) {
+// A field of /proc/PID/status ("Uid:", "PPid:"): its first number, -1 when the process is gone.
+long status_field(pid_t pid, const char* name) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/status");
     for (std::string line; std::getline(in, line);)
-        if (starts_with(line, "Uid:")) {
-            std::istringstream fields(line.substr(4));
-            long uid = -1;
-            if (fields >> uid && uid >= 0) return static_cast<uid_t>(uid);
+        if (starts_with(line, name)) {
+            std::istringstream fields(line.substr(std::string_view(name).size()));
+            long value = -1;
+            if (fields >> value && value >= 0) return value;
         }
-    return static_cast<uid_t>(-1);
+    return -1;
+}
+
+uid_t real_uid_of(pid_t pid) {
+    long uid = status_field(pid, "Uid:");
+    return uid < 0 ? static_cast<uid_t>(-1) : static_cast<uid_t>(uid);
+}
+
+// The children of `leader` (its main thread's), each checked right before use to be its child still.
+std::vector<pid_t> children_of(pid_t leader) {
+    std::vector<pid_t> out;
+    std::ifstream kids("/proc/" + std::to_string(leader) + "/task/" + std::to_string(leader) + "/children");
+    for (pid_t p; kids >> p;) out.push_back(p);
+    return out;
+}
+
+// Makes Gantry's leaf (root, in the Slurm-managed cgroup tree): the directory the kernel names a
+// cgroup; its files belong to root, so no user can move processes in or out. EEXIST: made before,
+// by an earlier step or job of this node.
+Status make_leaf(const std::string& dir) {
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return system_error("creating cgroup " + dir);
+    struct stat sb {};
+    if (::lstat(dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) return make_error(dir + " is not a cgroup directory");
+    return {};
 }
 
 // One process (the leader: checked to be the one recorded, by start time and, with `owner`, real
-// uid, right before each write) and its children, into the cgroups of `model` cut at `level`.
+// uid, right before its write) and its children (checked to be its children right before each
+// write: a pid reused since is not the leader's child), into the cgroups `level` names for `model`.
 Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsigned long long leader_start, uid_t owner,
                             const std::string& what) {
-    std::string prefix = level == CgroupLevel::step ? "step_" : "job_";
-    auto mounts = cgroup_mounts();
-    std::vector<pid_t> pids = {leader};
-    std::ifstream kids("/proc/" + std::to_string(leader) + "/task/" + std::to_string(leader) + "/children");
-    for (pid_t p; kids >> p;) pids.push_back(p);
-    std::ifstream in("/proc/" + std::to_string(model) + "/cgroup");
-    if (!in) return system_error("reading the cgroups of process " + std::to_string(model));
-    std::string line;
+    std::string task_cgroups = read_small("/proc/" + std::to_string(model) + "/cgroup");
+    if (task_cgroups.empty()) return system_error("reading the cgroups of process " + std::to_string(model));
+    auto targets =
+        launcher::cgroup_targets(task_cgroups, launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")), level);
     Status result;
-    while (std::getline(in, line)) {
-        auto c1 = line.find(':'), c2 = line.find(':', c1 + 1);
-        if (c1 == std::string::npos || c2 == std::string::npos) continue;
-        std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
-        std::string target = cut_at(line.substr(c2 + 1), prefix);
-        if (target.empty()) continue;
-        const CgroupMount* mount = nullptr;
-        for (const auto& m : mounts) {
-            bool match = controllers.empty() ? m.fstype == "cgroup2" : m.fstype == "cgroup";
-            for (const auto& c : split_list(controllers, ','))
-                if (std::find(m.options.begin(), m.options.end(), c) == m.options.end()) match = false;
-            if (match && (m.root == "/" || starts_with(target, m.root + "/"))) {
-                mount = &m;
-                break;
+    auto keep_first = [&](Status st) {
+        if (!st && result) result = std::move(st);
+    };
+    for (const auto& t : targets) {
+        if (t.make_leaf) {
+            if (auto made = make_leaf(t.dir); !made) {
+                keep_first(std::move(made));
+                continue;
             }
         }
-        if (mount == nullptr) continue;
-        std::string dir = mount->point + (mount->root == "/" ? target : target.substr(mount->root.size()));
-        for (pid_t p : pids) {
-            if (p == leader && (launcher::process_start_time(p) != leader_start ||
-                                (owner != static_cast<uid_t>(-1) && real_uid_of(p) != owner)))
-                return make_error(what + " is gone");
-            auto st = write_pid(dir + "/cgroup.procs", p);
-            if (!st && result) result = st;
-        }
+        if (launcher::process_start_time(leader) != leader_start ||
+            (owner != static_cast<uid_t>(-1) && real_uid_of(leader) != owner))
+            return make_error(what + " is gone");
+        keep_first(write_pid(t.dir + "/cgroup.procs", leader));
+        // Children forked from now on start in the new cgroup; the ones from before follow.
+        for (pid_t child : launcher::process_start_time(leader) == leader_start ? children_of(leader) : std::vector<pid_t>{})
+            if (status_field(child, "PPid:") == leader) keep_first(write_pid(t.dir + "/cgroup.procs", child));
     }
     return result;
 }
@@ -128,8 +225,10 @@ Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel
     // account of that task (/proc/MODEL/cgroup, read before the task may run any code of the user's:
     // Slurm holds it until every post-fork hook returned), their files are under the cgroup mounts
     // the kernel lists, nothing comes from the user; the pid is our holder's, its start time checked
-    // right before (a reused pid is left alone). Moving a process into the job's own cgroup only
-    // subjects it to the job's limits and end.
+    // right before (a reused pid is left alone), its children checked to be its children. Moving a
+    // process into the task's own cgroup, or into Gantry's leaf in the job's (or, for a node-wide
+    // container, beside the jobs'), only subjects it to limits and an end; the leaf is made by root in
+    // root's cgroup tree, under a path computed from the kernel's lines, never from the user's input.
     return move_into_cgroups_of(model, level, state.holder_pid, state.holder_start_time, static_cast<uid_t>(-1),
                                 "the container's holder");
 }
@@ -148,6 +247,14 @@ namespace {
 std::string job_servers_file(const Config& config, uint32_t jobid) {
     return runtime_dir(config) + "/servers/job_" + std::to_string(jobid);
 }
+
+Status append_record(const std::string& path, const std::string& line) {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd) return system_error("opening " + path);
+    if (::write(fd.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+        return system_error("writing " + path);
+    return {};
+}
 }  // namespace
 
 Status record_job_image_server(const Config& config, uint32_t jobid, const ContainerState& state) {
@@ -156,14 +263,9 @@ Status record_job_image_server(const Config& config, uint32_t jobid, const Conta
     // pid our holder found serving it, its start time, the container's owner.
     if (state.server_pid <= 0) return {};
     GANTRY_TRY(launcher::ensure_own_dir(runtime_dir(config) + "/servers", 0700, true, "the image servers' directory"));
-    std::string path = job_servers_file(config, jobid);
-    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!fd) return system_error("opening " + path);
-    std::string line = std::to_string(state.server_pid) + " " + std::to_string(state.server_start_time) + " " +
-                       std::to_string(state.uid) + "\n";
-    if (::write(fd.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
-        return system_error("writing " + path);
-    return {};
+    return append_record(job_servers_file(config, jobid), std::to_string(state.server_pid) + " " +
+                                                              std::to_string(state.server_start_time) + " " +
+                                                              std::to_string(state.uid) + "\n");
 }
 
 int end_job_image_servers(const Config& config, uint32_t jobid) {
@@ -190,6 +292,118 @@ int end_job_image_servers(const Config& config, uint32_t jobid) {
         if (launcher::signal_pidfd(fd.get(), SIGKILL) == 0) ++killed;
     }
     return killed;
+}
+
+Status record_job_cgroups(const Config& config, uint32_t jobid, pid_t model) {
+    // Privileged (root, task_post_fork), like record_job_image_server: notes the job's own leaf (the
+    // path computed from the task's cgroups, as place_in_cgroups_of does; only once it exists) in
+    // root's 0700 runtime directory, for the epilog. Nothing in it comes from the user.
+    std::string task_cgroups;
+    {
+        std::ifstream in("/proc/" + std::to_string(model) + "/cgroup");
+        std::stringstream ss;
+        ss << in.rdbuf();
+        task_cgroups = ss.str();
+    }
+    std::string lines;
+    for (const auto& t : launcher::cgroup_targets(
+             task_cgroups, launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")), CgroupLevel::job)) {
+        struct stat sb {};
+        if (t.make_leaf && ::lstat(t.dir.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) lines += t.dir + "\n";
+    }
+    if (lines.empty()) return {};
+    GANTRY_TRY(launcher::ensure_own_dir(runtime_dir(config) + "/servers", 0700, true, "the image servers' directory"));
+    return append_record(job_servers_file(config, jobid) + ".cgroups", lines);
+}
+
+namespace {
+
+bool cgroup_populated(int dirfd) {
+    UniqueFd fd(::openat(dirfd, "cgroup.events", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) return false;
+    char buf[256];
+    ssize_t n = ::read(fd.get(), buf, sizeof buf - 1);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    return std::string_view(buf, static_cast<size_t>(n)).find("populated 1") != std::string_view::npos;
+}
+
+std::vector<long> cgroup_pids(int dirfd) {
+    std::vector<long> out;
+    UniqueFd procs(::openat(dirfd, "cgroup.procs", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!procs) return out;
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(procs.get(), buf, sizeof buf)) > 0 && text.size() < (1u << 20);)
+        text.append(buf, static_cast<size_t>(n));
+    std::istringstream in(text);
+    for (long pid = 0; in >> pid;) out.push_back(pid);
+    return out;
+}
+
+// Ends every process in the cgroup open at `dirfd`: cgroup.kill (Linux 5.14), else SIGKILL by pidfd to
+// each process cgroup.procs lists, signalled only if the cgroup still lists it once the pidfd is held
+// (a pid reused in between would not be in this cgroup: only root moves processes into it).
+void kill_cgroup(int dirfd) {
+    if (UniqueFd kill(::openat(dirfd, "cgroup.kill", O_WRONLY | O_NOFOLLOW | O_CLOEXEC)); kill) {
+        if (::write(kill.get(), "1", 1) == 1) return;
+    }
+    for (long pid : cgroup_pids(dirfd)) {
+        if (pid <= 1) continue;
+        UniqueFd fd(launcher::open_pidfd(static_cast<pid_t>(pid)));
+        if (!fd) continue;
+        auto now = cgroup_pids(dirfd);
+        if (std::find(now.begin(), now.end(), pid) != now.end()) (void)launcher::signal_pidfd(fd.get(), SIGKILL);
+    }
+}
+
+}  // namespace
+
+int end_job_cgroups(const Config& config, uint32_t jobid, int deadline_ms) {
+    // Privileged (root, the job epilog): kills what is left in the job's own leaves and removes them.
+    // Safe: the paths come from root's own record (record_job_cgroups, a 0700 directory, O_NOFOLLOW),
+    // each is checked again to be a directory named "gantry" on a cgroup2 mount the kernel lists, and
+    // opened without following symlinks; what is killed is what the kernel counts in that cgroup, which
+    // only root can move processes into. The wait has a deadline; a leaf still busy then is kept in
+    // the record (the next epilog of that job id on this node retries) and reported in the log.
+    std::string path = job_servers_file(config, jobid) + ".cgroups";
+    std::ifstream in(path);
+    if (!in) return 0;
+    std::set<std::string> dirs;
+    for (std::string line; dirs.size() < 64 && std::getline(in, line);)
+        if (!line.empty()) dirs.insert(line);
+    in.close();
+    auto mounts = launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo"));
+    auto on_cgroup2 = [&](const std::string& dir) {
+        for (const auto& m : mounts)
+            if (m.fstype == "cgroup2" && starts_with(dir, m.point + "/")) return true;
+        return false;
+    };
+    std::string kept;
+    int removed = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline_ms);
+    for (const auto& dir : dirs) {
+        if (dir.size() < 7 || dir.substr(dir.size() - 7) != "/gantry" || !on_cgroup2(dir)) continue;
+        UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!fd) continue;  // gone already
+        kill_cgroup(fd.get());
+        while (cgroup_populated(fd.get()) && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (::rmdir(dir.c_str()) != 0) {
+            log::warning("ending job " + std::to_string(jobid) + "'s processes in " + dir + ": " +
+                         (cgroup_populated(fd.get()) ? "still populated after the deadline" : std::strerror(errno)));
+            kept += dir + "\n";
+            continue;
+        }
+        ++removed;
+        // Slurm's removal of the job's directory failed while the leaf was in it: remove it now if it is
+        // empty (rmdir of a cgroup with children or processes fails and changes nothing).
+        auto slash = dir.rfind('/');
+        (void)::rmdir(dir.substr(0, slash).c_str());
+    }
+    ::unlink(path.c_str());
+    if (!kept.empty()) (void)append_record(path, kept);
+    return removed;
 }
 
 }  // namespace gantry

@@ -222,6 +222,32 @@ Result<std::string> describe_syscall_filter();
 // Loads the filter into the calling thread, for good (single-threaded callers: join).
 Status install_syscall_filter();
 
+// cgroups.cpp: where a holder or image server goes, decided from the kernel's account of a Slurm task
+// (its /proc/PID/cgroup lines) and the cgroup mounts (/proc/self/mountinfo). Pure functions, so that
+// the recorded lines of every Slurm release can be tested without that release (tests/unit).
+struct CgroupHierarchy {
+    std::string root, point, fstype;   // mountinfo's root and mount point; "cgroup" or "cgroup2"
+    std::vector<std::string> options;  // super options: the v1 controllers, name=...
+};
+std::vector<CgroupHierarchy> parse_cgroup_mounts(std::string_view mountinfo);
+struct CgroupTarget {
+    std::string dir;         // the cgroup's directory (mount point + path)
+    std::string path;        // the cgroup's path as /proc/PID/cgroup names it
+    bool make_leaf = false;  // a leaf of Gantry's own: created (root) if missing
+    bool unified = false;    // on the cgroup2 hierarchy
+};
+// For each hierarchy of the task whose /proc/PID/cgroup text is `task_cgroups`:
+//  - step: the task's own cgroup, exactly (a leaf the kernel placed a live task in; Slurm kills it
+//    with the step: cgroup/v1 the step's cgroup, cgroup/v2 `cgroup.kill` on step_N/user);
+//  - job: v2: the leaf "gantry" in the job's directory, which Slurm's layout puts three levels above
+//    the task (JOB/STEP/user/TASK, whatever JOB is named: job_ID or a SLUID); v1: the job's cgroup
+//    (the component named job_ID, the only naming v1 has), where a v1 job cgroup takes processes;
+//  - node: v2: the leaf "gantry" beside the job directories (slurmstepd.scope/gantry), outside every
+//    job; v1: none (left where it started, outside the step).
+// A hierarchy where the task is not in Slurm's layout gives no target for job and node.
+std::vector<CgroupTarget> cgroup_targets(std::string_view task_cgroups, const std::vector<CgroupHierarchy>& mounts,
+                                         CgroupLevel level);
+
 // Process helpers (process.cpp)
 unsigned long long process_start_time(pid_t pid);
 

@@ -952,6 +952,103 @@ TEST_CASE("a job's image servers: recorded, then ended with the job only while t
 }
 
 
+// Recorded /proc/PID/cgroup lines of a task slurmstepd has placed, per Slurm release and cgroup
+// version, with the cgroup mounts of such a node (mountinfo lines).
+namespace {
+const char* kV1Mounts =
+    "31 25 0:27 / /sys/fs/cgroup/freezer rw,nosuid,nodev,noexec,relatime shared:12 - cgroup cgroup rw,freezer\n"
+    "32 25 0:28 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,memory\n"
+    "33 25 0:29 / /sys/fs/cgroup/devices rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,devices\n"
+    "34 25 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:15 - cgroup cgroup "
+    "rw,cpu,cpuacct\n"
+    "35 25 0:31 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:9 - cgroup cgroup "
+    "rw,xattr,name=systemd\n"
+    "36 25 0:26 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate\n"
+    "37 22 0:5 / /proc rw,nosuid,nodev,noexec,relatime shared:13 - proc proc rw\n";
+const char* kV2Mounts =
+    "25 24 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 "
+    "rw,nsdelegate,memory_recursiveprot\n";
+// Slurm 22.05, cgroup/v1 (proctrack/cgroup, task/cgroup with memory and devices).
+const char* kSlurm2205V1 =
+    "12:freezer:/slurm/uid_1000/job_12/step_0\n"
+    "11:memory:/slurm/uid_1000/job_12/step_0/task_0\n"
+    "10:devices:/slurm/uid_1000/job_12/step_0\n"
+    "4:cpu,cpuacct:/system.slice/slurmd.service\n"
+    "1:name=systemd:/system.slice/slurmd.service\n"
+    "0::/system.slice/slurmd.service\n";
+// Slurm 24.11 and 25.05, cgroup/v2: JOB/STEP/user/task_N under slurmstepd.scope.
+const char* kSlurm2411V2 = "0::/system.slice/slurmstepd.scope/job_12/step_0/user/task_0\n";
+const char* kSlurm2505V2Batch = "0::/system.slice/slurmstepd.scope/job_13/step_batch/user/task_0\n";
+// Slurm 26.05, cgroup/v2 with the job directory named by the job's SLUID (CgroupJobIdPaths=no).
+const char* kSlurm2605V2Sluid = "0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_3/user/task_1\n";
+
+std::vector<std::string> target_dirs(const char* task, const char* mounts, CgroupLevel level, bool* leaf = nullptr) {
+    std::vector<std::string> out;
+    for (const auto& t : launcher::cgroup_targets(task, launcher::parse_cgroup_mounts(mounts), level)) {
+        out.push_back(t.dir);
+        if (leaf != nullptr) *leaf = t.make_leaf;
+    }
+    return out;
+}
+}  // namespace
+
+TEST_CASE("cgroup placement: recorded task cgroups of Slurm 22.05 (v1), 24.11/25.05 and 26.05 (v2, SLUID)") {
+    using V = std::vector<std::string>;
+    SECTION("22.05 cgroup/v1: a step's holder joins the task's own cgroups; a job's the job_ID cgroups") {
+        CHECK(target_dirs(kSlurm2205V1, kV1Mounts, CgroupLevel::step) ==
+              V{"/sys/fs/cgroup/freezer/slurm/uid_1000/job_12/step_0",
+                "/sys/fs/cgroup/memory/slurm/uid_1000/job_12/step_0/task_0",
+                "/sys/fs/cgroup/devices/slurm/uid_1000/job_12/step_0",
+                "/sys/fs/cgroup/cpu,cpuacct/system.slice/slurmd.service",
+                "/sys/fs/cgroup/systemd/system.slice/slurmd.service", "/sys/fs/cgroup/unified/system.slice/slurmd.service"});
+        CHECK(target_dirs(kSlurm2205V1, kV1Mounts, CgroupLevel::job) ==
+              V{"/sys/fs/cgroup/freezer/slurm/uid_1000/job_12", "/sys/fs/cgroup/memory/slurm/uid_1000/job_12",
+                "/sys/fs/cgroup/devices/slurm/uid_1000/job_12"});
+        CHECK(target_dirs(kSlurm2205V1, kV1Mounts, CgroupLevel::node).empty());  // v1: left where it started
+    }
+    SECTION("24.11 cgroup/v2: the task's leaf; the job's own leaf beside the steps; the node's beside the jobs") {
+        bool leaf = false;
+        CHECK(target_dirs(kSlurm2411V2, kV2Mounts, CgroupLevel::step, &leaf) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_12/step_0/user/task_0"});
+        CHECK_FALSE(leaf);
+        CHECK(target_dirs(kSlurm2411V2, kV2Mounts, CgroupLevel::job, &leaf) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_12/gantry"});
+        CHECK(leaf);
+        CHECK(target_dirs(kSlurm2411V2, kV2Mounts, CgroupLevel::node, &leaf) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/gantry"});
+        CHECK(leaf);
+    }
+    SECTION("25.05 cgroup/v2, a batch step: the same shape") {
+        CHECK(target_dirs(kSlurm2505V2Batch, kV2Mounts, CgroupLevel::step) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_13/step_batch/user/task_0"});
+        CHECK(target_dirs(kSlurm2505V2Batch, kV2Mounts, CgroupLevel::job) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/job_13/gantry"});
+    }
+    SECTION("26.05 cgroup/v2: a job directory named by its SLUID is found by its place, not its name") {
+        CHECK(target_dirs(kSlurm2605V2Sluid, kV2Mounts, CgroupLevel::step) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_3/user/task_1"});
+        CHECK(target_dirs(kSlurm2605V2Sluid, kV2Mounts, CgroupLevel::job) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/sEKNKTV3WPV500/gantry"});
+        CHECK(target_dirs(kSlurm2605V2Sluid, kV2Mounts, CgroupLevel::node) ==
+              V{"/sys/fs/cgroup/system.slice/slurmstepd.scope/gantry"});
+    }
+    SECTION("a hybrid host's cgroup2 at /sys/fs/cgroup/unified, and a v2 task outside Slurm's layout") {
+        CHECK(target_dirs("0::/scratch/slurmstepd.scope/job_5/step_0/user/task_0\n", kV1Mounts, CgroupLevel::job) ==
+              V{"/sys/fs/cgroup/unified/scratch/slurmstepd.scope/job_5/gantry"});
+        // proctrack/linuxproc on a v2 node: the task stays in slurmd's cgroup; nothing for a job.
+        CHECK(target_dirs("0::/system.slice/slurmd.service\n", kV2Mounts, CgroupLevel::job).empty());
+        CHECK(target_dirs("0::/user/task_0\n", kV2Mounts, CgroupLevel::job).empty());  // no job above the step
+        CHECK(target_dirs("0::/\n", kV2Mounts, CgroupLevel::node).empty());
+    }
+    SECTION("a v1 hierarchy mounted from below its root (a node in a container) and a hierarchy not mounted") {
+        const char* mounts = "40 30 0:27 /slurm /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer\n";
+        CHECK(target_dirs("7:freezer:/slurm/uid_1/job_2/step_0\n", mounts, CgroupLevel::job) ==
+              V{"/sys/fs/cgroup/freezer/uid_1/job_2"});
+        CHECK(target_dirs("7:freezer:/elsewhere/job_2/step_0\n", mounts, CgroupLevel::job).empty());
+        CHECK(target_dirs("8:pids:/slurm/uid_1/job_2/step_0\n", mounts, CgroupLevel::step).empty());
+    }
+}
+
 TEST_CASE("layer stacks: the node-wide key follows the layers and their order; too deep a stack is E2BIG", "[root]") {
     if (!launcher::running_as_real_root()) {
         WARN("not root: the node-wide stack is root's");
