@@ -45,6 +45,20 @@ containers_on() {
   "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" exec "$1" -- sh -c 'ls /run/gantry/containers 2>/dev/null | wc -l'
 }
 
+# epilog_done JOBID NODE: waits (at most 300 s, a bound for a hung epilog, not a timing) until the job
+# has left COMPLETING and NODE is no longer `completing`: slurmd has run the job's epilog there.
+epilog_done() {
+  local i state node_state
+  for ((i = 0; i < 1500; i++)); do
+    state=$(scontrol -o show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' || echo JobState=GONE)
+    node_state=$(sinfo -h -N -n "$2" -o '%t' | head -n1)
+    [ "$state" != JobState=COMPLETING ] && [[ "$node_state" != *comp* ]] && return 0
+    sleep 0.2
+  done
+  echo "job $1 still $state, node $2 $node_state after 300 s" >&2
+  return 1
+}
+
 @test "proctrack/cgroup: the ranks run in the step's freezer cgroup inside the container" {
   grep -q '^ProctrackType=proctrack/cgroup' "$SLURM_CONF"
   run as_user srun -N3 -n3 --container-image="$TINY" sh -c 'grep freezer /proc/self/cgroup; cat /work/README'
@@ -81,8 +95,11 @@ JOB
   [ "$(echo "$output" | grep -Ev '^(salloc:|srun: Job [0-9]+ step creation temporarily disabled|srun: Step created for job)')" = "$(printf 'started\nsleep gone\nkept\nkept\nagain')" ]
   cat "$WORK/holder.cgroup"
   grep -Eq ':freezer:/slurm_gnode1/uid_[0-9]+/job_[0-9]+$' "$WORK/holder.cgroup"
-  # The job is over: the epilog removed the named container (container_scope=job).
-  for i in $(seq 1 50); do [ "$(containers_on gnode1)" -eq 0 ] && break; sleep 0.2; done
+  # The job is over: once its epilog has finished (the event, not a time window: a busy node, e.g.
+  # beside CI's build lane, may start the epilog late), the named container is gone (container_scope=job).
+  jobid=$(echo "$output" | sed -n 's/^salloc: Granted job allocation \([0-9]*\).*/\1/p')
+  [ -n "$jobid" ]
+  epilog_done "$jobid" gnode1
   [ "$(containers_on gnode1)" -eq 0 ]
   # Its holder and its image server are gone too (not counting a `gantry run` server another suite
   # may have left, which waits for mount_idle_seconds: not this job's).
