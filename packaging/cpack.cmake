@@ -51,6 +51,16 @@ file(WRITE ${_pkg_out}/plugstack.conf "${_plugstack}")
 install(FILES ${_pkg_out}/plugstack.conf DESTINATION ${GANTRY_INSTALL_SYSCONFDIR}/slurm/plugstack.conf.d
         RENAME gantry.conf PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 
+# The AppArmor profile of gantry-holder (packaging/apparmor/gantry): Ubuntu 24.04 gives a user namespace
+# capabilities only to programs a profile with a `userns` rule covers. A build for another libexec
+# directory gets its own holder path written in.
+file(READ ${_pkg}/apparmor/gantry _apparmor)
+string(REPLACE "/usr/libexec/gantry/gantry-holder" "${CMAKE_INSTALL_FULL_LIBEXECDIR}/gantry/gantry-holder" _apparmor "${_apparmor}")
+file(WRITE ${_pkg_out}/apparmor-gantry "${_apparmor}")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_pkg}/apparmor/gantry)
+install(FILES ${_pkg_out}/apparmor-gantry DESTINATION ${GANTRY_INSTALL_SYSCONFDIR}/apparmor.d RENAME gantry
+        PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+
 # /run/gantry (runtime_path) is created at boot by systemd-tmpfiles, and by the package scripts.
 install(FILES ${_pkg}/tmpfiles/gantry.conf DESTINATION lib/tmpfiles.d
         PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
@@ -142,10 +152,11 @@ set(CPACK_RPM_POST_INSTALL_SCRIPT_FILE ${_pkg_out}/rpm/post)
 configure_file(${_pkg}/rpm/post.in ${_pkg_out}/rpm/post @ONLY)
 set(CPACK_RPM_USER_FILELIST
     "%config(noreplace) ${GANTRY_INSTALL_SYSCONFDIR}/gantry/gantry.conf"
-    "%config(noreplace) ${GANTRY_INSTALL_SYSCONFDIR}/slurm/plugstack.conf.d/gantry.conf")
+    "%config(noreplace) ${GANTRY_INSTALL_SYSCONFDIR}/slurm/plugstack.conf.d/gantry.conf"
+    "%config(noreplace) ${GANTRY_INSTALL_SYSCONFDIR}/apparmor.d/gantry")
 # Directories other packages own: the RPM must not claim them.
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
-    ${GANTRY_INSTALL_SYSCONFDIR}/slurm ${GANTRY_INSTALL_SYSCONFDIR}/slurm/plugstack.conf.d
+    ${GANTRY_INSTALL_SYSCONFDIR}/slurm ${GANTRY_INSTALL_SYSCONFDIR}/slurm/plugstack.conf.d ${GANTRY_INSTALL_SYSCONFDIR}/apparmor.d
     ${CMAKE_INSTALL_PREFIX}/lib/tmpfiles.d ${CMAKE_INSTALL_FULL_LIBDIR} ${_plugin_dir}
     ${CMAKE_INSTALL_FULL_LIBEXECDIR} ${CMAKE_INSTALL_FULL_MANDIR} ${CMAKE_INSTALL_FULL_MANDIR}/man1
     ${CMAKE_INSTALL_FULL_MANDIR}/man5 ${CMAKE_INSTALL_FULL_DATAROOTDIR}/doc)

@@ -1,7 +1,7 @@
 // `gantry doctor`: checks a node the way an admin would before the first job — kernel features,
-// fuse, the image store and its file system's flock, GPUs and driver, EFA, memlock, the Slurm plugin
-// and the Slurm release it was built for — and prints one line per check with ✓ or ✗ and, for ✗, what
-// to do about it. Exit status 1 when any check fails.
+// AppArmor's user namespace restriction, fuse, the image store and its file system's flock, GPUs and
+// driver, EFA, memlock, the Slurm plugin and the Slurm release it was built for — and prints one line
+// per check with ✓ or ✗ and, for ✗, what to do about it. Exit status 1 when any check fails.
 //
 //   gantry doctor [--plugstack FILE]
 //
@@ -62,10 +62,57 @@ Check user_namespaces() {
     int status = 0;
     if (pid > 0) ::waitpid(pid, &status, 0);
     std::string max = trim(read_all("/proc/sys/user/max_user_namespaces"));
+    // Debian's kernels carry a switch of their own (0 by default before Debian 11).
+    std::string clone = trim(read_all("/proc/sys/kernel/unprivileged_userns_clone"));
     c.ok = pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    c.detail = c.ok ? "unshare(CLONE_NEWUSER) works (max_user_namespaces " + max + ")"
-                    : "unshare(CLONE_NEWUSER) fails (max_user_namespaces " + (max.empty() ? "?" : max) + ")";
-    c.fix = "sysctl -w user.max_user_namespaces=65536 (and kernel.apparmor_restrict_unprivileged_userns=0 where set)";
+    std::string sysctls = "max_user_namespaces " + (max.empty() ? "?" : max) +
+                          (clone.empty() ? "" : ", unprivileged_userns_clone " + clone);
+    c.detail = (c.ok ? "unshare(CLONE_NEWUSER) works (" : "unshare(CLONE_NEWUSER) fails (") + sysctls + ")";
+    c.fix = clone == "0" ? "sysctl -w kernel.unprivileged_userns_clone=1" : "sysctl -w user.max_user_namespaces=65536";
+    return c;
+}
+
+// Ubuntu 24.04's AppArmor restriction: with kernel.apparmor_restrict_unprivileged_userns=1 an
+// unprivileged program may still create a user namespace, but without capabilities in it unless a
+// profile with a `userns` rule covers it, so the probe above passes while the holder's first mount
+// fails. The gantry package's profile (packaging/apparmor/gantry) covers gantry-holder. The /proc and
+// /sys files are read under host_root, where the tests put fake ones.
+Check apparmor_userns(const Config& config) {
+    Check c{"AppArmor user namespaces", true, "", ""};
+    const std::string sysctl = "kernel.apparmor_restrict_unprivileged_userns";
+    std::string restrict_value =
+        trim(read_all(devices::host_path(config.host_root, "/proc/sys/kernel/apparmor_restrict_unprivileged_userns")));
+    if (restrict_value.empty() || restrict_value == "0") {
+        c.detail =
+            restrict_value.empty() ? "no " + sysctl + " here (nothing to check)" : sysctl + " = 0 (not restricted)";
+        return c;
+    }
+    const std::string profile_file = "/etc/apparmor.d/gantry";
+    const std::string profiles_path = devices::host_path(config.host_root, "/sys/kernel/security/apparmor/profiles");
+    std::ifstream profiles(profiles_path);
+    c.detail = sysctl + " = " + restrict_value;
+    c.fix = "apparmor_parser -r " + profile_file +
+            " (the gantry package installs it; docs/admin.md, \"Ubuntu 24.04 and AppArmor\"), or sysctl -w " + sysctl +
+            "=0 (lifts the restriction for every program)";
+    if (!profiles) {
+        // Only root may read the list of loaded profiles: an ordinary user learns whether the file is there.
+        bool installed = ::access(devices::host_path(config.host_root, profile_file).c_str(), R_OK) == 0;
+        c.ok = installed;
+        c.detail += installed ? "; " + profile_file + " installed (whether it is loaded, only root can see)"
+                              : "; no gantry-holder profile in " + profile_file + ": containers get no capabilities";
+        return c;
+    }
+    // One line per loaded profile: "NAME (MODE)". The package's profile is named gantry-holder; a
+    // site's own may be named by the holder's path.
+    std::string line, found;
+    while (std::getline(profiles, line)) {
+        std::string name = line.substr(0, line.rfind(" ("));
+        if (name == "gantry-holder" || name == default_holder_program()) found = line;
+    }
+    c.ok = !found.empty();
+    c.detail += found.empty()
+                    ? "; no gantry-holder profile loaded: containers get no capabilities in their user namespace"
+                    : "; profile " + found + " loaded";
     return c;
 }
 
@@ -342,6 +389,7 @@ int doctor_verb(const std::optional<std::string>& plugstack) {
     SlurmSetup slurm;
     std::vector<Check> checks = {
         user_namespaces(),
+        apparmor_userns(*config),
         fuse(*config),
         filesystems(),
         store(*config),
@@ -377,7 +425,7 @@ VerbRunner define_doctor(CLI::App& app) {
 
 const Registration doctor_registration(
     {{"doctor",
-      "doctor [--plugstack FILE]   check this node: namespaces, fuse, store, flock, "
+      "doctor [--plugstack FILE]   check this node: namespaces, AppArmor, fuse, store, flock, "
       "GPUs, EFA, memlock, plugin, Slurm version",
       "[--plugstack FILE]", "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).",
       "exit status: 0 every check passed, 1 a check failed, 2 a usage error\n"},

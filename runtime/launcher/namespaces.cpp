@@ -97,8 +97,15 @@ Status write_id_maps(pid_t pid, const Identity& id) {
 Status make_mounts_private() {
     // Slave, not private: host unmounts (e.g. an admin unmounting /fsx) still propagate in, while
     // nothing we mount leaks out.
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0)
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) {
+        // The first step that needs a capability in a new user namespace: where AppArmor withholds
+        // them (Ubuntu 24.04 without gantry-holder's profile, docs/admin.md), the failure is here.
+        if (errno == EPERM)
+            return system_error(
+                "making the mount namespace private (kernel.apparmor_restrict_unprivileged_userns "
+                "without Gantry's AppArmor profile? see gantry doctor)");
         return system_error("making the mount namespace private");
+    }
     return {};
 }
 

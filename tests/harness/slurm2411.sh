@@ -73,6 +73,9 @@ packages=(
   libssl-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libyaml-dev libisal-dev libseccomp-dev libcli11-dev
   # the cluster and what the plugin runs on a node
   slurmd slurmctld slurm-client munge squashfs-tools squashfuse fuse3 util-linux procps ca-certificates
+  # apparmor_parser 4 (it knows the userns rule) for the parse check of packaging/apparmor/gantry
+  # (tests/integration/packaging.bats): bookworm's 3.0 parser predates that rule
+  apparmor
 )
 recipe_version=1  # bump when the steps in make_root change
 recipe=$(printf '%s\n' "$recipe_version" "$suite" minbase "${packages[@]}" | sha256sum | cut -c1-16)

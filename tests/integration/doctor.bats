@@ -14,6 +14,10 @@ setup() {
   printf 'store_path = %s\n' "$T/store" > "$T/gantry.conf"
 }
 
+teardown() {
+  [ -z "${U:-}" ] || rm -rf "$U"
+}
+
 # doctor with this test's gantry.conf and SLURM_CONF, nothing else of the caller's Slurm environment.
 doctor() {
   run env -u SLURM_CONF GANTRY_CONFIG="$T/gantry.conf" ${SLURM_CONF_TEST:+SLURM_CONF="$SLURM_CONF_TEST"} "$GANTRY" doctor "$@"
@@ -98,4 +102,53 @@ doctor() {
   local fstype
   fstype=$(findmnt -n -o FSTYPE -T "$T/store")
   echo "$output" | grep -q "^✓ store file system (flock) .* $(realpath "$T/store") on $fstype (.*): flock not checked (only Lustre and NFS mounts are)$"
+}
+
+@test "doctor: AppArmor's user namespace restriction (Ubuntu 24.04), with and without gantry-holder's profile" {
+  printf 'ClusterName=test\n' > "$ETC/slurm.conf"
+  # A fake host root for the sysctl and AppArmor's list of loaded profiles (host_root, as for GPUs).
+  local R=$T/host
+  mkdir -p "$R/proc/sys/kernel" "$R/sys/kernel/security/apparmor" "$R/etc/apparmor.d"
+  printf 'host_root = %s\n' "$R" >> "$T/gantry.conf"
+  # No such sysctl (a kernel without AppArmor, like this one): nothing to check.
+  SLURM_CONF_TEST=$ETC/slurm.conf doctor
+  echo "$output" | grep -qx "✓ AppArmor user namespaces  *no kernel.apparmor_restrict_unprivileged_userns here (nothing to check)"
+  echo 0 > "$R/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+  SLURM_CONF_TEST=$ETC/slurm.conf doctor
+  echo "$output" | grep -qx "✓ AppArmor user namespaces  *kernel.apparmor_restrict_unprivileged_userns = 0 (not restricted)"
+  # Restricted, other profiles loaded but not the holder's: ✗, the restriction named, both fixes.
+  echo 1 > "$R/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+  printf 'unprivileged_userns (enforce)\n/usr/bin/man (enforce)\nenroot (unconfined)\n' > "$R/sys/kernel/security/apparmor/profiles"
+  SLURM_CONF_TEST=$ETC/slurm.conf doctor
+  [ "$status" -eq 1 ]
+  echo "$output" | grep -qx "✗ AppArmor user namespaces  *kernel.apparmor_restrict_unprivileged_userns = 1; no gantry-holder profile loaded: containers get no capabilities in their user namespace"
+  echo "$output" | grep -A1 '^✗ AppArmor user namespaces' |
+    grep -q 'fix: apparmor_parser -r /etc/apparmor.d/gantry (the gantry package installs it; .*), or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 '
+  # The package's profile loaded: ✓ with its line.
+  printf 'gantry-holder (unconfined)\n' >> "$R/sys/kernel/security/apparmor/profiles"
+  SLURM_CONF_TEST=$ETC/slurm.conf doctor
+  echo "$output" | grep -qx "✓ AppArmor user namespaces  *kernel.apparmor_restrict_unprivileged_userns = 1; profile gantry-holder (unconfined) loaded"
+}
+
+@test "doctor: AppArmor's restriction, run by an ordinary user, who cannot read the list of loaded profiles" {
+  [ "$(id -u)" -eq 0 ] || skip "needs root (runs doctor as nobody)"
+  # A world-readable tree of its own (the test's tmpdir is root's alone), the profiles list root-only
+  # as on a real kernel.
+  U=$(mktemp -d /tmp/gantry-doctor-apparmor.XXXXXX)  # removed by teardown
+  chmod 755 "$U"
+  mkdir -p "$U/host/proc/sys/kernel" "$U/host/sys/kernel/security/apparmor" "$U/host/etc/apparmor.d" "$U/store"
+  echo 1 > "$U/host/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+  printf 'gantry-holder (unconfined)\n' > "$U/host/sys/kernel/security/apparmor/profiles"
+  chmod 600 "$U/host/sys/kernel/security/apparmor/profiles"
+  printf 'store_path = %s\nhost_root = %s/host\n' "$U/store" "$U" > "$U/gantry.conf"
+  chmod -R a+rX "$U/gantry.conf" "$U/host/proc" "$U/host/etc"
+  run runuser -u nobody -- env -u SLURM_CONF GANTRY_CONFIG="$U/gantry.conf" "$GANTRY" doctor --plugstack /dev/null
+  echo "$output"
+  echo "$output" | grep -qx "✗ AppArmor user namespaces  *kernel.apparmor_restrict_unprivileged_userns = 1; no gantry-holder profile in /etc/apparmor.d/gantry: containers get no capabilities"
+  # The profile file installed: what can be known without root is said, and passes.
+  cp "$BATS_TEST_DIRNAME/../../packaging/apparmor/gantry" "$U/host/etc/apparmor.d/gantry"
+  chmod 644 "$U/host/etc/apparmor.d/gantry"
+  run runuser -u nobody -- env -u SLURM_CONF GANTRY_CONFIG="$U/gantry.conf" "$GANTRY" doctor --plugstack /dev/null
+  echo "$output"
+  echo "$output" | grep -qx "✓ AppArmor user namespaces  *kernel.apparmor_restrict_unprivileged_userns = 1; /etc/apparmor.d/gantry installed (whether it is loaded, only root can see)"
 }

@@ -30,14 +30,15 @@ setup_file() {
   for f in ./usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so ./usr/bin/gantry ./usr/libexec/gantry/gantry-entry \
     ./etc/gantry/gantry.conf ./etc/slurm/plugstack.conf.d/gantry.conf ./usr/lib/tmpfiles.d/gantry.conf \
     ./usr/share/man/man1/gantry.1.gz ./usr/share/man/man5/gantry.conf.5.gz ./usr/share/doc/gantry/copyright \
-    ./usr/share/doc/gantry/changelog.gz ./usr/share/doc/gantry/admin.md ./usr/share/bash-completion/completions/gantry; do
+    ./usr/share/doc/gantry/changelog.gz ./usr/share/doc/gantry/admin.md ./usr/share/bash-completion/completions/gantry \
+    ./usr/libexec/gantry/gantry-holder ./etc/apparmor.d/gantry; do
     echo "$output" | grep -q " $f\$" || { echo "missing $f"; return 1; }
   done
   # Nothing under /usr/local, nothing outside the paths above.
   ! echo "$output" | grep -q ' \./usr/local/' || false
-  # Both files under /etc are conffiles: upgrades keep the admin's edits.
+  # The files under /etc are conffiles: upgrades keep the admin's edits.
   run dpkg-deb -I "$DEB" conffiles
-  [ "$(echo "$output" | sort)" = "$(printf '/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
+  [ "$(echo "$output" | sort)" = "$(printf '/etc/apparmor.d/gantry\n/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
 }
 
 @test "the .deb depends on the Slurm release it was built for, squashfuse, fuse3 and its libraries" {
@@ -72,20 +73,71 @@ setup_file() {
   run rpm -qlp "$RPM"
   [ "$status" -eq 0 ]
   for f in /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so /usr/bin/gantry /etc/gantry/gantry.conf \
-    /etc/slurm/plugstack.conf.d/gantry.conf /usr/lib/tmpfiles.d/gantry.conf /usr/share/man/man5/gantry.conf.5.gz; do
+    /etc/slurm/plugstack.conf.d/gantry.conf /usr/lib/tmpfiles.d/gantry.conf /usr/share/man/man5/gantry.conf.5.gz \
+    /etc/apparmor.d/gantry; do
     echo "$output" | grep -qx "$f" || { echo "missing $f"; return 1; }
   done
   # Directories of Slurm and the system are not claimed by our package.
   ! echo "$output" | grep -qx '/etc/slurm' || false
   ! echo "$output" | grep -qx '/usr/lib/tmpfiles.d' || false
+  ! echo "$output" | grep -qx '/etc/apparmor.d' || false
   run rpm -qp --configfiles "$RPM"
-  [ "$(echo "$output" | sort)" = "$(printf '/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
+  [ "$(echo "$output" | sort)" = "$(printf '/etc/apparmor.d/gantry\n/etc/gantry/gantry.conf\n/etc/slurm/plugstack.conf.d/gantry.conf')" ]
   run rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$RPM"
   echo "$output" | grep -q '^cn /etc/gantry/gantry.conf$'
   run rpm -qpR "$RPM"
   echo "$output" | grep -qx "slurm >= $SLURM_RELEASE"
   echo "$output" | grep -qx "slurm < $SLURM_NEXT"
   echo "$output" | grep -qx squashfuse
+}
+
+# aa_parse FILE: apparmor_parser over FILE, parse and compile only (-Q: no kernel load, -K: no cache;
+# this kernel has no AppArmor). The profile's `userns` rule needs AppArmor 4's parser: this host's
+# where it is one, else the one in the Slurm 24.11 lane's trixie root (tests/harness/slurm2411.sh
+# root: cached, built by harness.slurm2411.start before the packages; made here when missing), run
+# in it with chroot so that its own /etc/apparmor.d (abi/4.0, tunables) is the one included.
+aa_parse() {
+  local version
+  version=$(apparmor_parser --version 2>/dev/null | sed -n 's/^AppArmor parser version \([0-9]*\)\..*/\1/p')
+  if [ "${version:-0}" -ge 4 ]; then
+    apparmor_parser -Q -K "$1"
+  else
+    [ "$(id -u)" -eq 0 ] || { echo "needs root (chroot into the trixie root for AppArmor 4's parser)"; return 1; }
+    local root
+    root=$("$SRC/tests/harness/slurm2411.sh" root | tail -n1)
+    [ -x "$root/usr/sbin/apparmor_parser" ] || { echo "no apparmor_parser in $root"; return 1; }
+    chroot "$root" apparmor_parser -Q -K <"$1"
+  fi
+}
+
+@test "the AppArmor profile (source tree and .deb) parses with apparmor_parser; a broken copy does not" {
+  dir=$BATS_TEST_TMPDIR/x
+  dpkg-deb -x "$DEB" "$dir"
+  run aa_parse "$SRC/packaging/apparmor/gantry"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  run aa_parse "$dir/etc/apparmor.d/gantry"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  # It covers the holder where the package puts it, and grants it user namespaces.
+  grep -q '^profile gantry-holder /usr/libexec/gantry/gantry-holder flags=(unconfined) {$' "$dir/etc/apparmor.d/gantry"
+  [ -x "$dir/usr/libexec/gantry/gantry-holder" ]
+  grep -qx '  userns,' "$dir/etc/apparmor.d/gantry"
+  # The check can fail: a rule without its comma, and an unknown rule, are syntax errors.
+  sed 's/^  userns,$/  userns/' "$SRC/packaging/apparmor/gantry" >"$BATS_TEST_TMPDIR/broken"
+  run aa_parse "$BATS_TEST_TMPDIR/broken"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q 'AppArmor parser error'
+  sed 's/^  userns,$/  usernamespaces,/' "$SRC/packaging/apparmor/gantry" >"$BATS_TEST_TMPDIR/broken"
+  run aa_parse "$BATS_TEST_TMPDIR/broken"
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q 'AppArmor parser error.*syntax error'
+  # The postinst loads it only where AppArmor runs (aa-enabled), and a failed load is not fatal.
+  dpkg-deb -e "$DEB" "$dir/DEBIAN"
+  grep -q 'aa-enabled --quiet' "$dir/DEBIAN/postinst"
+  grep -q 'apparmor_parser -r -T -W "$profile" ||' "$dir/DEBIAN/postinst"
 }
 
 @test "lintian: no errors or warnings (deliberate tags are overridden with reasons)" {
