@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "gantry/fd.hpp"
 #include "gantry/registry.hpp"
 #include "gantry/result.hpp"
 #include "gantry/squashfs.hpp"
@@ -39,9 +41,18 @@ Result<LocalSource> parse_local_source(const std::string& text);
 
 // One file of a local image: where its bytes are and their sha256.
 struct LocalFile {
-    std::string path;
+    std::string path;    // for messages; read through open_path()
     std::string digest;  // "sha256:<hex>" of the file's bytes
     uint64_t size = 0;
+    // The descriptor `digest` was computed from, for a file outside our own work area (an OCI layout
+    // directory another process may change): everything later reads this file, never `path` again.
+    std::shared_ptr<const UniqueFd> fd;
+
+    // Where to read the bytes that were hashed: /proc/self/fd/N of `fd` (the same file, whatever has
+    // been renamed over `path` since), else `path`.
+    [[nodiscard]] std::string open_path() const {
+        return fd ? "/proc/self/fd/" + std::to_string(fd->get()) : path;
+    }
 };
 // Finds a file of the image by its name inside the layout or archive ("index.json",
 // "blobs/sha256/<hex>", a docker-archive's "<hex>.tar"); an error when there is none.

@@ -14,6 +14,11 @@
 namespace gantry {
 
 inline constexpr const char* kDockerHubRegistry = "registry-1.docker.io";
+// The namespace of imported images' names (`local/NAME[:TAG]`, docs/user.md "Importing local images"):
+// parsed like a registry host, but no registry is ever asked for it (RegistryClient refuses), and each
+// account's names are its own (the store keys them by the importer's uid). Docker Hub's own `local`
+// namespace stays reachable as docker.io/local/NAME.
+inline constexpr const char* kImportedNamespace = "local";
 
 struct ImageReference {
     std::string user;        // Enroot's USER@ credential selector; empty when absent
@@ -28,6 +33,8 @@ struct ImageReference {
     [[nodiscard]] std::string pinned(const std::string& manifest_digest) const;
     // The reference used to ask the registry for the manifest: the digest if given, else the tag.
     [[nodiscard]] const std::string& manifest_ref() const { return digest.empty() ? tag : digest; }
+    // True for an imported image's name (local/NAME): the store answers for it, never a registry.
+    [[nodiscard]] bool names_imported_image() const { return registry == kImportedNamespace; }
     // True for 127.0.0.0/8, localhost and [::1] registries (plain HTTP allowed there).
     [[nodiscard]] bool registry_is_loopback() const;
 };

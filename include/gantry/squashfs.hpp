@@ -8,11 +8,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gantry/config.hpp"
+#include "gantry/fd.hpp"
 #include "gantry/result.hpp"
 
 namespace gantry {
@@ -30,6 +32,9 @@ struct LayerBlob {
     std::string media_type;  // OCI/Docker layer media type: decides gzip / zstd / plain
     std::string digest;      // blob digest, for messages
     std::string diff_id;     // sha256 of the uncompressed tar; verified while reading ("" = skip)
+    // Keeps `path` valid when it is /proc/self/fd/N: the descriptor a local blob was hashed from
+    // (LocalFile::fd), so that what is converted is the file that was checked, not a name reopened.
+    std::shared_ptr<const UniqueFd> held;
 };
 
 struct SquashfsOptions {

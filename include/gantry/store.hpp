@@ -156,7 +156,8 @@ public:
     // a root caller acts for (the plugin, for the job user), whose own images count too.
     static Result<ImageStore> open(const std::string& root, bool create, const Config& config = Config{},
                                    std::optional<uid_t> acting_for = std::nullopt);
-    // --store, else GANTRY_STORE, else Config::store_path, else $XDG_CACHE_HOME/gantry (~/.cache/gantry).
+    // --store, else GANTRY_STORE, else Config::store_path, else $XDG_CACHE_HOME/gantry (~/.cache/gantry);
+    // empty when none of them names one (no HOME): open() says what to set.
     static std::string resolve_path(const Config& config, const std::string& cli_value);
 
     [[nodiscard]] const std::string& root() const { return root_; }
@@ -203,6 +204,9 @@ public:
     // subdirectory group/other-writable, or owned by another account) is refused for every operation
     // that writes or removes; the error says why and what to do. Always fine for other callers.
     [[nodiscard]] Status check_root_may_modify() const;
+    // Every removal's rule (gc, rm, remove_layer), for every caller: refused when the store root was
+    // reached through a symbolic link (it may be another account's store); the error names its target.
+    [[nodiscard]] Status check_may_remove() const;
     // The one account (not root) that owns the store root and every subdirectory, if there is one: a
     // per-user store, or a store_owner store. Root's gc/rm become it (become_store_owner) first.
     [[nodiscard]] std::optional<uid_t> sole_owner() const;

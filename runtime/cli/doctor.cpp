@@ -159,6 +159,11 @@ Check filesystems() {
 Check store(const Config& config) {
     Check c{"image store", false, "", ""};
     std::string path = ImageStore::resolve_path(config, "");
+    if (path.empty()) {
+        c.detail = "no store: HOME is not set and gantry.conf names no store_path";
+        c.fix = "set store_path in gantry.conf (docs/admin.md) or GANTRY_STORE";
+        return c;
+    }
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
         c.detail = path + " not reachable";

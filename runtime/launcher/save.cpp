@@ -91,7 +91,15 @@ Status save_container(const ContainerState& container, const ProcessIdentity& us
     auto r = spawn(inside);
     if (!r) return r.error().wrap("--container-save " + path);
     if (r->status != 0) {
-        ::unlink(tmp.c_str());
+        // Removed as the user, never by root: the user chose the path, and any directory on the way
+        // may be a symbolic link of theirs into another account's directory (root's unlink would
+        // follow it and delete, say, another user's results.partial). As the user, rm can remove
+        // only what the user could remove anyway.
+        ProcessRequest cleanup;
+        cleanup.argv = {"/bin/rm", "-f", "--", tmp};
+        cleanup.env = {"PATH=/usr/bin:/bin"};
+        cleanup.identity = user;
+        (void)spawn(cleanup);
         return make_error("--container-save " + path +
                           ": mksquashfs failed: " + last_line(r->err + r->out).substr(0, 300));
     }

@@ -157,7 +157,7 @@ Result<ExtractedArchive> extract_archive(int fd, const std::string& what, const 
             ::unlink(tmp.c_str());
             return system_error("storing " + *name + " of " + what + " as " + path);
         }
-        out.members[*name] = LocalFile{path, digest, size};
+        out.members[*name] = LocalFile{path, digest, size, nullptr};
         out.links.erase(*name);
     }
     return out;

@@ -115,7 +115,7 @@ Result<LocalImage> read_docker_archive(const LocalFileLookup& files, const std::
             return make_error(label + " has the sha256 " + file->digest + ", but the config's diff_id is " +
                               cfg->diff_ids[i] + ": the archive is corrupt or was altered");
         image.layers.push_back(Descriptor{type, file->digest, file->size});
-        image.blobs.push_back(LayerBlob{file->path, type, file->digest, cfg->diff_ids[i]});
+        image.blobs.push_back(LayerBlob{file->open_path(), type, file->digest, cfg->diff_ids[i], file->fd});
         layers.push_back({{"mediaType", type}, {"size", file->size}, {"digest", file->digest}});
         ++i;
     }

@@ -16,7 +16,7 @@ Result<std::string> read_local_json(const LocalFile& file, size_t cap, const std
     if (file.size > cap)
         return make_error(what + " is " + std::to_string(file.size) + " bytes, more than the " + format_bytes(cap) +
                           " a document of this kind may have");
-    auto text = read_file(file.path);
+    auto text = read_file(file.open_path());
     if (!text) return text.error().wrap("reading " + what);
     if (text->size() != file.size || Sha256::of(*text) != file.digest)
         return make_error(what + " changed while it was being read");
@@ -144,7 +144,7 @@ Result<LocalImage> read_oci_layout(const LocalFileLookup& files, const std::stri
         if (file->size != d.size)
             return make_error(what + ": layer " + std::to_string(i) + " (" + d.digest + ") is " +
                               std::to_string(file->size) + " bytes, the manifest says " + std::to_string(d.size));
-        image.blobs.push_back(LayerBlob{file->path, d.media_type, d.digest, cfg->diff_ids[i]});
+        image.blobs.push_back(LayerBlob{file->open_path(), d.media_type, d.digest, cfg->diff_ids[i], file->fd});
     }
     return image;
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <memory>
 #include <vector>
 
 #include "gantry/digest.hpp"
@@ -106,7 +107,10 @@ LocalFileLookup layout_directory_files(const std::string& dir) {
         if (!norm) return norm.error().wrap("reading " + dir);
         const std::string path = dir + "/" + *norm;
         // The layout is the caller's own directory; a symlink in its last component is still refused,
-        // so that a layout cannot make us hash (and convert) a file elsewhere by accident.
+        // so that a layout cannot make us hash (and convert) a file elsewhere by accident, and a FIFO
+        // cannot block us (O_NONBLOCK, then the regular-file check). The descriptor hashed here is
+        // the one everything later reads (LocalFile::fd): a file renamed over `path` after the hash
+        // -- a FIFO, a symlink to a file only root may read -- is never opened.
         UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
         if (!fd) {
             if (errno == ENOENT) return make_error(path + " does not exist: is " + dir + " an OCI layout?");
@@ -126,7 +130,7 @@ LocalFileLookup layout_directory_files(const std::string& dir) {
             h.update(buf.data(), static_cast<size_t>(n));
             total += static_cast<uint64_t>(n);
         }
-        return LocalFile{path, h.finish(), total};
+        return LocalFile{path, h.finish(), total, std::make_shared<const UniqueFd>(std::move(fd))};
     };
 }
 

@@ -76,7 +76,8 @@ namespace {
 // else Enroot's "registry#": a single-label host printed as "myreg/team/app" would be read back as
 // Docker Hub's team, and `gantry pull` of what a message printed would ask another registry.
 std::string registry_prefix(const std::string& registry) {
-    bool docker_reads_it = registry.find_first_of(".:") != std::string::npos || registry == "localhost";
+    bool docker_reads_it = registry.find_first_of(".:") != std::string::npos || registry == "localhost" ||
+                           registry == kImportedNamespace;
     return registry + (docker_reads_it ? "/" : "#");
 }
 }  // namespace
@@ -132,7 +133,8 @@ Result<ImageReference> parse_reference(std::string_view text) {
         s.remove_prefix(at + 1);
     }
 
-    // Registry: Enroot's REGISTRY#, or Docker's first component with '.' or ':' (or "localhost").
+    // Registry: Enroot's REGISTRY#, or Docker's first component with '.' or ':' (or "localhost"); a
+    // first component "local" is the imported images' namespace (kImportedNamespace).
     auto hash = s.find('#');
     if (hash != std::string_view::npos) {
         ref.registry = std::string(s.substr(0, hash));
@@ -142,7 +144,8 @@ Result<ImageReference> parse_reference(std::string_view text) {
         auto slash = s.find('/');
         if (slash != std::string_view::npos) {
             auto first = s.substr(0, slash);
-            if (first.find_first_of(".:") != std::string_view::npos || first == "localhost") {
+            if (first.find_first_of(".:") != std::string_view::npos || first == "localhost" ||
+                first == kImportedNamespace) {
                 ref.registry = std::string(first);
                 s.remove_prefix(slash + 1);
             }

@@ -121,6 +121,11 @@ bool RegistryClient::Impl::cancelled(const std::atomic<bool>* stop) const {
 
 Result<http::Response> RegistryClient::Impl::send(http::HttpConnection& conn, const ImageReference& ref,
                                                   http::Request& req) {
+    // Every request to a registry passes here: an imported image's name is never sent anywhere, so
+    // that no registry (nor a host called "local") can answer for an image someone imported.
+    if (ref.names_imported_image())
+        return make_error(ref.str() + " names an imported image (local/...), which no registry holds; import it "
+                          "first (gantry import --tag " + ref.str() + " SOURCE, docs/user.md)");
     for (int round = 0;; ++round) {
         req.authorization = auth.authorization(ref);
         auto resp = conn.perform(req);

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +16,9 @@
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull.hpp"
+#include "gantry/reference.hpp"
 #include "gantry/spawn.hpp"
+#include "gantry/strings.hpp"
 
 extern char** environ;
 
@@ -28,6 +31,18 @@ namespace {
 // of the same source (as a pull's is), and two imports of one source by one account take turns.
 std::string work_area_digest(const LocalSource& source) {
     return Sha256::of("gantry import\n" + std::to_string(::geteuid()) + "\n" + source.str());
+}
+
+// The name in the importer's local/ namespace that stands for `ref`, a name an archive claims:
+// registry.example/team/app:1 -> local/team/app:1, app:1 (Docker Hub's library/app) -> local/app:1.
+ImageReference imported_name(const ImageReference& ref) {
+    ImageReference name;
+    name.registry = kImportedNamespace;
+    name.repository = ref.repository;
+    if (ref.registry == kDockerHubRegistry && starts_with(name.repository, "library/"))
+        name.repository = name.repository.substr(8);
+    name.tag = ref.tag.empty() ? "latest" : ref.tag;
+    return name;
 }
 
 // The work area, removed with everything in it when the import ends, published or not.
@@ -78,6 +93,32 @@ Result<ExtractedArchive> extract_saved(const LocalSource& source, const std::str
     return extracted;
 }
 
+// An archive to import, opened once; everything reads this descriptor. Root takes only a file that no
+// other account could change while root reads it -- a regular file owned by root and writable by
+// nobody else, checked on the descriptor (a check on the path would say nothing about what another
+// user renames over it afterwards) -- and opens it without blocking, so that a FIFO cannot hang root.
+// A user imports what the user could read anyway, a pipe (/dev/stdin) included.
+Result<UniqueFd> open_archive_file(const std::string& path) {
+    const bool root = ::geteuid() == 0;
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (root ? O_NONBLOCK | O_NOCTTY : 0)));
+    if (!fd) return system_error("opening " + path);
+    if (!root) return fd;
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return system_error("opening " + path);
+    std::string why;
+    if (!S_ISREG(st.st_mode))
+        why = "is not a regular file";
+    else if (st.st_uid != 0)
+        why = "is owned by uid " + std::to_string(st.st_uid) + ", who could change it while root reads it";
+    else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+        why = "is writable by its group or by all users, who could change it while root reads it";
+    if (!why.empty())
+        return make_error(path + " " + why + "; root imports only a root-owned file: import it as its owner (runuser -u OWNER -- gantry import ...), or copy it to a "
+                          "root-owned file first (install -m 0600 FILE /root/...)");
+    if (::fcntl(fd.get(), F_SETFL, 0) != 0) return system_error("opening " + path);  // regular: blocking reads
+    return fd;
+}
+
 Result<LocalImage> read_source(const LocalSource& source, const std::string& work, const ImportOptions& options,
                                uint64_t max_bytes, std::optional<ExtractedArchive>& extracted) {
     using Kind = LocalSource::Kind;
@@ -91,9 +132,9 @@ Result<LocalImage> read_source(const LocalSource& source, const std::string& wor
         if (!saved) return saved.error();
         extracted = std::move(*saved);
     } else {
-        UniqueFd fd(::open(source.path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (!fd) return system_error("opening " + source.path);
-        auto got = extract_archive(fd.get(), what, blobs, max_bytes);
+        auto fd = open_archive_file(source.path);
+        if (!fd) return fd.error();
+        auto got = extract_archive(fd->get(), what, blobs, max_bytes);
         if (!got) return got.error();
         extracted = std::move(*got);
     }
@@ -126,9 +167,19 @@ Result<ImportResult> import_image(const Config& config, const ImageStore& store,
     result.digest = image->manifest_digest;
     result.config_digest = image->config_digest;
     result.squashfs_path = store.squashfs_path(image->manifest_digest);
-    std::vector<ImageReference> refs = options.tags;
+    // An imported image is known by its digest and by names in the importer's own local/ namespace
+    // (docs/user.md, "Importing local images"), never by a registry's reference: an archive's RepoTags
+    // are claims by whoever made it, so `REGISTRY/app:1` is recorded as local/app:1, and a pull of
+    // REGISTRY/app:1 (or srun's) still asks that registry.
+    std::vector<ImageReference> refs;
+    for (const auto& r : options.tags) {
+        if (!r.names_imported_image())
+            return make_error(context + ": --tag " + r.str() + " names a registry's image; an imported image's name "
+                              "is under local/ (e.g. local/" + imported_name(r).repository + ":" + r.tag + ")");
+        refs.push_back(r);
+    }
     for (const auto& t : image->repo_tags)
-        if (auto r = parse_reference(t)) refs.push_back(*r);
+        if (auto r = parse_reference(t)) refs.push_back(imported_name(*r));
     for (const auto& r : refs) result.references.push_back(r.str());
     if (result.references.empty()) result.references.push_back(source.str());
     auto record_tags = [&] {

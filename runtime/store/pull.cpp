@@ -186,18 +186,26 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return r;
     };
-    if (registry_authorizes && options.policy == PullPolicy::never)
+    // An imported image's name (local/NAME) is answered by the store alone, whatever the policy: no
+    // registry holds it (RegistryClient refuses to ask), and only the importer's own records name it.
+    const bool imported_name = ref.names_imported_image();
+    const PullPolicy policy = imported_name ? PullPolicy::never : options.policy;
+    if (registry_authorizes && imported_name)
+        return make_error(ref.str() + " names an imported image, and in this store every image is authorized by "
+                          "a registry (private_images or a store_owner pull); run it by a registry reference, or "
+                          "as a file (gantry export IMAGE -o FILE.sqsh)");
+    if (registry_authorizes && policy == PullPolicy::never)
         return make_error("the pull policy 'never' is not available for " + ref.str() +
                           ": in this store every pull is authorized by the registry (private_images or a "
                           "store_owner pull); use --pull=always or missing");
-    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, options.policy, takes_layers))
+    if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, policy, takes_layers))
         return served(*stored, served_path(store, *stored, true).value_or(store.squashfs_path(*stored)));
     // Stored only as layers, for a caller that needs the whole file (the extract backend, a node that
     // cannot stack): where the store answers for the reference without the registry (a pinned digest,
     // a tag under missing/never), the file is made from the layers and the record's own manifest and
     // config under the digest's producer lock: no network, as for a whole image the store holds.
     if (!registry_authorizes && !takes_layers) {
-        if (auto layered = stored_digest(store, ref, options.policy, true)) {
+        if (auto layered = stored_digest(store, ref, policy, true)) {
             auto lock = store.lock_producer(*layered, options.producer_timeout, [](const std::string&) {});
             if (!lock) return lock.error();
             // Another producer may have made it meanwhile.
@@ -208,7 +216,11 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
             if (auto made = whole_from_stored_layers(config, store, ref, *layered, whole, update)) return *made;
         }
     }
-    if (options.policy == PullPolicy::never)
+    if (imported_name)
+        return make_error(ref.str() + " is not an image you imported into the store " + store.root() +
+                          " (local/ names are each account's own); import it with gantry import --tag " + ref.str() +
+                          " SOURCE, or run it by digest");
+    if (policy == PullPolicy::never)
         return make_error(ref.str() + " is not in the store " + store.root() +
                           " and the pull policy is 'never'; pull it first (gantry pull " + ref.str() +
                           ") or use --pull=missing");
@@ -426,7 +438,7 @@ Result<PullResult> produce_locked(const Config& config, const ImageStore& store,
         const auto& d = image->layers[i];
         bytes_total += d.size;
         layers.push_back({blobs_dir + "/" + digest_hex(d.digest), d.media_type, d.digest,
-                          i < cfg->diff_ids.size() ? cfg->diff_ids[i] : std::string()});
+                          i < cfg->diff_ids.size() ? cfg->diff_ids[i] : std::string(), nullptr});
     }
 
     BlobBoard board(layers.size());
@@ -617,7 +629,7 @@ Result<PullResult> store_image_as_layers(const Config& config, const ImageStore&
             if (auto ready = board.wait_for(fetch_slot[i]); !ready) return ready.error().wrap(context);
         const Descriptor& d = layers[i];
         ::unlink(out.c_str());
-        LayerBlob blob{blobs.path(i, blobs_dir), d.media_type, d.digest, diff_ids[i]};
+        LayerBlob blob{blobs.path(i, blobs_dir), d.media_type, d.digest, diff_ids[i], nullptr};
         options.limits.max_image_bytes = max_image_bytes - std::min(max_image_bytes, expanded);
         std::optional<LimitBreach> breach;
         auto stats = convert_layer_for_overlay(blob, out, options, kOverlayOpaqueXattr, &breach);

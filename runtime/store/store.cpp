@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,9 @@ struct ImageStore::Dirs {
     std::optional<uid_t> store_owner;
     std::optional<uid_t> acting_for;
     bool private_images = false;
+    // The root's path as the kernel resolved it, when a symbolic link was followed on the way there
+    // (empty otherwise): removals refuse such a store (check_may_remove).
+    std::string linked_to;
 };
 
 namespace {
@@ -40,6 +44,24 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kSubdirectories[] = {"images", "refs", "used", "locks", "staging"};
+
+// `path` with "." and ".." and repeated slashes resolved by text alone, without asking the file system.
+std::string lexically_normal(const std::string& path) {
+    std::string out = std::filesystem::path(path).lexically_normal().string();
+    while (out.size() > 1 && out.back() == '/') out.pop_back();
+    return out;
+}
+
+// Where the kernel found the directory open as `fd`, when that is not `path` itself: some component
+// of `path` was a symbolic link. Empty when the path leads there without one.
+std::string linked_root(int fd, const std::string& path) {
+    char buf[PATH_MAX];
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+    ssize_t n = ::readlink(proc.c_str(), buf, sizeof buf - 1);
+    if (n <= 0) return {};
+    std::string real(buf, static_cast<size_t>(n));
+    return real == lexically_normal(path) ? std::string() : real;
+}
 
 int64_t now_seconds() {
     return static_cast<int64_t>(std::time(nullptr));
@@ -148,6 +170,11 @@ std::string layer_name(const std::string& chain_id, const char* suffix) {
 std::string ref_key(const ImageReference& ref) {
     ImageReference r = ref;
     r.user.clear();  // the credential selector does not change what the tag names
+    // An imported image's name (local/NAME) is the importing account's own: keyed by its uid too, so
+    // that one account's local/app never answers for another's (and a record another account planted
+    // under this key is not accepted: lookup_tag's owner rule).
+    if (r.names_imported_image())
+        return digest_hex(Sha256::of("imported name\n" + std::to_string(::geteuid()) + "\n" + r.str()));
     return digest_hex(Sha256::of(r.str()));
 }
 
@@ -201,13 +228,20 @@ std::string ImageStore::resolve_path(const Config& config, const std::string& cl
     if (!config.store_path.empty()) return config.store_path;
     if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/')
         return std::string(xdg) + "/gantry";
+    // No fallback to a shared directory (/tmp/.cache/gantry): another user could create it first and
+    // own every image this account pulls into it. open() turns the empty path into an error naming
+    // the settings that choose a store.
     const char* home = std::getenv("HOME");
-    return std::string(home != nullptr && *home == '/' ? home : "/tmp") + "/.cache/gantry";
+    if (home == nullptr || *home != '/') return {};
+    return std::string(home) + "/.cache/gantry";
 }
 
 Result<ImageStore> ImageStore::open(const std::string& root, bool create, const Config& config,
                                     std::optional<uid_t> acting_for) {
-    if (root.empty() || root.front() != '/') return make_error("image store path '" + root + "' must be absolute");
+    if (root.empty())
+        return make_error("no image store: HOME is not set (nor XDG_CACHE_HOME), so there is no ~/.cache/gantry; set "
+                          "store_path in gantry.conf (docs/admin.md) or GANTRY_STORE, or pass --store DIR");
+    if (root.front() != '/') return make_error("image store path '" + root + "' must be absolute");
     const std::string context = "opening image store " + root;
     if (create) {
         auto st = make_directories(root, 0755);
@@ -240,8 +274,9 @@ Result<ImageStore> ImageStore::open(const std::string& root, bool create, const 
     }
     auto dirs = std::make_shared<Dirs>(Dirs{std::move(*top), std::move(subs[0]), std::move(subs[1]), std::move(subs[2]),
                                             std::move(subs[3]), std::move(subs[4]), std::nullopt, acting_for,
-                                            config.private_images});
+                                            config.private_images, std::string()});
     if (auto owner = store_owner_uid(config)) dirs->store_owner = static_cast<uid_t>(*owner);
+    dirs->linked_to = linked_root(dirs->root.fd(), root);
     return ImageStore(root, std::move(dirs));
 }
 
@@ -622,6 +657,7 @@ Result<UniqueFd> ImageStore::open_shared(const std::string& name, const std::str
 }
 
 Status ImageStore::remove_layer(const std::string& chain_id) const {
+    GANTRY_TRY(check_may_remove());
     GANTRY_TRY(check_root_may_modify());
     GANTRY_TRY(validate_digest(chain_id));
     const Dirs& d = *dirs_;
@@ -673,6 +709,17 @@ Status ImageStore::check_root_may_modify() const {
                               "(docs/store.md, \"Trust model\")");
     }
     return {};
+}
+
+Status ImageStore::check_may_remove() const {
+    // A store root reached through a symbolic link may be another account's store: a user who makes
+    // ~/.cache/gantry a link to root's store would have root's `gc --store ~user/.cache/gantry` (which
+    // runs as the link's apparent owner, or as root) remove root's images. Removals happen only in a
+    // store named by its own path, whoever runs them.
+    if (dirs_->linked_to.empty()) return {};
+    return make_error("removing from image store " + root_ + ": it is reached through a symbolic link (to " +
+                      dirs_->linked_to + "), which removals never follow; name the store by its own path (--store " +
+                      dirs_->linked_to + ") if that is the store you mean");
 }
 
 std::optional<uid_t> ImageStore::sole_owner() const {
@@ -727,6 +774,7 @@ bool ImageStore::in_use(const std::string& digest) const {
 }
 
 Status ImageStore::remove(const std::string& digest) const {
+    GANTRY_TRY(check_may_remove());
     GANTRY_TRY(check_root_may_modify());
     const Dirs& d = *dirs_;
     const std::string hex = digest_hex(digest);
@@ -753,6 +801,7 @@ Status ImageStore::remove(const std::string& digest) const {
 }
 
 Result<ImageStore::GcResult> ImageStore::gc(uint64_t max_bytes, std::chrono::seconds unused_for) const {
+    GANTRY_TRY(check_may_remove());
     GANTRY_TRY(check_root_may_modify());
     auto images = list();
     if (!images) return images.error();

@@ -191,8 +191,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ::unlink(output.c_str());
 
     std::vector<LayerBlob> layers;
-    if (two_layers) layers.push_back({lower, "application/vnd.oci.image.layer.v1.tar", "sha256:lower", ""});
-    layers.push_back({upper, kMediaTypes[data[0] & 3], "sha256:upper", ""});
+    if (two_layers) layers.push_back({lower, "application/vnd.oci.image.layer.v1.tar", "sha256:lower", "", nullptr});
+    layers.push_back({upper, kMediaTypes[data[0] & 3], "sha256:upper", "", nullptr});
     SquashfsOptions options;
     options.threads = 1;
     options.sync = false;

@@ -179,9 +179,9 @@ imported() {
       echo "$img docker-archive: $got vs $want_config"
       [ "$got" = "$want_config" ]
       same_tree "$PULLED_SQSH" "$SQSH"
-      # RepoTags became the image's reference.
+      # RepoTags became a name in the importer's local/ namespace, never a registry's tag.
       run "$GANTRY" images --store "$T/imported" --format json
-      [[ "$output" == *"gantry-test/import-${img,,}:latest"* ]]
+      [[ "$output" == *"\"local/gantry-test/import-${img,,}:latest\""* ]]
     fi
     skopeo_to "${!name_var}" "oci-archive:$T/o.tar:latest"
     imported "oci-archive:$T/o.tar:latest"
@@ -334,11 +334,15 @@ EOF
   [ "$status" -eq 2 ]
   [[ "$output" == *"-o FILE.sqsh"* ]]
   skopeo_to "$GANTRY_TEST_IMAGE_TINY" "oci:$T/layout:latest"
-  imported "oci:$T/layout:latest" --tag example.org/site/tiny:v1
-  run "$GANTRY" inspect --store "$T/imported" example.org/site/tiny:v1
+  imported "oci:$T/layout:latest" --tag local/site/tiny:v1
+  run "$GANTRY" inspect --store "$T/imported" local/site/tiny:v1
   echo "$output"
   [ "$status" -eq 0 ]
   [[ "$output" == *"$DIGEST"* ]]
   run "$GANTRY" images --store "$T/imported"
-  [[ "$output" == *"example.org/site/tiny:v1"* ]]
+  [[ "$output" == *"local/site/tiny:v1"* ]]
+  # A registry's name is refused: an imported image never stands for a registry's image.
+  run "$GANTRY" import --store "$T/imported" --tag example.org/site/tiny:v1 "oci:$T/layout:latest"
+  [ "$status" -eq 2 ]
+  [[ "$output" == "gantry: import: --tag example.org/site/tiny:v1: an imported image's name is under local/ (e.g. --tag local/site/tiny:v1)"* ]]
 }

@@ -321,6 +321,25 @@ refused_quickly() {
   echo "$output" | grep -qF "gantry: warning: PYXIS_CONTAINER_ENV: invalid format 'HOME,'"
 }
 
+@test "--container-save through the user's link into another user's directory: a failed save removes nothing of theirs" {
+  # Another account (the victim) keeps results.partial in a directory of its own; the job user makes
+  # a link to that directory and names it in --container-save. The user's mksquashfs cannot write
+  # there and fails; the partial file is then removed as the user (issue #33), so root never follows
+  # the link and the victim's file stays.
+  V=$(GANTRY_TEST_USER=gantry-victim GANTRY_TEST_UID=4244 "$GANTRY_SOURCE_DIR/tests/harness/user.sh")
+  install -d -o "$V" -g "$V" -m 0755 "$WORK/victim"
+  echo precious >"$WORK/victim/results.partial"
+  chown "$V:$V" "$WORK/victim/results.partial"
+  chmod 0644 "$WORK/victim/results.partial"
+  as_user ln -s "$WORK/victim" "$WORK/link"
+  run as_user srun -n1 --container-image="$TINY" --container-save="$WORK/link/results" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "gantry: --container-save $WORK/link/results: mksquashfs failed"
+  [ "$(cat "$WORK/victim/results.partial")" = precious ]
+  [ ! -e "$WORK/victim/results" ]
+}
+
 @test "a relative --container-save (or PYXIS_CONTAINER_SAVE) is taken against the job's working directory" {
   run as_user srun -n1 --container-image="$TINY" --container-writable --container-save=out.sqsh sh -c 'echo relative > /marker'
   echo "$output"

@@ -276,3 +276,150 @@ victim_intact() {
   [ ! -e "$P/staging/$hex" ] && [ ! -L "$P/staging/$hex" ]
   victim_intact
 }
+
+# The imported-name attacks (issue #33): an archive's claims, a layout swapped under root's import, a
+# symlinked store root under root's gc, and a CLI without HOME.
+
+@test "an archive claiming a registry reference: root imports only a root-owned file, under a local/ name that no registry reference reaches" {
+  R=$WORK/root-store
+  install -d -m 0755 "$R"
+  tiny=$REG/$GANTRY_TEST_IMAGE_TINY
+  [[ "$GANTRY_TEST_IMAGE_TINY" == *:* ]] && name=local/${GANTRY_TEST_IMAGE_TINY} || name=local/${GANTRY_TEST_IMAGE_TINY}:latest
+  # The attacker's "tool": the layers image, whose RepoTags say it is tiny of the test registry.
+  skopeo copy -q --src-tls-verify=false "docker://$REG/$GANTRY_TEST_IMAGE_LAYERS" "docker-archive:$WORK/tool.tar:$tiny"
+  chown "$ATTACKER:$ATTACKER" "$WORK/tool.tar"
+  chmod 0644 "$WORK/tool.tar"
+  # Root refuses a file its owner could change while root reads it, and says what to do.
+  run timeout 60 "$GANTRY" import --store "$R" "docker-archive:$WORK/tool.tar"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "^gantry: importing docker-archive:$WORK/tool.tar: $WORK/tool.tar is owned by uid 4243, who could change it while root reads it; .*import it as its owner"
+  [ -z "$(ls "$R/images")" ]
+  # Copied to a root-owned file, it imports: known by its digest and a local/ name, nothing else.
+  install -m 0600 "$WORK/tool.tar" "$WORK/root-tool.tar"
+  run timeout 60 "$GANTRY" import --quiet --store "$R" "docker-archive:$WORK/root-tool.tar"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  digest=$(echo "$output" | tail -n1 | awk '{print $1}')
+  run timeout 20 "$GANTRY" images --store "$R" --format json
+  echo "$output"
+  echo "$output" | grep -qF "\"$name\""
+  ! echo "$output" | grep -qF "\"$tiny\"" || false
+  run timeout 20 "$GANTRY" inspect --store "$R" "$name"
+  [ "$status" -eq 0 ] && echo "$output" | grep -q "$digest"
+  # Nobody's registry reference reaches it: not root's, not the victim's, under never or missing.
+  run timeout 20 "$GANTRY" inspect --store "$R" "$tiny"
+  echo "$output"
+  [ "$status" -ne 0 ] && echo "$output" | grep -q "is not in the store $R"
+  run as "$VICTIM" "$GANTRY" run --store "$R" --pull never "$tiny" cat /work/README
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: $tiny is not in the store $R and the pull policy is 'never'"
+  run as "$VICTIM" "$GANTRY" run --store "$R" --pull missing "$tiny" cat /work/README
+  echo "$output"
+  [ "$status" -ne 124 ]
+  [ "$status" -ne 0 ] || [ "$output" = "tiny work dir" ]
+  # root's local/ names are root's own: the victim's local/ lookup does not find them.
+  run as "$VICTIM" "$GANTRY" run --store "$R" "$name" cat /work/README
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: $name is not an image you imported into the store $R"
+  # --tag takes only local/ names.
+  run timeout 20 "$GANTRY" import --store "$R" --tag "$tiny" "docker-archive:$WORK/root-tool.tar"
+  echo "$output"
+  [ "$status" -eq 2 ]
+  echo "$output" | grep -q "^gantry: import: --tag $tiny: an imported image's name is under local/"
+}
+
+@test "an OCI layout whose layer is swapped for a FIFO once hashed: root's import converts the file it hashed and never hangs" {
+  L=$WORK/layout
+  skopeo copy -q --src-tls-verify=false "docker://$REG/$GANTRY_TEST_IMAGE_TINY" "oci:$L:v1"
+  chown -R "$ATTACKER:$ATTACKER" "$L"
+  layer=$(python3 -c 'import json, sys
+d = sys.argv[1]
+idx = json.load(open(d + "/index.json"))
+m = json.load(open(d + "/blobs/sha256/" + idx["manifests"][0]["digest"].split(":")[1]))
+print(d + "/blobs/sha256/" + m["layers"][-1]["digest"].split(":")[1])' "$L")
+  [ -f "$layer" ]
+  # The attacker's watch: the moment the layer file is first closed (its hash is done), a FIFO takes
+  # its name. A reopen by name would block on it for good.
+  cat >"$WORK/swap.py" <<'PY'
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+path = sys.argv[1]
+fd = libc.inotify_init()
+if fd < 0 or libc.inotify_add_watch(fd, path.encode(), 0x10) < 0:  # IN_CLOSE_NOWRITE
+    sys.exit("inotify failed")
+print("ready", flush=True)
+os.read(fd, 4096)
+os.mkfifo(path + ".fifo", 0o644)
+os.rename(path + ".fifo", path)
+print("swapped", flush=True)
+PY
+  runuser -u "$ATTACKER" -- timeout 120 python3 "$WORK/swap.py" "$layer" >"$WORK/swap.log" 2>&1 &
+  for _ in $(seq 50); do grep -q ready "$WORK/swap.log" && break; sleep 0.1; done
+  grep -q ready "$WORK/swap.log"
+  R=$WORK/root-store
+  install -d -m 0755 "$R"
+  run timeout 60 "$GANTRY" import --quiet --store "$R" "oci:$L:v1"
+  echo "$output"
+  wait || true
+  cat "$WORK/swap.log"
+  grep -q swapped "$WORK/swap.log"
+  [ -p "$layer" ]
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | tail -n1 | awk '{print $1}')" = "$GANTRY_TEST_DIGEST_TINY" ]
+}
+
+@test "a store root reached through a symbolic link: root's gc and rm refuse it, root's images stay" {
+  R=$WORK/root-store
+  install -d -m 0755 "$R"
+  run timeout 60 "$GANTRY" pull --quiet --store "$R" "$REG/$GANTRY_TEST_IMAGE_TINY"
+  [ "$status" -eq 0 ]
+  digest=$(echo "$output" | tail -n1 | awk '{print $1}')
+  before=$(ls "$R/images" | sort)
+  [ -n "$before" ]
+  # The attacker's cache: a link to root's store.
+  as "$ATTACKER" sh -c "mkdir -p '$WORK/home-$ATTACKER/.cache' && ln -s '$R' '$WORK/home-$ATTACKER/.cache/gantry'"
+  link=$WORK/home-$ATTACKER/.cache/gantry
+  run timeout 20 "$GANTRY" gc --store "$link" --max-bytes 1
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  [ "$(echo "$output" | grep -c .)" -eq 1 ]
+  echo "$output" | grep -q "^gantry: collecting garbage: removing from image store $link: it is reached through a symbolic link (to $R), which removals never follow; name the store by its own path (--store $R)"
+  run timeout 20 "$GANTRY" rm --store "$link" "$digest"
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "it is reached through a symbolic link (to $R)"
+  [ "$(ls "$R/images" | sort)" = "$before" ]
+  # Reading through the link is fine; so is gc by the store's own path.
+  run timeout 20 "$GANTRY" images --store "$link"
+  [ "$status" -eq 0 ]
+  run timeout 20 "$GANTRY" gc --store "$R" --max-bytes 1
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "^removed $digest"
+}
+
+@test "no HOME: the CLI names store_path and --store instead of using a shared directory" {
+  had_tmp_cache=no
+  [ -e /tmp/.cache ] && had_tmp_cache=yes
+  run runuser -u "$VICTIM" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin GANTRY_CONFIG="$GANTRY_CONFIG" \
+    timeout 60 "$GANTRY" pull --quiet "$REG/$GANTRY_TEST_IMAGE_TINY"
+  echo "$output"
+  # What the CLI used to do: pull into /tmp/.cache/gantry, which any user can create first. Removed
+  # again before anything is asserted, so that a failure leaves no shared directory behind.
+  made_tmp_cache=no
+  if [ "$had_tmp_cache" = no ] && [ -e /tmp/.cache ]; then
+    rm -rf /tmp/.cache
+    made_tmp_cache=yes
+  fi
+  [ "$made_tmp_cache" = no ]
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  [ "$(echo "$output" | grep -c .)" -eq 1 ]
+  echo "$output" | grep -q "^gantry: no image store: HOME is not set .*store_path in gantry.conf.*--store DIR"
+  run runuser -u "$VICTIM" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin GANTRY_CONFIG="$GANTRY_CONFIG" \
+    timeout 60 "$GANTRY" images
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "^gantry: no image store: HOME is not set"
+}

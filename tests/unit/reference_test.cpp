@@ -99,3 +99,21 @@ TEST_CASE("str() and pinned() read back to the same registry, also for a single-
     CHECK_FALSE(gantry::parse_reference("u@.1:5000/a/b").ok());
     CHECK_FALSE(gantry::parse_reference("-reg#a/b").ok());
 }
+
+TEST_CASE("local/ names an imported image, never Docker Hub; docker.io/local/ still does") {
+    auto l = ok("local/team/app:1");
+    CHECK(l.registry == "local");
+    CHECK(l.repository == "team/app");
+    CHECK(l.tag == "1");
+    CHECK(l.names_imported_image());
+    CHECK(l.str() == "local/team/app:1");
+    CHECK(ok(l.str()).names_imported_image());
+    CHECK(ok("local/app").str() == "local/app:latest");
+    CHECK(ok("local#app:2").names_imported_image());
+    auto hub = ok("docker.io/local/app:1");
+    CHECK(hub.registry == "registry-1.docker.io");
+    CHECK(hub.repository == "local/app");
+    CHECK_FALSE(hub.names_imported_image());
+    CHECK_FALSE(ok("app:1").names_imported_image());
+    CHECK_FALSE(ok("local.example.org/app:1").names_imported_image());
+}

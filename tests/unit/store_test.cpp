@@ -284,6 +284,24 @@ TEST_CASE("store path precedence: option, GANTRY_STORE, gantry.conf, XDG cache")
     CHECK_FALSE(ImageStore::open("relative/path", true).ok());
 }
 
+TEST_CASE("no HOME: no store path, and open names the settings instead of using a shared directory") {
+    Config cfg;
+    ::unsetenv("GANTRY_STORE");
+    ::unsetenv("XDG_CACHE_HOME");
+    const char* saved = std::getenv("HOME");
+    std::string home = saved != nullptr ? saved : "";
+    ::unsetenv("HOME");
+    CHECK(ImageStore::resolve_path(cfg, "").empty());
+    ::setenv("HOME", "relative", 1);
+    CHECK(ImageStore::resolve_path(cfg, "").empty());
+    auto opened = ImageStore::open(ImageStore::resolve_path(cfg, ""), true, cfg);
+    REQUIRE_FALSE(opened.ok());
+    CHECK(opened.error().message.find("store_path") != std::string::npos);
+    CHECK(opened.error().message.find("--store") != std::string::npos);
+    if (saved != nullptr) ::setenv("HOME", home.c_str(), 1);
+    else ::unsetenv("HOME");
+}
+
 TEST_CASE("trusted store: owned by root or the configured store_owner, writable by nobody else", "[root]") {
     require_root();  // chown
     TempStore t;
