@@ -25,6 +25,13 @@ __attribute__((visibility("default"))) extern const unsigned int spank_plugin_ve
 }
 SPANK_PLUGIN(gantry, 1)
 
+#ifdef GANTRY_HAVE_SPANK_INIT_FAILURE_MODE
+// Slurm 25.05 and later: when slurm_spank_init fails in slurmstepd (a plugin built for another release,
+// a gantry.conf the node cannot use), fail the job that met it rather than drain the node, which is
+// Slurm's default. The headers declare it extern "C"; plugin/CMakeLists.txt checks they do.
+__attribute__((visibility("default"))) int slurm_spank_init_failure_mode = ESPANK_JOB_FAILURE;
+#endif
+
 #define GANTRY_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {

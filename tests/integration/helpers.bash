@@ -11,7 +11,8 @@ GANTRY_MANIFEST_ACCEPT="application/vnd.oci.image.index.v1+json, application/vnd
 
 # gantry_load_env registry|images...: source $GANTRY_HARNESS_DIR/<name>.env for each name.
 # `slurm` is the cluster a suite runs on: the 22.05 harness (slurm.env), or with GANTRY_TEST_SLURM=24.11
-# (CTest's integration.<suite>@24.11) the 24.11 one (slurm2411.env), which exports the same GANTRY_TEST_*
+# or 26.05 (CTest's integration.<suite>@24.11, @26.05) that release's (slurm2411.env, slurm2605.env,
+# tests/harness/slurmroot.sh), which exports the same GANTRY_TEST_*
 # names, GANTRY_SLURM_LOGIN_EXEC for gantry_as_user, and a PATH whose Slurm commands reach its cluster.
 gantry_load_env() {
   local what file hint
@@ -24,10 +25,12 @@ gantry_load_env() {
         hint="tests/harness/slurm.sh start"
         case ${GANTRY_TEST_SLURM:-22.05} in
           22.05) ;;
-          24.11) file=$GANTRY_HARNESS_DIR/slurm2411.env hint="tests/harness/slurm2411.sh start" ;;
-          *) echo "GANTRY_TEST_SLURM=$GANTRY_TEST_SLURM: the harness has Slurm 22.05 and 24.11" >&2; return 1 ;;
+          24.11 | 26.05)
+            file=$GANTRY_HARNESS_DIR/slurm${GANTRY_TEST_SLURM/./}.env
+            hint="tests/harness/slurm${GANTRY_TEST_SLURM/./}.sh start" ;;
+          *) echo "GANTRY_TEST_SLURM=$GANTRY_TEST_SLURM: the harness has Slurm 22.05, 24.11 and 26.05" >&2; return 1 ;;
         esac ;;
-      slurm2411) hint="tests/harness/slurm2411.sh start" ;;
+      slurm2411 | slurm2605) hint="tests/harness/$what.sh start" ;;
       *) hint="the harness script that writes it" ;;
     esac
     if [ ! -r "$file" ]; then
@@ -38,7 +41,7 @@ gantry_load_env() {
     . "$file"
     if [ "$what" = slurm ]; then
       # The 22.05 cluster's plugin reads the gantry.conf CTest names in GANTRY_PLUGSTACK_ARGS; its
-      # login node is the host, where the build tree's CLI runs (slurm2411.env sets both for 24.11).
+      # login node is the host, where the build tree's CLI runs (slurm2411.env and slurm2605.env set both).
       : "${GANTRY_TEST_GANTRY_CONF:=$GANTRY_HARNESS_DIR/gantry.conf}" "${GANTRY_TEST_GANTRY:=$GANTRY_BUILD_DIR/runtime/gantry}"
       export GANTRY_TEST_GANTRY_CONF GANTRY_TEST_GANTRY
     fi
@@ -201,7 +204,7 @@ gantry_cluster_registry() {
 
 # gantry_as_user USER DIR CMD...: CMD as USER with DIR as its working directory on the cluster's login
 # node: the host for the 22.05 harness (the caller's environment goes along, as from a user's shell),
-# the trixie root for the 24.11 one (a clean environment: pass variables with `env NAME=value CMD`).
+# the release's Debian root for 24.11 and 26.05 (a clean environment: pass variables with `env NAME=value CMD`).
 gantry_as_user() {
   local user=$1 dir=$2
   shift 2
@@ -289,22 +292,24 @@ gantry_apt_image() {
 # gantry_slurm_client_image: prints the path of a squashfs test image that holds the Slurm client of
 # the cluster the suite runs on (an srun inside a containerized batch script must speak its release and
 # load its build of the plugin) plus the libraries the plugin needs, and /etc/gantry-marker reading
-# "slurm-client image". 22.05: Debian 12's debian image plus apt (gantry_apt_image). 24.11: the trixie
-# root of tests/harness/slurm2411.sh without its compilers, headers and documentation (its packages
-# are the plugin's runtime dependencies), the marker added as a pseudo file; cached beside it.
+# "slurm-client image". 22.05: Debian 12's debian image plus apt (gantry_apt_image). 24.11 and 26.05:
+# the release's root of tests/harness/slurmroot.sh (trixie, forky) without its compilers, headers and
+# documentation (its packages are the plugin's runtime dependencies), the marker added as a pseudo
+# file; cached beside it.
 gantry_slurm_client_image() {
   local dir
-  if [ "${GANTRY_TEST_SLURM_RELEASE:-22.05}" = 24.11 ]; then
-    dir=$GANTRY_HARNESS_DIR/cache/slurmclient-2411
-    if [ ! -f "$dir/image.sqsh" ] || [ "$(cat "$dir/recipe" 2>/dev/null)" != "v2 $GANTRY_T2411_ROOT" ]; then
+  local release=${GANTRY_TEST_SLURM_RELEASE:-22.05}
+  if [ "$release" != 22.05 ]; then
+    dir=$GANTRY_HARNESS_DIR/cache/slurmclient-${release/./}
+    if [ ! -f "$dir/image.sqsh" ] || [ "$(cat "$dir/recipe" 2>/dev/null)" != "v2 $GANTRY_TEST_SLURM_ROOT" ]; then
       rm -rf "$dir" && mkdir -p "$dir"
       # -e takes every argument after it: it comes last.
-      mksquashfs "$GANTRY_T2411_ROOT" "$dir/image.sqsh" -comp lz4 -noappend -quiet -no-progress -no-xattrs \
+      mksquashfs "$GANTRY_TEST_SLURM_ROOT" "$dir/image.sqsh" -comp lz4 -noappend -quiet -no-progress -no-xattrs \
         -p 'etc/gantry-marker f 644 0 0 echo slurm-client image' -wildcards \
         -e usr/libexec/gcc usr/lib/gcc usr/include usr/share/doc usr/share/man usr/share/locale 'usr/share/cmake-*' \
         'var/cache/*' 'var/lib/apt/lists/*' 'proc/*' 'sys/*' 'dev/*' 'tmp/*' >&2 || return 1
       chmod 644 "$dir/image.sqsh"
-      echo "v2 $GANTRY_T2411_ROOT" >"$dir/recipe"
+      echo "v2 $GANTRY_TEST_SLURM_ROOT" >"$dir/recipe"
     fi
   else
     dir=$GANTRY_HARNESS_DIR/cache/plugin-slurmclient
