@@ -84,7 +84,7 @@ std::optional<std::string> slurm_mpi_default() {
 // image brings: the directory of slurm.conf (the job's SLURM_CONF, e.g. configless mode's cache, else
 // slurmstepd's, else the default), PlugStackConfig, the munge socket's directory (AuthInfo socket=,
 // else munge's default) and this plugin's own file (plugstack.conf names it; its libraries come from
-// the image). Bound read-only at the same paths; what does not exist is left out.
+// the image). Bound read-only at the same paths; what the job user does not reach is left out.
 std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
     std::vector<std::string> out;
     auto add_parent = [&](const std::string& file) {
@@ -112,13 +112,12 @@ std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
     if (::dladdr(reinterpret_cast<void*>(&batch_srun_paths), &info) != 0 && info.dli_fname != nullptr &&
         info.dli_fname[0] == '/')
         out.emplace_back(info.dli_fname);
-    std::vector<std::string> existing;
-    for (const auto& p : out) {
-        struct stat sb {};
-        if (::stat(p.c_str(), &sb) == 0 && std::find(existing.begin(), existing.end(), p) == existing.end())
-            existing.push_back(p);
-    }
-    return existing;
+    // Not looked at here (root; SLURM_CONF is the job's): what the user does not reach is left out by
+    // the holder (DeviceMount::if_reachable).
+    std::vector<std::string> unique;
+    for (const auto& p : out)
+        if (std::find(unique.begin(), unique.end(), p) == unique.end()) unique.push_back(p);
+    return unique;
 }
 
 
@@ -128,11 +127,11 @@ void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, std::vecto
     // fills only after this hook. Below an image directory the rank could not create it, so the
     // directory is bound at the same path; a TmpFS of /tmp needs nothing (the container's own /tmp
     // is the rank's to write).
+    // Both paths may hold the node name from SLURMD_NODENAME (%n), which the job's environment sets:
+    // root does not look at them; the holder binds them only if the job user reaches them
+    // (DeviceMount::if_reachable), so a step says nothing about what exists where the user cannot see.
     auto dir = pmix_client_tmpdir(env);
-    struct stat sb {};
-    if (dir && (*dir)[0] == '/' && *dir != "/" && *dir != "/tmp" && ::stat(dir->c_str(), &sb) == 0 &&
-        S_ISDIR(sb.st_mode))
-        mounts.push_back({*dir, *dir, false});
+    if (dir && (*dir)[0] == '/' && *dir != "/" && *dir != "/tmp") mounts.push_back({*dir, *dir, false, true});
     // The PMIx server's own directory (the shared-memory stores clients attach to, ds12/ds21) does
     // not exist yet either; its parent, the node's slurmd spool directory, is bound (read-write, same
     // path) for steps launched with --mpi=pmix*, so the directory appears inside once Slurm makes it.
@@ -141,9 +140,7 @@ void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, std::vecto
     auto mpi = find_env(env, "SLURM_MPI_TYPE");
     if (!mpi) mpi = slurm_mpi_default();
     auto spool = slurmd_spool_dir(sp, env);
-    if (mpi && starts_with(*mpi, "pmix") && spool && *spool != "/" && ::stat(spool->c_str(), &sb) == 0 &&
-        S_ISDIR(sb.st_mode))
-        mounts.push_back({*spool, *spool, false});
+    if (mpi && starts_with(*mpi, "pmix") && spool && *spool != "/") mounts.push_back({*spool, *spool, false, true});
 }
 
 }  // namespace gantry::plugin

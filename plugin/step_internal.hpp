@@ -96,7 +96,7 @@ struct StepState {
     Config config;
     std::string device_warnings;          // devices (issue 7): shown by node 0's first task
     std::string notices;                  // "gantry: ..." lines for srun's terminal, node 0's first task
-    std::optional<StepSignals> signals;   // slurmstepd only (watch_step_signals): stops pulls of a cancelled step
+    std::optional<StepSignals> signals;   // slurmstepd only (watch_step_signals): stops pulls and checks of a cancelled step
 };
 
 StepState& state();

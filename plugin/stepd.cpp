@@ -192,11 +192,6 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             auto m = parse_mount(dir + ":" + dir + ":ro");
             if (m) spec.mounts.push_back(*m);
         }
-        // Inner srun steps: Slurm's configuration, munge and this plugin (batch_srun_paths). Safe:
-        // read-only binds of paths the job user can already read on the host.
-        if (st.config.batch_srun)
-            for (const auto& path : batch_srun_paths(env))
-                if (auto m = parse_mount(path + ":" + path + ":ro")) spec.mounts.push_back(*m);
     }
     // The srun flags decide; without them, the site's defaults (gantry.conf, or its enroot_conf).
     spec.writable = o.writable;
@@ -212,6 +207,9 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     spec.name = name;
     spec.detach = !name.empty();
     spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
+    // Root's waits on the user's helpers and holder (the image check, Enroot settings, the holder's
+    // set-up) end at scancel or the time limit as the pulls do, besides their own deadlines.
+    if (auto& watch = state().signals) spec.should_stop = [&watch] { return watch->pending(); };
     auto prepared = container_spec_for(std::move(spec));
     if (!prepared) return prepared.error();
     // The fuse backend: the containers of this job on this node share one image server (per image and
@@ -231,6 +229,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         for (const auto& w : prepared->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
     if (!prepared->devices_summary.empty()) log::info("devices: " + prepared->devices_summary);
     if (st.config.pmix) add_pmix_mounts(sp, env, edits->mounts);
+    // Inner srun steps of a batch script: Slurm's configuration, munge and this plugin
+    // (batch_srun_paths). Safe: read-only binds, made by the holder as the job user and only of what
+    // that user reaches (SLURM_CONF comes from the job's environment: root does not look at it).
+    if (batch && st.config.batch_srun)
+        for (const auto& path : batch_srun_paths(env)) edits->mounts.push_back({path, path, true, true});
     const ContainerSpec& made = prepared->spec;
 
     if (o.entrypoint.value_or(settings.execute_entrypoint) && !made.image_config.entrypoint.empty()) {

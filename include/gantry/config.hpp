@@ -106,6 +106,14 @@ struct Config {
     // With import_messages: srun prints the nodes' import progress (bytes, layers, rate) this often
     // while they pull; 0: never.
     int import_progress_seconds = 10;
+    // Deadlines of root's waits on what a job user influences (issue #34; docs/admin.md, "What root
+    // waits for"): a helper that checks or reads the user's files as the user (the image and bind
+    // sources, an Enroot image's settings) gets check_timeout_seconds; the container holder's set-up
+    // (mounting or extracting the image, the namespaces) setup_timeout_seconds. Each wait also ends at
+    // the step's stop request (scancel, time limit). Pulls have no deadline of their own: they live as
+    // long as the step.
+    int check_timeout_seconds = 5;
+    int setup_timeout_seconds = 300;
 
     // Site defaults of the container flags (Enroot's ENROOT_ROOTFS_WRITABLE, ENROOT_REMAP_ROOT,
     // ENROOT_MOUNT_HOME): --container-writable/--container-readonly, --[no-]container-remap-root and

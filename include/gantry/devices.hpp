@@ -37,6 +37,11 @@ struct DeviceMount {
     std::string host_path;  // prefixed with host_root
     std::string path;       // inside the container
     bool read_only = true;
+    // A path the job's environment names (PMIX_SERVER_TMPDIR, SLURM_CONF, a %n expanded from
+    // SLURMD_NODENAME): bound only if the job user reaches it, which the holder finds out as that user;
+    // skipped otherwise, whatever the reason, so that "missing" and "not yours" look alike and root
+    // never looks at the path itself (issue #34).
+    bool if_reachable = false;
     bool operator==(const DeviceMount&) const = default;
 };
 
@@ -108,7 +113,8 @@ struct GpuRequest {
     std::string source;            // which variable decided, for messages: "NVIDIA_VISIBLE_DEVICES=0,2"
 };
 // Precedence, first that is set: NVIDIA_VISIBLE_DEVICES in the job environment (the user's explicit
-// override), CUDA_VISIBLE_DEVICES when it lists only MIG UUIDs (Slurm's MIG GRES), SLURM_STEP_GPUS,
+// choice, bounded by SLURM_STEP_GPUS or else SLURM_JOB_GPUS when set: `all` means the allocated GPUs,
+// a list naming any other GPU or a CDI device is an error), CUDA_VISIBLE_DEVICES when it lists only MIG UUIDs (Slurm's MIG GRES), SLURM_STEP_GPUS,
 // SLURM_JOB_GPUS (the allocation), CUDA_VISIBLE_DEVICES in the job environment,
 // NVIDIA_VISIBLE_DEVICES in the image's Env (CUDA images say `all`).
 Result<GpuRequest> gpu_request(const std::vector<std::string>& job_env, const std::vector<std::string>& image_env);

@@ -12,6 +12,8 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -89,9 +91,12 @@ EnrootImageSettings parse_enroot_rc(std::string_view rc);
 // `helper --enroot-settings IMAGE` (gantry-holder; "": default_holder_program()) run with `env` as its
 // environment. The image is the user's bytes: when the caller is root and `uid` is not, the helper
 // runs as uid/gid (and the user's groups), and only checked, capped entries come back. An image
-// without the files: empty settings.
+// without the files: empty settings. The helper is killed, and this fails, after `timeout` or as soon
+// as `should_stop` says so (a file on a stalled file system must not hold root: issue #34).
 Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t uid, gid_t gid,
-                                                 const std::vector<std::string>& env, const std::string& helper = {});
+                                                 const std::vector<std::string>& env, const std::string& helper = {},
+                                                 std::chrono::seconds timeout = std::chrono::seconds(5),
+                                                 const std::function<bool()>& should_stop = {});
 // The helper's side (gantry-holder --enroot-settings IMAGE): reads IMAGE's /etc/environment and
 // /etc/rc with the caller's rights, expands ${NAME} from the process environment, and writes
 // NUL-terminated entries to stdout: NAME=VALUE for the environment, then "@workdir=DIR",

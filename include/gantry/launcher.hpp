@@ -91,6 +91,9 @@ struct ContainerSpec {
     // (the job's containers on the node share it; the plugin moves it into the job's cgroups and ends
     // it with the job). Empty, it keeps a daemon of its own. A user's own holders share by cgroup.
     std::string fuse_server_scope;
+    // The step's stop request (scancel, its time limit; the plugin's StepSignals): every wait of the
+    // creator on something the user influences ends when it says so. Not part of the JSON document.
+    std::function<bool()> should_stop;
 };
 
 // ContainerSpec as a JSON document and back: how the creator hands it to the gantry-holder program.

@@ -37,6 +37,10 @@ struct MountSpec {
     bool propagation_recursive = true;
     std::string data;         // tmpfs options, comma-joined: "size=1G,mode=1777"
     std::string text;         // the entry as written, for messages
+    // A mounts.d entry with `nofail`: left out when the job user does not reach its source (decided as
+    // the user, by the path check and the holder; root never looks: the source may hold ${USER}).
+    bool nofail = false;
+    std::string origin;  // a mounts.d entry's "FILE:LINE", for messages
 
     bool operator==(const MountSpec&) const = default;
 };

@@ -4,6 +4,7 @@
 // the site's defaults and drop-ins, or on device selection.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,8 @@ struct RunRequest {
     // gantry run: the one command is the only task, so the per-task variables are fixed now (the
     // plugin sets them per task when each joins).
     bool single_task = false;
+    // ContainerSpec::should_stop.
+    std::function<bool()> should_stop;
 };
 
 struct PreparedSpec {

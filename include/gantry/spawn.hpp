@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <optional>
@@ -60,7 +61,11 @@ struct ProcessRequest {
     // privileges through setuid bits or file capabilities.
     bool no_new_privs = false;
     // Polled about every 200 ms while the program runs: true stops it (SIGKILL to its process group).
+    // Honoured until the program has ended, whatever it did with its pipes.
     std::function<bool()> should_stop;
+    // Non-zero: the program is stopped the same way once it has run this long (ProcessOutcome::timed_out).
+    // Root's waits on anything a user influences (a helper reading the user's files) carry one.
+    std::chrono::milliseconds timeout{0};
     // start_process only: a session of its own (setsid) instead of a process group of its own, and
     // `daemonize`: started through an intermediate child that exits at once, so that the program is
     // no child of ours (it outlives us; the kernel reparents it).
@@ -74,11 +79,14 @@ struct ProcessRequest {
 struct ProcessOutcome {
     int status = -1;       // exit status, or 128 + signal
     int signal = 0;        // the signal that ended it, 0 when it exited
-    bool stopped = false;  // killed because should_stop said so
+    bool stopped = false;    // killed because should_stop said so
+    bool timed_out = false;  // killed because it ran past ProcessRequest::timeout
     std::string out, err;  // its stdout and stderr (capped)
 };
 
-// Runs the request to completion. The program starts with no signal blocked, whatever the caller
+// Runs the request to completion. The child is watched through a pidfd: a stop request or the
+// deadline ends it (its process group is killed and it is reaped) even after it closed every pipe; a
+// child the kernel keeps from dying for 5 s after SIGKILL is an error (left unreaped). The program starts with no signal blocked, whatever the caller
 // blocks. It runs in a process group of its own (so that stopping it
 // stops what it started), with stdin from /dev/null (unless `inputs` names descriptor 0) and only
 // the descriptors named above. A program
@@ -86,6 +94,10 @@ struct ProcessOutcome {
 // so the caller's memory stays bounded whatever the program (or an LD_PRELOAD in its environment)
 // does. Errors also for: a failed identity switch, namespace entry or exec.
 Result<ProcessOutcome> spawn(const ProcessRequest& request);
+
+// Why the program did not end by itself, for a one-line error: "the step is being stopped" or "no
+// answer within N s (SETTING in gantry.conf)"; "" when it did.
+std::string stop_reason(const ProcessRequest& request, const ProcessOutcome& outcome, const std::string& setting);
 
 // Starts the request's program and returns without waiting for it: the same identity, namespace,
 // descriptor and environment rules as spawn(), but nothing is captured (`outputs`, the caps and

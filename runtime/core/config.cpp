@@ -124,6 +124,8 @@ const std::map<std::string, Setter>& setters() {
              return {};
          }},
         {"import_progress_seconds", int_key(&Config::import_progress_seconds, 0, 3600)},
+        {"check_timeout_seconds", int_key(&Config::check_timeout_seconds, 1, 3600)},
+        {"setup_timeout_seconds", int_key(&Config::setup_timeout_seconds, 1, 24 * 3600)},
         {"mount_idle_seconds", int_key(&Config::mount_idle_seconds, 0, 7 * 24 * 3600)},
         {"fuse_shared", bool_key(&Config::fuse_shared)},
         {"layered_images", bool_key(&Config::layered_images)},

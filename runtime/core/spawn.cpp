@@ -9,10 +9,12 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cerrno>
 
@@ -143,6 +145,14 @@ Result<pid_t> start_process(const ProcessRequest& rq) {
     return 0;
 }
 
+std::string stop_reason(const ProcessRequest& rq, const ProcessOutcome& outcome, const std::string& setting) {
+    if (outcome.stopped) return "the step is being stopped";
+    if (!outcome.timed_out) return {};
+    auto ms = rq.timeout.count();
+    std::string span = ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+    return "no answer within " + span + " (" + setting + " in gantry.conf; is the path on a stalled file system?)";
+}
+
 std::string find_program(const std::string& name) {
     if (name.find('/') != std::string::npos) return name;
     std::vector<std::string> dirs;
@@ -206,27 +216,80 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
     for (auto& [fd, as] : child_ends) ::close(fd);
     child_ends.clear();
 
+    // The child by pidfd: its exit is one more thing to poll, whatever it did with its pipes (a program
+    // that closes them and sleeps must not hold us past a stop request or the deadline), and signals
+    // through it can never reach a process that reused its pid. Without pidfd_open (Linux < 5.3) we
+    // look with waitid(WNOWAIT) at each poll round: pid is our unreaped child, so not reused either.
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     std::vector<pollfd> fds;
     for (const auto& s : streams) fds.push_back({s.fd.get(), POLLIN, 0});
-    size_t open_fds = fds.size();  // streams not at their end yet; 0 also once one broke its cap
+    fds.push_back({pidfd.get(), POLLIN, 0});  // poll skips it (fd -1) without a pidfd
+    const size_t child_slot = fds.size() - 1;
+    size_t open_fds = streams.size();  // streams not at their end yet; 0 also once one broke its cap
     std::string overflow;
-    // Safe: pid is our own child, not reaped yet (so not reused), leader of its own process group.
+    bool exited = false, killed = false;
     auto kill_child = [&] {
+        // Safe: pid is our own child, not reaped yet (so neither it nor its process group id can name
+        // another process), leader of its own process group.
         (void)::kill(-pid, SIGKILL);
-        (void)::kill(pid, SIGKILL);
+        if (!pidfd || ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) != 0) (void)::kill(pid, SIGKILL);
+        killed = true;
+        for (size_t i = 0; i < child_slot; ++i) fds[i].fd = -1;  // nothing more is read
+        open_fds = 0;
     };
+    using Clock = std::chrono::steady_clock;
+    const auto started = Clock::now();
+    const bool has_deadline = rq.timeout.count() > 0;
+    const auto deadline = started + rq.timeout;
+    // After SIGKILL the child ends at once unless the kernel holds it (e.g. in an uninterruptible
+    // wait on a dead file server): we give it this long, then report it rather than wait for ever.
+    constexpr auto kKillGrace = std::chrono::seconds(5);
+    Clock::time_point killed_at{};
     char buf[8192];
-    while (open_fds > 0) {
-        int ready = ::poll(fds.data(), fds.size(), rq.should_stop ? 200 : -1);
-        if (ready < 0) {
-            if (errno == EINTR) continue;
-            break;
+    while (!exited || open_fds > 0) {
+        auto now = Clock::now();
+        int wait_ms = -1;
+        auto wait_until = [&](Clock::time_point t) {
+            auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1;
+            ms = std::clamp<long long>(ms, 0, 1000 * 1000);
+            if (wait_ms < 0 || ms < wait_ms) wait_ms = static_cast<int>(ms);
+        };
+        if (!pidfd && !exited) wait_until(now + std::chrono::milliseconds(200));
+        if (killed) {
+            wait_until(killed_at + kKillGrace);
+        } else {
+            if (rq.should_stop) wait_until(now + std::chrono::milliseconds(200));
+            if (has_deadline) wait_until(deadline);
         }
-        if (rq.should_stop && !outcome.stopped && rq.should_stop()) {
+        for (auto& f : fds) f.revents = 0;
+        int ready = ::poll(fds.data(), fds.size(), wait_ms);
+        if (ready < 0 && errno != EINTR && !killed) {
+            // Cannot watch it any more: end it rather than wait blind.
             kill_child();
-            outcome.stopped = true;
+            killed_at = Clock::now();
         }
-        for (size_t i = 0; i < fds.size() && ready > 0; ++i) {
+        now = Clock::now();
+        if (!killed && rq.should_stop && rq.should_stop()) {
+            outcome.stopped = true;
+            kill_child();
+            killed_at = now;
+        }
+        if (!killed && has_deadline && now >= deadline) {
+            outcome.timed_out = true;
+            kill_child();
+            killed_at = now;
+        }
+        if (!exited && (pidfd ? (fds[child_slot].revents & POLLIN) != 0 : [&] {
+                siginfo_t info{};
+                return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+            }())) {
+            // Gone. What it started may still hold its pipes: those are read to their end as before
+            // (within the same stop request and deadline).
+            exited = true;
+            fds[child_slot].fd = -1;
+        }
+        if (killed && !exited && now >= killed_at + kKillGrace) break;
+        for (size_t i = 0; i < child_slot && ready > 0; ++i) {
             if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
             ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
             if (n < 0 && errno == EINTR) continue;
@@ -237,8 +300,7 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
                 // Over its cap: stop the program and stop reading every stream.
                 overflow = streams[i].name + " (more than " + std::to_string(streams[i].cap) + " bytes)";
                 kill_child();
-                for (auto& f : fds) f.fd = -1;
-                open_fds = 0;
+                killed_at = now;
                 break;
             } else {
                 streams[i].text->append(buf, static_cast<size_t>(n));
@@ -247,8 +309,12 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
     }
     streams.clear();  // our read ends: a program still writing gets EPIPE
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    pid_t reaped = 0;
+    while ((reaped = ::waitpid(pid, &status, exited ? 0 : WNOHANG)) < 0 && errno == EINTR) {
     }
+    if (reaped != pid)
+        return make_error(rq.argv[0] + " (pid " + std::to_string(pid) + ") did not end within " +
+                          std::to_string(kKillGrace.count()) + " s of SIGKILL (stuck in the kernel, e.g. on a stopped FUSE mount?)");
     outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);
     if (!overflow.empty())

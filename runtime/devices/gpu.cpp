@@ -129,11 +129,50 @@ std::string library_stem(const std::string& soname) {
     return so == std::string::npos ? soname : soname.substr(0, so);
 }
 
+// The job's own NVIDIA_VISIBLE_DEVICES within Slurm's allocation: `all` means the allocated GPUs, a list
+// must name allocated ones only (by the allocation's own names), and none/void stay as they are. The
+// job may narrow what Slurm gave it, never widen it: the devices cgroup is not the only fence.
+Result<GpuRequest> within_allocation(GpuRequest asked, const GpuRequest& allocated) {
+    switch (asked.kind) {
+        case GpuRequest::Kind::nothing:
+        case GpuRequest::Kind::driver_only:
+            if (asked.cdi.empty()) return asked;
+            break;
+        case GpuRequest::Kind::all: {
+            GpuRequest r = allocated;
+            r.source = asked.source + ", within " + allocated.source;
+            return r;
+        }
+        case GpuRequest::Kind::list:
+            break;
+    }
+    if (!asked.cdi.empty())
+        return make_error(asked.source + ": CDI device names cannot be checked against the step's allocation (" +
+                          allocated.source + "); name the allocated GPUs by index instead");
+    for (const auto& id : asked.ids)
+        if (std::find(allocated.ids.begin(), allocated.ids.end(), id) == allocated.ids.end())
+            return make_error(asked.source + ": GPU " + id + " is not allocated to this step (" + allocated.source +
+                              "); name only allocated GPUs, or ask Slurm for more (--gpus)");
+    asked.source += ", within " + allocated.source;
+    return asked;
+}
+
 }  // namespace
 
 Result<GpuRequest> gpu_request(const std::vector<std::string>& job_env, const std::vector<std::string>& image_env) {
     using devices::env_value;
-    if (auto v = env_value(job_env, "NVIDIA_VISIBLE_DEVICES")) return parse_gpu_list("NVIDIA_VISIBLE_DEVICES", *v);
+    if (auto v = env_value(job_env, "NVIDIA_VISIBLE_DEVICES")) {
+        auto asked = parse_gpu_list("NVIDIA_VISIBLE_DEVICES", *v);
+        if (!asked) return asked;
+        // Slurm's allocation, when the step has one, bounds what the job's own variable may ask for.
+        for (const char* name : {"SLURM_STEP_GPUS", "SLURM_JOB_GPUS"})
+            if (auto a = env_value(job_env, name)) {
+                auto allocated = parse_gpu_list(name, *a);
+                if (!allocated) return allocated;
+                return within_allocation(std::move(*asked), *allocated);
+            }
+        return asked;
+    }
     // MIG devices scheduled as GRES: Slurm's SLURM_*_GPUS then hold its GRES indices, not GPU
     // indices, and CUDA_VISIBLE_DEVICES the MIG names: those say which devices.
     if (auto v = env_value(job_env, "CUDA_VISIBLE_DEVICES")) {

@@ -41,14 +41,14 @@ Result<ContainerEdits> select_devices(const Config& config, const std::vector<st
     edits.merge(devices::rdma_edits(config, job_env));
 
     // Slurm's PMIx server keeps its per-step files (the dstore shared-memory segments clients attach
-    // to) in PMIX_SERVER_TMPDIR, a host path: bound at the same path, writable, when it exists.
+    // to) in PMIX_SERVER_TMPDIR, a host path: bound at the same path, writable, when the job user
+    // reaches it. The job's environment names it, so it is not looked at here (this may run as root):
+    // the holder decides as the user (DeviceMount::if_reachable).
     if (config.pmix) {
         if (auto dir = devices::env_value(job_env, "PMIX_SERVER_TMPDIR")) {
             std::string d = *dir;
             while (d.size() > 1 && d.back() == '/') d.pop_back();
-            struct stat st {};
-            if (!d.empty() && d[0] == '/' && ::stat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-                edits.mounts.push_back({d, d, false});
+            if (!d.empty() && d[0] == '/' && d != "/") edits.mounts.push_back({d, d, false, true});
         }
     }
 

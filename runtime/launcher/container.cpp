@@ -8,10 +8,12 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -180,6 +182,9 @@ Status resolve_identity(const ContainerSpec& spec, launcher::Identity& id) {
 namespace launcher {
 Status check_paths_here(const ContainerSpec& spec) {
     GANTRY_TRY(check_squashfs(spec.image_path));
+    // Every layer of a layered image like the top one: a FIFO or a file on a stalled mount below it
+    // must fail here, in the user's helper, not in root's mount later (issue #34).
+    for (const auto& layer : spec.image_layers) GANTRY_TRY(check_squashfs(layer));
     return check_mount_sources(spec.mounts);
 }
 }  // namespace launcher
@@ -222,8 +227,14 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     r.inputs = {{doc.get(), 0}};
     r.stdout_cap = 4096;
     r.stderr_cap = 16 << 10;
+    // The paths may lie on a file system the user stalls (a SIGSTOPped FUSE server): a deadline and
+    // the step's stop request end the helper, which is killed and reaped by pidfd.
+    r.timeout = std::chrono::seconds(spec.config.check_timeout_seconds);
+    r.should_stop = spec.should_stop;
     auto ran = spawn(r);
     if (!ran) return ran.error().wrap("checking the image " + spec.image_path + " as uid " + std::to_string(id.uid));
+    if (std::string why = stop_reason(r, *ran, "check_timeout_seconds"); !why.empty())
+        return make_error("checking the image " + spec.image_path + " and the mount sources as uid " + std::to_string(id.uid) + ": " + why);
     if (ran->status == 0) return {};
     std::string why = trim(ran->err);
     if (why.empty())
@@ -259,9 +270,32 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     if (!started) return started.error().wrap("starting the container holder " + run.argv[0]);
     pid_t child = *started;  // 0 when detached: the holder is no child of ours
     theirs.reset();
+    // Our child by pidfd (its pid cannot be reused before we reap it, so this names it): killed and
+    // reaped through it below, within a bound even if the kernel holds it (a stalled FUSE mount).
+    UniqueFd child_fd(child > 0 ? launcher::open_pidfd(child) : -1);
+    auto kill_child = [&] {
+        // Safe: `child` is our unreaped child (pidfd or not, the pid names it).
+        if (child > 0 && (!child_fd || launcher::signal_pidfd(child_fd.get(), SIGKILL) != 0)) ::kill(child, SIGKILL);
+    };
+    // Every way out but success (child = -1 then) ends the holder: killed, then reaped.
     Defer reap([&] {
-        if (child > 0) ::waitpid(child, nullptr, 0);
+        if (child <= 0) return;
+        kill_child();
+        struct pollfd p {child_fd.get(), POLLIN, 0};
+        if (child_fd && ::poll(&p, 1, 5000) == 0) {
+            log::warning("the container holder (pid " + std::to_string(child) + ") did not end within 5 s of SIGKILL");
+            return;
+        }
+        ::waitpid(child, nullptr, 0);
     });
+    // The kernel tells us who sent each message (SO_PASSCRED, set before the holder can say anything): a "userns PID" request is believed only
+    // from PID itself, so a detached holder (no child of ours) cannot name another process.
+    int one = 1;
+    if (root_for_user && ::setsockopt(ours.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0)
+        return system_error("setting up the container holder's socket");
+    // Sending the set-up waits at most setup_timeout_seconds too (a holder that does not read).
+    timeval send_limit{spec.config.setup_timeout_seconds, 0};
+    (void)::setsockopt(ours.get(), SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
     std::string out = std::to_string(doc.size()) + "\n" + doc;
     for (size_t sent = 0; sent < out.size();) {
         ssize_t n = ::send(ours.get(), out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
@@ -269,11 +303,46 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
         if (n <= 0) break;  // the holder is gone: its exit shows below as a missing report
         sent += static_cast<size_t>(n);
     }
-    std::string reply;
+    // The set-up mounts the user's image and bind sources, which may lie on a file system the user
+    // stalls: root waits at most setup_timeout_seconds, and not past the step's stop request.
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + std::chrono::seconds(spec.config.setup_timeout_seconds);
+    std::string reply, gave_up;
     char chunk[512];
-    ssize_t n;
-    while ((n = ::recv(ours.get(), chunk, sizeof chunk, 0)) > 0 || (n < 0 && errno == EINTR)) {
-        if (n <= 0) continue;
+    while (true) {
+        if (spec.should_stop && spec.should_stop()) {
+            gave_up = "the step is being stopped";
+            break;
+        }
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) {
+            gave_up = "no answer within " + std::to_string(spec.config.setup_timeout_seconds) +
+                      " s (setup_timeout_seconds in gantry.conf; is the image or a mount source on a stalled file system?)";
+            break;
+        }
+        struct pollfd p {ours.get(), POLLIN, 0};
+        int ready = ::poll(&p, 1, static_cast<int>(spec.should_stop ? std::min<long long>(left, 200) : left));
+        if (ready <= 0) continue;  // EINTR or time to look at the stop request and the deadline
+        union {
+            cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(ucred))];
+        } control{};
+        iovec iov{chunk, sizeof chunk};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        ssize_t n = ::recvmsg(ours.get(), &msg, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        pid_t sender = -1;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+                ucred cred{};
+                std::memcpy(&cred, CMSG_DATA(c), sizeof cred);
+                sender = cred.pid;
+            }
         reply.append(chunk, static_cast<size_t>(n));
         if (reply.size() > 65536) break;
         // The holder made its user namespace: as root, write its maps (write_id_maps says why that is
@@ -282,13 +351,23 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
         if (root_for_user && starts_with(reply, "userns ") && nl != std::string::npos) {
             pid_t holder = static_cast<pid_t>(std::strtol(reply.c_str() + 7, nullptr, 10));
             reply.erase(0, nl + 1);
-            // Only our own holder: our child, or (detached) a process of the job user.
-            bool ours_for_sure = child > 0 ? holder == child : holder > 1;
-            auto maps = ours_for_sure ? launcher::write_id_maps(holder, s.id)
-                                      : Status(make_error("the container holder named a process that is not it"));
-            if (!maps) return maps.error().wrap("setting up the container's user namespace");
+            // Only our own holder: the process that sent this (the kernel's word), and our child when
+            // attached; pinned by a pidfd from here on.
+            bool ours_for_sure = holder > 1 && holder == sender && (child <= 0 || holder == child);
+            UniqueFd holder_fd(ours_for_sure ? launcher::open_pidfd(holder) : -1);
+            auto maps = holder_fd ? launcher::write_id_maps(holder_fd.get(), holder, s.id)
+                                  : Status(make_error("the container holder named a process that is not it"));
+            if (!maps) {
+                kill_child();
+                return maps.error().wrap("setting up the container's user namespace");
+            }
             if (::send(ours.get(), "go\n", 3, MSG_NOSIGNAL) != 3) break;
         }
+    }
+    if (!gave_up.empty()) {
+        ours.reset();
+        kill_child();  // the Defer above reaps it
+        return make_error("setting up the container: " + gave_up);
     }
     reply = trim(reply);
     if (starts_with(reply, "ok ")) {
@@ -296,7 +375,7 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
         return reply;
     }
     ours.reset();
-    if (child > 0) ::kill(child, SIGKILL);
+    kill_child();
     if (starts_with(reply, "error ")) return make_error(reply.substr(6));
     return make_error("container set-up failed (the holder exited without a report)");
 }

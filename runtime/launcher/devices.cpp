@@ -117,11 +117,17 @@ Status add_device_nodes(Setup& s) {
 }
 
 Status mount_driver_files(Setup& s) {
+    // As the job user (the holder switched before): a path the job's environment named is bound only
+    // when this user reaches it, and skipped silently otherwise (DeviceMount::if_reachable).
     for (const auto& m : s.spec->devices.mounts) {
         struct stat st {};
-        if (::stat(m.host_path.c_str(), &st) != 0) return system_error("mounting " + m.host_path + " at " + m.path);
+        if (::stat(m.host_path.c_str(), &st) != 0) {
+            if (m.if_reachable) continue;
+            return system_error("mounting " + m.host_path + " at " + m.path);
+        }
         uint64_t attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (m.read_only ? MOUNT_ATTR_RDONLY : 0);
-        GANTRY_TRY(bind_into(s, m.host_path, m.path, S_ISDIR(st.st_mode), attrs));
+        auto bound = bind_into(s, m.host_path, m.path, S_ISDIR(st.st_mode), attrs);
+        if (!bound && !m.if_reachable) return bound;
     }
     return {};
 }

@@ -237,20 +237,13 @@ Result<SiteDefaults> load_site_defaults(const Config& config, const std::vector<
         auto mounts = parse_fstab_file(f.text, env, f.path);
         if (!mounts) return mounts.error();
         for (auto& d : *mounts) {
-            if (d.mount.kind == MountKind::bind) {
-                // An admin-named host path, looked at with our rights only to decide whether it exists;
-                // the user's own rights decide later whether it can be mounted (check_mount_sources).
-                struct stat st {};
-                if (::stat(d.mount.source.c_str(), &st) != 0) {
-                    if (d.nofail) {
-                        log::debug(d.where + ": " + d.mount.source + " does not exist; skipped (nofail)");
-                        continue;
-                    }
-                    return make_error(
-                        d.where + ": mounting " + d.mount.source + " at " + d.mount.destination +
-                        ": source path does not exist (add nofail to its options to skip it when missing)");
-                }
-            }
+            // The source is not looked at here: this may run as root, and ${USER} or any variable of the
+            // job's environment may be part of it, so whether it exists would tell the user about paths
+            // they cannot see. The user's own check (check_mount_sources, as the user) and the holder
+            // decide: a missing source fails the step with "source path does not exist", a `nofail`
+            // one is left out when the user does not reach it.
+            d.mount.nofail = d.nofail && d.mount.kind == MountKind::bind;
+            d.mount.origin = d.where;
             site.mounts.push_back(std::move(d.mount));
         }
     }
@@ -328,7 +321,8 @@ EnrootImageSettings parse_enroot_rc(std::string_view rc) {
 }
 
 Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t uid, gid_t gid,
-                                                 const std::vector<std::string>& env, const std::string& helper) {
+                                                 const std::vector<std::string>& env, const std::string& helper,
+                                                 std::chrono::seconds timeout, const std::function<bool()>& should_stop) {
     ProcessRequest r;
     r.argv = {helper.empty() ? default_holder_program() : helper, "--enroot-settings", image};
     r.env = env;  // the job's (or caller's) own variables: ${NAME} in the file expands from them
@@ -338,8 +332,13 @@ Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t
     // Root for a job user: the helper takes the user's groups, gid and uid (checked) before exec, so
     // the image (the user's bytes and path) is opened and parsed with the user's rights only.
     if (::geteuid() == 0 && uid != static_cast<uid_t>(-1) && uid != 0) r.identity = user_identity(uid, gid);
+    // The image may sit on a stalled (e.g. SIGSTOPped FUSE) file system the user made: the helper
+    // gets a deadline and the step's stop request, and is killed and reaped past either.
+    r.timeout = timeout;
+    r.should_stop = should_stop;
     auto ran = spawn(r);
     if (!ran) return ran.error().wrap(what);
+    if (std::string why = stop_reason(r, *ran, "check_timeout_seconds"); !why.empty()) return make_error(what + ": " + why);
     if (ran->status != 0) {
         std::string why = trim(ran->err);
         if (why.empty()) why = "the helper " + r.argv[0] + " exited with status " + std::to_string(ran->status);
@@ -369,7 +368,8 @@ Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t
 Status apply_site_defaults(ContainerSpec& spec, const std::vector<std::string>& env) {
     const ImageConfig& ic = spec.image_config;
     if (ic.env.empty() && ic.entrypoint.empty() && ic.cmd.empty()) {
-        auto enroot = read_enroot_settings(spec.image_path, spec.uid, spec.gid, env, spec.holder_program);
+        auto enroot = read_enroot_settings(spec.image_path, spec.uid, spec.gid, env, spec.holder_program,
+                                           std::chrono::seconds(spec.config.check_timeout_seconds), spec.should_stop);
         if (!enroot) return enroot.error();
         spec.image_config.env = std::move(enroot->env);
         if (spec.image_config.working_dir.empty()) spec.image_config.working_dir = enroot->workdir;

@@ -159,7 +159,8 @@ bool running_as_real_root();
 bool is_trusted_path(const std::string& path, const std::string& store_owner);
 Status mount_image_kernel(Setup& s);
 // Root, for a holder it started for `id`: writes /proc/PID/setgroups, uid_map and gid_map.
-Status write_id_maps(pid_t pid, const Identity& id);
+// `pidfd` is a pidfd of `pid`: the maps go to that process or to none (a pid reused meanwhile is refused).
+Status write_id_maps(int pidfd, pid_t pid, const Identity& id);
 // holder.cpp: the launch sequence (run by the holder)
 Status set_up_container(Setup& s);
 

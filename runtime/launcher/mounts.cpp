@@ -115,9 +115,12 @@ Status check_mount_sources(const std::vector<MountSpec>& mounts) {
         if (m.kind != MountKind::bind) continue;
         struct stat st {};
         if (::stat(m.source.c_str(), &st) != 0) {
+            if (m.nofail) continue;  // the holder leaves it out
+            std::string what = (m.origin.empty() ? "" : m.origin + ": ") + "mounting " + m.source + " at " + m.destination;
             if (errno == ENOENT || errno == ENOTDIR)
-                return make_error("mounting " + m.source + " at " + m.destination + ": source path does not exist");
-            return system_error("mounting " + m.source + " at " + m.destination);
+                return make_error(what + ": source path does not exist" +
+                                  (m.origin.empty() ? "" : " (add nofail to its options to skip it when missing)"));
+            return system_error(what);
         }
     }
     return {};

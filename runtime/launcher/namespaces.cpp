@@ -82,12 +82,18 @@ Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, in
     return {};
 }
 
-Status write_id_maps(pid_t pid, const Identity& id) {
+Status write_id_maps(int pidfd, pid_t pid, const Identity& id) {
     // Privileged (root, the creator): writes the single-id maps of the user namespace that holder PID
     // (our own holder, which asked for them on its private socket) has just made. Safe: the maps name
     // only the job user's own uid and gid, exactly what the user could map unprivileged, and
-    // setgroups is denied; a map can be written once, so no later write changes it.
-    std::string dir = "/proc/" + std::to_string(pid);
+    // setgroups is denied; a map can be written once, so no later write changes it. The process is
+    // pinned: /proc/PID is opened first, then the pidfd (taken before) must still name a live process,
+    // so the directory is that process's and not one that reused the pid (the job user may kill the
+    // holder, which runs as them).
+    UniqueFd proc(::open(("/proc/" + std::to_string(pid)).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!proc) return system_error("opening /proc/" + std::to_string(pid));
+    if (signal_pidfd(pidfd, 0) != 0) return make_error("the container holder (pid " + std::to_string(pid) + ") is gone");
+    std::string dir = "/proc/self/fd/" + std::to_string(proc.get());
     GANTRY_TRY(write_proc_file(dir + "/setgroups", "deny"));
     GANTRY_TRY(write_proc_file(dir + "/uid_map", uid_map_line(id)));
     GANTRY_TRY(write_proc_file(dir + "/gid_map", gid_map_line(id)));

@@ -627,6 +627,11 @@ Status perform_user_mounts(Setup& s) {
         }
         std::string what = "mounting " + m.source + " at " + m.destination;
         struct stat st {};
+        // As the job user: a mounts.d `nofail` entry the user does not reach is left out, whether it is
+        // missing or not theirs (the same answer for both).
+        if (m.nofail && (::stat(m.source.c_str(), &st) != 0 ||
+                         ::access(m.source.c_str(), S_ISDIR(st.st_mode) ? (R_OK | X_OK) : R_OK) != 0))
+            continue;
         if (::stat(m.source.c_str(), &st) != 0) {
             if (errno == ENOENT || errno == ENOTDIR) return make_error(what + ": source path does not exist");
             return system_error(what);

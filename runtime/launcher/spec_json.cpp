@@ -28,10 +28,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Config, store_path, store_owner, private_imag
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ImageConfig, architecture, os, env, entrypoint, cmd, working_dir, user, volumes,
                                    labels, diff_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MountSpec, kind, source, destination, read_only, recursive, nosuid, nodev, noexec,
-                                   propagation, propagation_recursive, data, text)
+                                   propagation, propagation_recursive, data, text, nofail, origin)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ExtraNamespaces, net, ipc, uts)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeviceNode, host_path, path)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeviceMount, host_path, path, read_only)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeviceMount, host_path, path, read_only, if_reachable)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeviceSymlink, path, target)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SysfsView, path, entries, files)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerEdits, devices, mounts, symlinks, sysfs_views, env, ld_library_dirs,

@@ -60,6 +60,14 @@ TEST_CASE("gantry.conf: values, comments and defaults") {
     REQUIRE(fallback.ok());
     CHECK(fallback->fuse_server == "squashfuse_ll");
     CHECK_FALSE(gantry::parse_config("fuse_server = squashfuse\n", "c").ok());
+    // Root's deadlines on what a user influences (issue #34): a few seconds for checks by default.
+    CHECK(c->check_timeout_seconds == 5);
+    CHECK(c->setup_timeout_seconds == 300);
+    auto waits = gantry::parse_config("check_timeout_seconds = 2\nsetup_timeout_seconds = 900\n", "c");
+    REQUIRE(waits.ok());
+    CHECK(waits->check_timeout_seconds == 2);
+    CHECK(waits->setup_timeout_seconds == 900);
+    CHECK_FALSE(gantry::parse_config("check_timeout_seconds = 0\n", "c").ok());  // no wait without an end
 }
 
 TEST_CASE("gantry.conf: errors name file, line and key") {
@@ -251,6 +259,77 @@ TEST_CASE("spawn: a program writing without end is stopped at the cap", "[spawn]
     // Over the cap on stdout while stderr ends in the same poll round (the program exits at once):
     // once hung the reader, which went on counting streams after it had stopped them all.
     for (int i = 0; i < 50; ++i) CHECK_FALSE(gantry::spawn(exact));
+}
+
+namespace {
+// A program that closes stdout, stderr and its report descriptor, then sleeps: the pull child of
+// issue #34, which once held spawn() in waitpid past its stop request. Its pid comes back in `pidfile`.
+gantry::ProcessRequest closing_sleeper(const std::string& pidfile, std::string& report) {
+    auto rq = shell("echo $$ > " + pidfile + "; exec >&- 2>&- 4>&-; exec sleep 30");
+    rq.outputs.push_back({4, &report, 100, "report"});
+    return rq;
+}
+pid_t read_pid(const std::string& path) {
+    std::ifstream in(path);
+    pid_t pid = 0;
+    in >> pid;
+    return pid;
+}
+}  // namespace
+
+TEST_CASE("spawn: a stop request and the deadline end a child that closed its pipes; it is reaped", "[spawn]") {
+    using namespace std::chrono;
+    char dir[] = "/tmp/gantry-spawn-XXXXXX";
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    const std::string pidfile = std::string(dir) + "/pid";
+    std::string report;
+    SECTION("stop request") {
+        auto rq = closing_sleeper(pidfile, report);
+        auto t0 = steady_clock::now();
+        rq.should_stop = [&] { return steady_clock::now() - t0 > seconds(1); };
+        auto r = gantry::spawn(rq);
+        auto took = steady_clock::now() - t0;
+        REQUIRE(r);
+        CHECK(r->stopped);
+        CHECK_FALSE(r->timed_out);
+        CHECK(r->signal == SIGKILL);
+        CHECK(took >= seconds(1));
+        CHECK(took < milliseconds(2500));
+    }
+    SECTION("deadline") {
+        auto rq = closing_sleeper(pidfile, report);
+        rq.timeout = milliseconds(1000);
+        auto t0 = steady_clock::now();
+        auto r = gantry::spawn(rq);
+        auto took = steady_clock::now() - t0;
+        REQUIRE(r);
+        CHECK(r->timed_out);
+        CHECK_FALSE(r->stopped);
+        CHECK(r->signal == SIGKILL);
+        CHECK(took >= milliseconds(1000));
+        CHECK(took < milliseconds(2500));
+    }
+    // Reaped: no zombie of ours and nothing running under that pid (kill(pid, 0) finds a zombie too).
+    pid_t pid = read_pid(pidfile);
+    REQUIRE(pid > 1);
+    errno = 0;
+    CHECK(::kill(pid, 0) != 0);
+    CHECK(errno == ESRCH);
+    ::unlink(pidfile.c_str());
+    ::rmdir(dir);
+}
+
+TEST_CASE("spawn: without stop or deadline, a child that closed its pipes is waited for", "[spawn]") {
+    auto rq = shell("exec >&- 2>&-; sleep 0.5; exit 4");
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = gantry::spawn(rq);
+    REQUIRE(r);
+    CHECK(r->status == 4);
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(500));
+    // And output written by something it left behind is still read to its end.
+    auto left = gantry::spawn(shell("(sleep 0.3; echo late) & echo early"));
+    REQUIRE(left);
+    CHECK(left->out == "early\nlate\n");
 }
 
 TEST_CASE("spawn: descriptors in and out, and nothing else of ours", "[spawn]") {

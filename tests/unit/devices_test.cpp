@@ -103,18 +103,44 @@ TEST_CASE("GPU request: precedence of the variables") {
     CHECK(r->ids == std::vector<std::string>{"1", "3"});
     CHECK(r->source == "CUDA_VISIBLE_DEVICES=1,3");
 
-    // Slurm's allocation beats CUDA_VISIBLE_DEVICES; the user's NVIDIA_VISIBLE_DEVICES beats both.
+    // Slurm's allocation beats CUDA_VISIBLE_DEVICES; the user's NVIDIA_VISIBLE_DEVICES beats both,
+    // within the allocation only (issue #34): it may narrow, never widen.
     r = gpu_request({"CUDA_VISIBLE_DEVICES=0", "SLURM_STEP_GPUS=2,3"}, {});
     CHECK(r->ids == std::vector<std::string>{"2", "3"});
     r = gpu_request({"SLURM_JOB_GPUS=5", "SLURM_STEP_GPUS=2"}, {});
     CHECK(r->ids == std::vector<std::string>{"2"});
-    r = gpu_request({"SLURM_STEP_GPUS=2", "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,0"}, {});
+    r = gpu_request({"SLURM_STEP_GPUS=2,3", "NVIDIA_VISIBLE_DEVICES=3"}, {});
+    REQUIRE(r.ok());
+    CHECK(r->ids == std::vector<std::string>{"3"});
+    // Without an allocation (gantry run, a node without GPU GRES) the job's variable decides alone.
+    r = gpu_request({"NVIDIA_VISIBLE_DEVICES=GPU-aaaa,0"}, {});
     CHECK(r->ids == std::vector<std::string>{"GPU-aaaa", "0"});
+}
 
-    // The image's Env (CUDA images: all) applies only when the job says nothing.
-    r = gpu_request({}, {"NVIDIA_VISIBLE_DEVICES=all"});
-    CHECK(r->kind == GpuRequest::Kind::all);
-    CHECK(r->source == "NVIDIA_VISIBLE_DEVICES=all (image)");
+TEST_CASE("GPU request: the job's NVIDIA_VISIBLE_DEVICES never widens Slurm's allocation") {
+    auto all = gpu_request({"SLURM_STEP_GPUS=1", "NVIDIA_VISIBLE_DEVICES=all"}, {});
+    REQUIRE(all.ok());
+    CHECK(all->kind == GpuRequest::Kind::list);
+    CHECK(all->ids == std::vector<std::string>{"1"});
+    CHECK(all->source == "NVIDIA_VISIBLE_DEVICES=all, within SLURM_STEP_GPUS=1");
+    // An allocation of none: `all` is none too.
+    CHECK(gpu_request({"SLURM_JOB_GPUS=", "NVIDIA_VISIBLE_DEVICES=all"}, {})->kind == GpuRequest::Kind::nothing);
+    auto outside = gpu_request({"SLURM_STEP_GPUS=2", "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,0"}, {});
+    REQUIRE_FALSE(outside.ok());
+    CHECK(outside.error().message.find("GPU GPU-aaaa is not allocated to this step (SLURM_STEP_GPUS=2)") != std::string::npos);
+    auto cdi = gpu_request({"SLURM_JOB_GPUS=0", "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"}, {});
+    REQUIRE_FALSE(cdi.ok());
+    CHECK(cdi.error().message.find("CDI device names cannot be checked") != std::string::npos);
+    // Narrowing to nothing, or to the driver alone, stays possible.
+    CHECK(gpu_request({"SLURM_STEP_GPUS=0,1", "NVIDIA_VISIBLE_DEVICES=none"}, {})->kind == GpuRequest::Kind::driver_only);
+    CHECK(gpu_request({"SLURM_STEP_GPUS=0,1", "NVIDIA_VISIBLE_DEVICES=void"}, {})->kind == GpuRequest::Kind::nothing);
+
+    // The image's Env (CUDA images: all) applies only when the job says nothing, and an allocation
+    // (the first variables looked at) comes before it.
+    auto image = gpu_request({}, {"NVIDIA_VISIBLE_DEVICES=all"});
+    CHECK(image->kind == GpuRequest::Kind::all);
+    CHECK(image->source == "NVIDIA_VISIBLE_DEVICES=all (image)");
+    CHECK(gpu_request({"SLURM_STEP_GPUS=1"}, {"NVIDIA_VISIBLE_DEVICES=all"})->ids == std::vector<std::string>{"1"});
 }
 
 TEST_CASE("GPU request: all, none, void, CDI names and bad entries") {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -644,16 +645,24 @@ TEST_CASE("drop-ins: directories in lexical order, owner and mode checked") {
     auto site = load_site_defaults(config, {"JOB=7"});
     REQUIRE(site.ok());
     CHECK(site->env == std::vector<std::string>{"A=early", "B=b", "A=late", "C=7"});
-    REQUIRE(site->mounts.size() == 1);  // the nofail mount of a missing source is left out
+    // Sources are not looked at here (this runs as root in the plugin, and a source may hold ${USER}):
+    // the nofail mount of a missing source stays, marked, and the user-side check leaves it out.
+    REQUIRE(site->mounts.size() == 2);
     CHECK(site->mounts[0].source == src.path);
     CHECK(site->mounts[0].destination == "/site");
+    CHECK_FALSE(site->mounts[0].nofail);
+    CHECK(site->mounts[1].source == "/nonexistent/x");
+    CHECK(site->mounts[1].nofail);
+    CHECK(check_mount_sources(site->mounts).ok());
 
-    SECTION("a missing source without nofail names the file and line") {
+    SECTION("a missing source without nofail fails the user-side check") {
         mount_dir.write("20-more.fstab", "/nonexistent/y /y none bind\n");
         auto r = load_site_defaults(config, {});
-        REQUIRE_FALSE(r.ok());
-        CHECK(r.error().message.find(mount_dir.path + "/20-more.fstab:1: mounting /nonexistent/y at /y") == 0);
-        CHECK(r.error().message.find("nofail") != std::string::npos);
+        REQUIRE(r.ok());
+        auto checked = check_mount_sources(r->mounts);
+        REQUIRE_FALSE(checked.ok());
+        CHECK(checked.error().message.find(mount_dir.path + "/20-more.fstab:1: mounting /nonexistent/y at /y: source path does not exist") == 0);
+        CHECK(checked.error().message.find("nofail") != std::string::npos);
     }
     SECTION("a group-writable file is refused before it is parsed") {
         env_dir.write("30-bad.env", "this would not parse\n", 0664);
@@ -808,6 +817,25 @@ TEST_CASE("image environment: root reads a user's image as that user", "[root]")
     CHECK(denied.error().message == "opening image " + image + ": Permission denied");
 }
 
+TEST_CASE("Container::create as root for a user: every layer file is checked as the user, a FIFO below fails at once", "[root]") {
+    // Issue #34: only the top layer was checked, and a FIFO as a lower layer held root's mount for ever.
+    ScratchDir dir;
+    std::string top = make_enroot_image(dir, "A=1\n");
+    std::string fifo = dir.path + "/lower.fifo";
+    REQUIRE(::mkfifo(fifo.c_str(), 0666) == 0);
+    ContainerSpec spec;
+    spec.image_path = top;
+    spec.image_layers = {fifo, top};  // bottom first: the FIFO below a regular top layer
+    spec.uid = 65534;
+    spec.gid = 65534;
+    spec.config.runtime_path = dir.path + "/run";
+    auto t0 = std::chrono::steady_clock::now();
+    auto c = Container::create(spec);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.error().message == "opening image " + fifo + ": not a regular file (give a squashfs file)");
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
 TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized documents are refused") {
     ContainerSpec spec;
     spec.image_path = "/store/images/abc.sqsh";
@@ -839,6 +867,9 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     spec.holder_program = "/usr/libexec/gantry/gantry-holder";
     spec.fuse_server_scope = "job 12 on node3";  // the plugin's: which image server the holder may share
     spec.image_layers = {"/store/images/layer-a.sqsh", "/store/images/layer-b.sqsh"};  // a layered image, bottom first
+    spec.mounts[0].nofail = true;  // a mounts.d entry: the holder decides as the user (issue #34)
+    spec.mounts[0].origin = "/etc/gantry/mounts.d/10-fsx.fstab:1";
+    spec.devices.mounts = {{"/var/spool/slurmd/pmix.7.0", "/var/spool/slurmd/pmix.7.0", false, true}};
 
     std::string text = container_spec_to_json(spec);
     auto back = container_spec_from_json(text);
@@ -853,6 +884,9 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(back->config.fuse_server == "squashfuse_ll");
     CHECK(back->config.fuse_poll_us == 7);
     CHECK(back->devices.devices == spec.devices.devices);
+    CHECK(back->devices.mounts == spec.devices.mounts);
+    CHECK(back->mounts[0].nofail);
+    CHECK(back->mounts[0].origin == "/etc/gantry/mounts.d/10-fsx.fstab:1");
     CHECK(back->devices.sysfs_views == spec.devices.sysfs_views);
     CHECK(back->fuse_server_scope == "job 12 on node3");
     CHECK(back->image_layers == spec.image_layers);
