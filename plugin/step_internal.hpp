@@ -85,6 +85,7 @@ struct StepState {
     bool run_on_host = false;            // no container for this step (no_exec, or no image)
     std::string digest;                  // the image every rank of the step runs, told to the tasks
     UniqueFd image_in_use;               // shared lock: the image stays while the step runs
+    std::vector<UniqueFd> image_files;   // a trusted store's image as acquire_image opened it
     uint32_t tasks_exited = 0;
     std::vector<std::string> entrypoint;  // run in front of each task's command (--container-entrypoint)
     bool entrypoint_log = false;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/acquire.hpp"
 #include "gantry/devices.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/dropins.hpp"
@@ -167,12 +168,30 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         spec.image_config = std::move(*cfg);
         spec.image_source = two_halves ? ImageSource::trusted_store : ImageSource::store;
         if (two_halves) {
-            // The trusted store's own file (the launcher checks its ownership again before mounting):
-            // a shared lock keeps `gantry gc` from removing it while the step runs.
+            // The trusted store's own files, opened and checked once (acquire_image): the launcher gets
+            // their descriptors, and checks them again before mounting; the image's shared lock keeps
+            // `gantry gc` from removing it while the step runs.
             auto store = ImageStore::open(st.config.store_path, false, st.config);
-            if (store) {
-                if (auto in_use = store->open_in_use(pulled->digest)) st.image_in_use = std::move(*in_use);
-            }
+            if (!store) return store.error().wrap("failed to import docker image " + image);
+            auto acquired = acquire_image(*store, pulled->digest);
+            if (!acquired) return acquired.error().wrap("failed to import docker image " + image);
+            auto paths = acquired->paths();
+            spec.image_path = paths.back();
+            spec.image_layers = acquired->layered ? paths : std::vector<std::string>{};
+            st.image_in_use = std::move(acquired->in_use);
+            st.image_files = std::move(acquired->files);
+        } else {
+            // A store the job user can write (theirs, or an open one): root opens nothing in it. The
+            // user's own helper acquires the image with the user's rights and hands its descriptors
+            // over (acquire_image_as); everything after uses those, never the report's file names.
+            auto acquired = acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
+                                             helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
+                                             *store_root, pulled->digest);
+            if (!acquired) return acquired.error().wrap("failed to import docker image " + image);
+            auto paths = acquired->paths();
+            spec.image_path = paths.back();
+            spec.image_layers = acquired->layered ? paths : std::vector<std::string>{};
+            st.image_files = std::move(acquired->files);
         }
     }
 
@@ -338,6 +357,7 @@ void finish_step(spank_t, const Settings&) {
         st.container.reset();
     }
     st.image_in_use.reset();
+    st.image_files.clear();
 }
 
 }  // namespace gantry::plugin

@@ -149,6 +149,8 @@ private:
     std::string holder_;
 };
 
+struct AcquiredImage;  // include/gantry/acquire.hpp
+
 class ImageStore {
 public:
     // Opens (and with `create`, makes) the store at `root`. `config` names the store_owner account
@@ -262,6 +264,9 @@ private:
     // The descriptors of the store root and its subdirectories, shared by copies of one ImageStore.
     struct Dirs;
     ImageStore(std::string root, std::shared_ptr<const Dirs> dirs) : root_(std::move(root)), dirs_(std::move(dirs)) {}
+    // acquire_image (include/gantry/acquire.hpp) opens an image's files in images/ under these rules.
+    friend Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& digest);
+    [[nodiscard]] const Directory& images_dir() const;
     [[nodiscard]] bool accepted_owner(uid_t uid) const;
     [[nodiscard]] bool accepted_file(const struct stat& st) const;
     // find's work; the error says why an image is not accepted.

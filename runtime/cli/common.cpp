@@ -87,15 +87,15 @@ Result<RunnableImage> resolve_runnable_image(const Config& config, const std::st
     auto pulled = pull_image(config, *store, *ref, opts);
     printer.finish();
     if (!pulled) return pulled.error();
-    auto img = store->find(pulled->digest);
-    if (!img) return make_error("image " + pulled->digest + " vanished from the store " + store->root());
-    auto cfg = parse_image_config(img->metadata.config_json);
+    // From here on the image is its open files, never its names (acquire_image says why).
+    auto acquired = acquire_image(*store, pulled->digest);
+    if (!acquired) return acquired.error().wrap("image " + pulled->digest + " in the store " + store->root());
+    auto cfg = parse_image_config(acquired->metadata.config_json);
     if (!cfg) return cfg.error();
-    out.squashfs_path = img->squashfs_path;
-    if (img->layered()) {
-        for (const auto& chain : img->metadata.layer_chain) out.layer_paths.push_back(store->layer_squashfs_path(chain));
-        out.squashfs_path = out.layer_paths.back();
-    }
+    auto paths = acquired->paths();
+    out.squashfs_path = paths.back();
+    if (acquired->layered) out.layer_paths = std::move(paths);
+    out.acquired = std::move(*acquired);
     out.config = std::move(*cfg);
     out.digest = pulled->digest;
     out.in_trusted_store = store->trusted(config);

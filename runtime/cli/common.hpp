@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "command_line.hpp"
+#include "gantry/acquire.hpp"
 #include "gantry/config.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/pull.hpp"
@@ -37,6 +38,9 @@ struct RunnableImage {
     // A store image kept as layers (only with resolve_runnable_image's layers_ok): the layers'
     // squashfs files, bottom first; squashfs_path is then the top one's.
     std::vector<std::string> layer_paths;
+    // A store image: its files, opened and checked once (acquire_image); squashfs_path and layer_paths
+    // then name these descriptors ("/proc/self/fd/N") and are valid while this is held.
+    AcquiredImage acquired;
 };
 
 // A path starting with '.' or '/' is a local squashfs file; anything else is a registry reference that

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/acquire.hpp"
 #include "gantry/dropins.hpp"
 #include "gantry/launcher.hpp"
 
@@ -21,6 +22,9 @@ int main(int argc, char** argv) {
     if (argc >= 8 && std::strcmp(argv[1], "--serve-image") == 0)
         return gantry::run_image_server(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7],
                                         std::vector<std::string>(argv + 8, argv + argc));
+    // And acquiring a stored image with the user's rights for root (acquire_image_as; descriptor 3).
+    if (argc == 4 && std::strcmp(argv[1], "--acquire") == 0 && ::fcntl(3, F_GETFD) >= 0)
+        return gantry::send_acquired_image(3, argv[2], argv[3]);
     if (::fcntl(3, F_GETFD) < 0) {
         std::fputs("gantry: gantry-holder is started by gantry and the Slurm plugin, not by hand\n", stderr);
         return 2;

@@ -225,6 +225,7 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     r.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     r.identity = user_identity(id.uid, id.gid);
     r.inputs = {{doc.get(), 0}};
+    pass_image_descriptors(r, launcher::image_files(spec));  // acquire_image's open files, checked as the user
     r.stdout_cap = 4096;
     r.stderr_cap = 16 << 10;
     // The paths may lie on a file system the user stalls (a SIGSTOPped FUSE server): a deadline and
@@ -263,6 +264,9 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     const char* path = std::getenv("PATH");
     run.env = {std::string("PATH=") + (root_for_user || path == nullptr ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path)};
     run.inputs = {{theirs.get(), 3}};
+    // The image's acquired files (acquire_image): the holder, its FUSE server or the loop device use
+    // these descriptors, never the store's names, which another user may have renamed over by now.
+    pass_image_descriptors(run, launcher::image_files(spec));
     if (!spec.detach && !root_for_user) run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
     run.own_session = true;  // out of the terminal's process group: Ctrl-C is for the command, not the holder
     run.daemonize = spec.detach;

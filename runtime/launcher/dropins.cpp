@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 
+#include "gantry/acquire.hpp"
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/launcher.hpp"
@@ -325,6 +326,7 @@ Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t
                                                  std::chrono::seconds timeout, const std::function<bool()>& should_stop) {
     ProcessRequest r;
     r.argv = {helper.empty() ? default_holder_program() : helper, "--enroot-settings", image};
+    pass_image_descriptors(r, {image});
     r.env = env;  // the job's (or caller's) own variables: ${NAME} in the file expands from them
     r.stdout_cap = 256 << 10;
     r.stderr_cap = 16 << 10;

@@ -118,10 +118,16 @@ void send_line(int fd, const std::string& line) {
         if (::getppid() != parent) ::kill(::getpid(), SIGTERM);
     };
     watch_parent();
-    // Descriptors: the exec (start_process) left only stdio and the channel; stdout/stderr are the
-    // caller's only for an attached holder of an ordinary user (see Container::create).
+    // Descriptors: the exec (start_process) left only stdio, the channel and the image's acquired files
+    // (acquire_image; the spec names them /proc/self/fd/N); stdout/stderr are the caller's only for an
+    // attached holder of an ordinary user (see Container::create).
     auto st = launcher::set_up_container(s);
     watch_parent();
+    // The image is mounted or served now, and its servers hold their own copies: the holder, which
+    // the user's processes later join, keeps no descriptor of the store's files (a private_images
+    // file opened for root's loop device must not stay reachable through the holder).
+    for (const auto& file : launcher::image_files(*s.spec))
+        if (int fd = descriptor_of_path(file); fd > STDERR_FILENO && fd != channel) ::close(fd);
     if (!st) {
         send_line(channel, "error " + st.error().message);
         if (s.fuse_daemon > 0) ::kill(s.fuse_daemon, SIGKILL);
@@ -206,6 +212,10 @@ Result<std::string> read_request(int channel) {
         send_line(channel, "error gantry-holder: " + rq.error().message);
         ::_exit(1);
     }
+    // The image's files were passed without close-on-exec; nothing but the programs we start on
+    // purpose (pass_image_descriptors) may inherit them.
+    for (const auto& file : launcher::image_files(rq->spec))
+        if (int fd = descriptor_of_path(file); fd > STDERR_FILENO && fd != channel) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     Setup s;
     s.spec = &rq->spec;
     s.id = rq->id;

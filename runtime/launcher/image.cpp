@@ -162,6 +162,7 @@ Result<pid_t> start_fuse_server(const std::string& image, const std::string& tar
                                                        mountpoint};
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     serve.inputs = {{fuse.get(), fuse.get()}, {STDERR_FILENO, STDERR_FILENO}};
+    pass_image_descriptors(serve, {image});  // the acquired file itself (acquire_image), not its name
     serve.death_signal = SIGKILL;
     auto pid = start_process(serve);
     if (!pid) return pid.error();
@@ -250,6 +251,7 @@ Status extract_image(Setup& s) {
                    "-quiet", "-d",         dir + "/root",    s.spec->image_path};
     unpack.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     unpack.inputs = {{STDERR_FILENO, STDERR_FILENO}};
+    pass_image_descriptors(unpack, {s.spec->image_path});
     unpack.death_signal = SIGKILL;
     auto pid = start_process(unpack);
     if (!pid) return pid.error();

@@ -202,6 +202,7 @@ Status start_server(const Setup& s, int dir, const std::string& path) {
     // stdout/stderr /dev/null: a server outlives the `gantry run` that started it and must not keep
     // its caller's output open; its errors come back on the socket pair.
     serve.inputs = {{theirs.get(), 3}, {dir, 4}};
+    pass_image_descriptors(serve, image_files(*s.spec));  // acquire_image's files, under their numbers
     serve.own_session = true;
     serve.daemonize = true;  // no child of the holder: a SIGKILLed container leaves it running
     auto started = start_process(serve);

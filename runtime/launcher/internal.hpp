@@ -9,11 +9,21 @@
 #include <string_view>
 #include <vector>
 
+#include "gantry/acquire.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/result.hpp"
 
 namespace gantry::launcher {
+
+// The image's files as the spec names them (the whole image's or the top layer's, then every layer):
+// "/proc/self/fd/N" for an acquired store image, which every program that opens them must be given
+// under the same numbers (pass_image_descriptors).
+inline std::vector<std::string> image_files(const ContainerSpec& spec) {
+    std::vector<std::string> out{spec.image_path};
+    out.insert(out.end(), spec.image_layers.begin(), spec.image_layers.end());
+    return out;
+}
 
 // Host facts about the user the container runs as, looked up before any namespace change.
 struct Identity {

@@ -43,6 +43,12 @@ bool is_trusted_path(const std::string& path, const std::string& store_owner) {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || !trusted_owner(st.st_uid) || (st.st_mode & 022) != 0)
         return false;
+    // An acquired file (acquire_image, "/proc/self/fd/N"): the open file itself is what the loop device
+    // gets, so it must be the very file found at its name in the trusted directories checked below.
+    if (int fd = descriptor_of_path(path); fd >= 0) {
+        struct stat held {};
+        if (::fstat(fd, &held) != 0 || held.st_dev != st.st_dev || held.st_ino != st.st_ino) return false;
+    }
     // Each ancestor: owned by root or the store owner and not writable by others; a directory others
     // may write must be root-owned and sticky (like /tmp: others cannot rename or replace an entry
     // they do not own in it).

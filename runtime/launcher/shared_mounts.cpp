@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -56,9 +57,16 @@ namespace gantry::launcher {
 
 Result<std::string> image_key(const std::string& image) {
     char real[PATH_MAX];
-    if (::realpath(image.c_str(), real) == nullptr) return system_error("resolving image " + image);
     struct stat st {};
-    if (::stat(real, &st) != 0) return system_error("checking image " + image);
+    if (int fd = descriptor_of_path(image); fd >= 0) {
+        // An acquired file (acquire_image): the file we hold, even when its name is gone or was
+        // renamed over since; such a key matches no later lookup, and its mount is released when unused.
+        if (::fstat(fd, &st) != 0) return system_error("checking image " + image);
+        if (::realpath(image.c_str(), real) == nullptr) std::snprintf(real, sizeof real, "%s", image.c_str());
+    } else {
+        if (::realpath(image.c_str(), real) == nullptr) return system_error("resolving image " + image);
+        if (::stat(real, &st) != 0) return system_error("checking image " + image);
+    }
     std::string id = std::string(real) + '\0' + std::to_string(st.st_dev) + ':' + std::to_string(st.st_ino) + ':' +
                      std::to_string(st.st_size) + ':' + std::to_string(st.st_mtim.tv_sec) + '.' +
                      std::to_string(st.st_mtim.tv_nsec);

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "gantry/acquire.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
@@ -302,14 +303,16 @@ std::optional<ConversionStats> compose_stored_layers(const Config& config, const
                                                      const ProgressUpdate& update) {
     auto stored = store.find(digest);
     if (!stored || !stored->layered()) return std::nullopt;
-    auto held = store.open_in_use(digest);
-    if (!held) return std::nullopt;
-    std::vector<std::string> files;
-    for (const auto& chain : stored->metadata.layer_chain) {
-        auto layer = store.find_layer(chain);
-        if (!layer) return std::nullopt;
-        files.push_back(layer->squashfs_path);
+    // The layers as acquire_image opened and checked them: the composition reads these descriptors
+    // (as /proc/self/fd/N), so a layer renamed over in the meantime is not what gets published.
+    auto acquired = acquire_image(store, digest);
+    if (!acquired) {
+        log::warning("making the whole image of " + digest + " from its stored layers: " + acquired.error().message +
+                     "; downloading it instead");
+        return std::nullopt;
     }
+    if (!acquired->layered || !acquired->in_use) return std::nullopt;
+    const std::vector<std::string> files = acquired->paths();
     update([&](PullProgress& p) {
         p.phase = PullProgress::Phase::publishing;
         p.layers_total = files.size();

@@ -288,6 +288,8 @@ std::string ImageStore::staging_dir(const std::string& digest) const {
     return root_ + "/staging/" + digest_hex(digest);
 }
 
+const Directory& ImageStore::images_dir() const { return dirs_->images; }
+
 bool ImageStore::accepted_owner(uid_t uid) const {
     return uid == 0 || uid == ::geteuid() || uid == dirs_->store_owner || uid == dirs_->acting_for;
 }

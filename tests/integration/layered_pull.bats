@@ -307,9 +307,9 @@ PY
   # The stack comes from the user's shared server (image_server.cpp): one `gantry-holder
   # --serve-image` for the image with one gantry-imagefs per layer, which stays for the next
   # container; a second container is served by the same server and daemons.
-  server=$(pgrep -u "$TUSER" -f 'serve-image .*layer-')
+  server=$(pgrep -u "$TUSER" -f 'serve-image /proc/self/fd/')
   [ "$(echo "$server" | wc -l)" -eq 1 ]
-  daemons=$(pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" | sort)
+  daemons=$(pgrep -u "$TUSER" -f "gantry-imagefs.*/proc/self/fd/" | sort)
   [ "$(echo "$daemons" | wc -l)" -eq "$(ls "$USTORE"/images/layer-*.sqsh | wc -l)" ]
   [ "$(echo "$daemons" | wc -l)" -eq 2 ]  # tiny's layer and the new one
   run runuser -u "$TUSER" -- "$GANTRY" run --store "$USTORE" --pull never "$REG/gantry-test/$name:latest" \
@@ -318,12 +318,12 @@ PY
   gantry_restore_fuse
   [ "$status" -eq 0 ]
   [[ $output == *"$id"* ]]
-  [ "$(pgrep -u "$TUSER" -f 'serve-image .*layer-')" = "$server" ]
-  [ "$(pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" | sort)" = "$daemons" ]
+  [ "$(pgrep -u "$TUSER" -f 'serve-image /proc/self/fd/')" = "$server" ]
+  [ "$(pgrep -u "$TUSER" -f "gantry-imagefs.*/proc/self/fd/" | sort)" = "$daemons" ]
   # Its daemons go with it (no gantry-imagefs of the user's is left serving a layer).
   kill "$server"
-  for _ in $(seq 50); do pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" >/dev/null || break; sleep 0.1; done
-  ! pgrep -u "$TUSER" -f "gantry-imagefs.*layer-" || false
+  for _ in $(seq 50); do pgrep -u "$TUSER" -f "gantry-imagefs.*/proc/self/fd/" >/dev/null || break; sleep 0.1; done
+  ! pgrep -u "$TUSER" -f "gantry-imagefs.*/proc/self/fd/" || false
 }
 
 @test "the default gantry.conf where the fuse backend cannot run (no /dev/fuse access, not root): gantry run stores the image whole for extract, and makes stored layers whole without a download" {

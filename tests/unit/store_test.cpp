@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "gantry/acquire.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
 #include "gantry/import_watch.hpp"
@@ -106,6 +107,54 @@ TEST_CASE("publish makes an image visible only when complete") {
     auto all = store.list();
     REQUIRE(all.ok());
     CHECK(all->size() == 1);
+}
+
+TEST_CASE("acquire_image: the image's file opened once and checked on the descriptor; a rename over its name later "
+          "changes nothing held") {
+    TempStore t;
+    auto store = t.open();
+    auto d = fake_digest("acquired");
+    REQUIRE(make_directories(t.dir + "/staging").ok());
+    std::string tmp = store.staging_dir(d) + ".sqsh";
+    std::ofstream(tmp) << "hsqs genuine";
+    ImageMetadata meta;
+    meta.config_json = "{}";
+    REQUIRE(store.publish(d, tmp, meta).ok());
+    auto acquired = acquire_image(store, d);
+    REQUIRE(acquired.ok());
+    REQUIRE(acquired->files.size() == 1);
+    CHECK_FALSE(acquired->layered);
+    CHECK(acquired->files[0].get() >= kFirstImageDescriptor);
+    CHECK((::fcntl(acquired->files[0].get(), F_GETFD) & FD_CLOEXEC) != 0);
+    auto paths = acquired->paths();
+    REQUIRE(paths.size() == 1);
+    CHECK(descriptor_of_path(paths[0]) == acquired->files[0].get());
+    // Another file renamed over the name: what was acquired still reads the genuine bytes.
+    const std::string name = t.dir + "/images/" + digest_hex(d) + ".sqsh";
+    std::ofstream(t.dir + "/staging/evil") << "hsqs evil";
+    REQUIRE(::rename((t.dir + "/staging/evil").c_str(), name.c_str()) == 0);
+    CHECK(slurp(paths[0]) == "hsqs genuine");
+    CHECK(slurp(name) == "hsqs evil");
+    // A file that is not a squashfs is refused on the descriptor.
+    std::ofstream(t.dir + "/staging/junk") << "not a squashfs";
+    REQUIRE(::rename((t.dir + "/staging/junk").c_str(), name.c_str()) == 0);
+    auto refused = acquire_image(store, d);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().message.find("not a squashfs file") != std::string::npos);
+}
+
+TEST_CASE("descriptor paths: /proc/self/fd/N names N, and programs get each under its own number") {
+    CHECK(descriptor_of_path("/proc/self/fd/64") == 64);
+    CHECK(descriptor_path(70) == "/proc/self/fd/70");
+    CHECK(descriptor_of_path("/proc/self/fd/") == -1);
+    CHECK(descriptor_of_path("/proc/self/fd/6x") == -1);
+    CHECK(descriptor_of_path("/store/images/a.sqsh") == -1);
+    ProcessRequest rq;
+    rq.inputs = {{5, 3}};
+    pass_image_descriptors(rq, {"/proc/self/fd/64", "/x.sqsh", "/proc/self/fd/65", "/proc/self/fd/64"});
+    REQUIRE(rq.inputs.size() == 3);
+    CHECK((rq.inputs[1].fd == 64 && rq.inputs[1].as == 64));
+    CHECK((rq.inputs[2].fd == 65 && rq.inputs[2].as == 65));
 }
 
 TEST_CASE("a .sqsh without metadata, or a leftover temporary file, is not an image") {

@@ -1,0 +1,65 @@
+// Acquiring a stored image for a container or a composition: its squashfs files (a whole image's one,
+// or a layered image's layers) opened once, checked on the open descriptors, and handed on as those
+// descriptors, never as paths (docs/store.md, "Trust model"). A path into a store another user can
+// rename entries in is void the moment it has been checked; an open descriptor keeps naming the file
+// that was checked.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gantry/fd.hpp"
+#include "gantry/result.hpp"
+#include "gantry/spawn.hpp"
+#include "gantry/store.hpp"
+
+namespace gantry {
+
+// Acquired descriptors get numbers from here up, clear of the fixed numbers helper programs are
+// given (0-4), so that every process down the line can receive each one under its own number.
+constexpr int kFirstImageDescriptor = 64;
+
+struct AcquiredImage {
+    std::string digest;
+    ImageMetadata metadata;
+    bool layered = false;
+    // The squashfs files, bottom first (a whole image: one), each a regular file of an account the
+    // store trusts, writable by nobody else, starting with the squashfs magic: checked on this very
+    // descriptor (acquire_image). Close-on-exec: children get them only through pass_image_descriptors.
+    std::vector<UniqueFd> files;
+    // The store's in-use lease (ImageStore::open_in_use), so gc leaves the image alone while it is used;
+    // empty when this account could not take one (gc then may remove the names, never our open files).
+    UniqueFd in_use;
+
+    // "/proc/self/fd/N" of each file, bottom first, for the code that takes a path: it names this
+    // descriptor in this process and in every child given it under the same number.
+    [[nodiscard]] std::vector<std::string> paths() const;
+};
+
+// The one decision whether a stored image's files may be used (by the user's FUSE server, by the
+// kernel's loop device with the trusted-store check on top, by a composition): loads `digest`'s
+// record from `store` (ImageStore::find's checks), then opens each of its squashfs files relative to
+// the store's images/ descriptor without following any symlink (openat2 RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS, O_NOFOLLOW), non-blocking (a FIFO planted under the name cannot hang us), and
+// checks owner, mode, type and magic with fstat/pread on the descriptor itself.
+Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& digest);
+
+// acquire_image run by `holder` (gantry-holder --acquire) as `who`, in `store_root`, with only that
+// account's rights: for root acting for a user whose store root must not open (the plugin's per-user
+// or open store). The files come back over a socket (SCM_RIGHTS); root opens nothing by name and
+// reads nothing from them: the user-side check (check_user_paths) checks type and magic on these very
+// descriptors. No lease: the user's store is the user's to collect. At most 30 s for the answer.
+Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
+                                       const std::string& store_root, const std::string& digest);
+// gantry-holder --acquire STORE DIGEST: the helper's side, answering on descriptor `channel`.
+int send_acquired_image(int channel, const std::string& store_root, const std::string& digest);
+
+// "/proc/self/fd/N".
+std::string descriptor_path(int fd);
+// N for "/proc/self/fd/N", else -1.
+int descriptor_of_path(const std::string& path);
+// Adds every descriptor that `paths` name ("/proc/self/fd/N") to `rq.inputs` under its own number,
+// so that the program opens the same files through the same names.
+void pass_image_descriptors(ProcessRequest& rq, const std::vector<std::string>& paths);
+
+}  // namespace gantry

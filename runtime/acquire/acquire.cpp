@@ -1,0 +1,240 @@
+// acquire_image: the one place that decides whether a stored image's files may be used, and the
+// descriptors it hands on (include/gantry/acquire.hpp). Compiled into gantry_store (it reads the
+// store's directories), kept in a folder of its own because it is a step of its own: between the
+// store, which finds an image, and everything that reads one (the launcher, compositions).
+//
+// Why this is safe in a store other users can write (an open 1777 store, whose subdirectories belong
+// to whoever made them first, and whose owner may rename any entry despite the sticky bit):
+//  - Each file is opened exactly once, relative to the images/ directory the store opened, one name
+//    component, with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS and O_NOFOLLOW:
+//    a symlink under the name is refused, not followed. O_NONBLOCK: a FIFO or a device under the name
+//    fails the checks below at once instead of blocking (slurmstepd may be waiting on us).
+//  - Owner, mode and type are checked with fstat on that descriptor, the magic with pread on it: what
+//    was checked is what is open. A rename over the name after this changes nothing we hold.
+//  - The descriptor, never the name, goes on: to the user-side path check, to the FUSE server or the
+//    loop device, to the overlay stack and to a composition, as /proc/self/fd/N in processes that
+//    received it under the same number (pass_image_descriptors). Opening /proc/self/fd/N opens the
+//    same inode with the opener's own rights checked, so a helper running as the user still cannot
+//    read what the user may not.
+//  - Nothing is done with privilege here: root (the plugin) acquires only from a trusted store
+//    (ImageStore::trusted), where no user can rename anything; the kernel backend's further check
+//    (launcher::is_trusted_path) runs on the same descriptor.
+#include "gantry/acquire.hpp"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "gantry/digest.hpp"
+#include "gantry/files.hpp"
+
+namespace gantry {
+
+namespace {
+
+constexpr std::string_view kDescriptorPrefix = "/proc/self/fd/";
+// One SCM_RIGHTS message carries at most 253 descriptors (SCM_MAX_FD); a store image has fewer layers
+// (layer groups keep a stack near a hundred).
+constexpr size_t kMaxSentFiles = 253;
+
+// A regular file beginning with the squashfs magic, checked on the descriptor.
+Status check_squashfs_descriptor(int fd, const std::string& shown) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return system_error("checking " + shown);
+    if (!S_ISREG(st.st_mode)) return make_error("refusing " + shown + ": not a regular file");
+    char magic[4] = {};
+    if (::pread(fd, magic, 4, 0) != 4 || std::memcmp(magic, "hsqs", 4) != 0)
+        return make_error("refusing " + shown + ": not a squashfs file");
+    return {};
+}
+
+}  // namespace
+
+// A friend of ImageStore: it reads the store's images/ descriptor and its owner rules.
+Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& digest) {
+    GANTRY_TRY(validate_digest(digest));
+    auto img = store.load(digest);
+    if (!img) return img.error();
+    AcquiredImage out;
+    out.digest = digest;
+    out.layered = img->layered();
+    std::vector<std::string> names;
+    if (img->layered()) {
+        for (const auto& chain : img->metadata.layer_chain) {
+            std::string path = store.layer_squashfs_path(chain);
+            names.push_back(path.substr(path.rfind('/') + 1));
+        }
+    } else {
+        names.push_back(digest_hex(digest) + ".sqsh");
+    }
+    const Directory& images = store.images_dir();
+    for (const auto& name : names) {
+        const std::string shown = images.path_of(name);
+        struct open_how how {};
+        how.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+        how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+        int raw = openat2_retrying(images.fd(), name, how);
+        if (raw < 0 && errno == ENOSYS)  // Linux < 5.6: one component and O_NOFOLLOW say the same
+            raw = ::openat(images.fd(), name.c_str(), static_cast<int>(how.flags));
+        if (raw < 0) return system_error("opening " + shown);
+        UniqueFd opened(raw);
+        UniqueFd fd(::fcntl(opened.get(), F_DUPFD_CLOEXEC, kFirstImageDescriptor));
+        if (!fd) return system_error("opening " + shown);
+        opened.reset();
+        struct stat st {};
+        if (::fstat(fd.get(), &st) != 0) return system_error("checking " + shown);
+        if (!store.accepted_file(st))
+            return make_error("refusing " + shown + ": " +
+                              (S_ISREG(st.st_mode) ? "owned by uid " + std::to_string(st.st_uid) +
+                                                         " or writable by others, which this store does not trust"
+                                                   : std::string("not a regular file")) +
+                              " (it changed after the store listed it: somebody replaced it; pull the image again)");
+        // Blocking reads from here on: it is a regular file.
+        int flags = ::fcntl(fd.get(), F_GETFL);
+        if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) return system_error("opening " + shown);
+        GANTRY_TRY(check_squashfs_descriptor(fd.get(), shown));
+        out.files.push_back(std::move(fd));
+    }
+    out.metadata = std::move(img->metadata);
+    // Best effort, as before acquisition existed: an account that cannot mark the image used still runs it.
+    if (auto lease = store.open_in_use(digest)) out.in_use = std::move(*lease);
+    return out;
+}
+
+int send_acquired_image(int channel, const std::string& store_root, const std::string& digest) {
+    auto answer = [&](const std::string& line, const std::vector<int>& fds) {
+        msghdr msg{};
+        iovec iov{const_cast<char*>(line.data()), line.size()};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxSentFiles), 0);
+        if (!fds.empty()) {
+            msg.msg_control = control.data();
+            msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+            cmsghdr* c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+            std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+        }
+        return ::sendmsg(channel, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(line.size()) ? 0 : 1;
+    };
+    auto store = ImageStore::open(store_root, false);  // as the user: root, the user's own files count
+    auto acquired = store ? acquire_image(*store, digest) : Result<AcquiredImage>(store.error());
+    if (acquired && acquired->files.size() > kMaxSentFiles)
+        acquired = make_error("image " + digest + " has more than " + std::to_string(kMaxSentFiles) + " layers");
+    if (!acquired) {
+        answer("error " + acquired.error().message + "\n", {});
+        return 1;
+    }
+    std::vector<int> fds;
+    for (const auto& f : acquired->files) fds.push_back(f.get());
+    return answer(std::string(acquired->layered ? "layered " : "whole ") + std::to_string(fds.size()) + "\n", fds);
+}
+
+Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
+                                       const std::string& store_root, const std::string& digest) {
+    GANTRY_TRY(validate_digest(digest));
+    const std::string what = "opening image " + digest + " in " + store_root + " as uid " + std::to_string(who.uid);
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return system_error(what);
+    UniqueFd ours(sv[0]), theirs(sv[1]);
+    ProcessRequest rq;
+    rq.argv = {holder, "--acquire", store_root, digest};
+    rq.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
+    rq.identity = who;  // the store is the user's: only the user's rights open anything in it
+    rq.inputs = {{theirs.get(), 3}};
+    rq.death_signal = SIGKILL;
+    auto pid = start_process(rq);
+    if (!pid) return pid.error().wrap(what);
+    theirs.reset();
+    Defer reap([&] {
+        ::kill(*pid, SIGKILL);
+        ::waitpid(*pid, nullptr, 0);
+    });
+    timeval limit{30, 0};  // every wait has an end: a stuck helper is killed by reap
+    ::setsockopt(ours.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    char text[4096] = {};
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxSentFiles), 0);
+    msghdr msg{};
+    iovec iov{text, sizeof text - 1};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    ssize_t n;
+    do n = ::recvmsg(ours.get(), &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) return system_error(what);
+    // Every descriptor that arrived is ours to close, whatever the text says.
+    std::vector<UniqueFd> received;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+            int fd = -1;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            received.emplace_back(fd);
+        }
+    }
+    std::string reply(text, static_cast<size_t>(n));
+    if (reply.rfind("error ", 0) == 0) return make_error(reply.substr(6, reply.find('\n') - 6));
+    if ((msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 || received.empty())
+        return make_error(what + ": the helper " + holder + " sent no usable answer");
+    AcquiredImage out;
+    out.digest = digest;
+    out.layered = reply.rfind("layered ", 0) == 0;
+    if (reply != (out.layered ? "layered " : "whole ") + std::to_string(received.size()) + "\n" ||
+        (!out.layered && received.size() != 1))
+        return make_error(what + ": the helper " + holder + " sent no usable answer");
+    for (auto& fd : received) {
+        // Renumbered clear of the helpers' fixed descriptors, and otherwise not touched by root: the
+        // user chose what to send (a file on a FUSE file system of theirs could stall a read or even
+        // an fstat), so every check of it, type and magic included, runs as the user
+        // (Container::create's check_user_paths), and only processes of the user ever read it.
+        UniqueFd high(::fcntl(fd.get(), F_DUPFD_CLOEXEC, kFirstImageDescriptor));
+        if (!high) return system_error(what);
+        out.files.push_back(std::move(high));
+    }
+    return out;
+}
+
+std::vector<std::string> AcquiredImage::paths() const {
+    std::vector<std::string> out;
+    for (const auto& f : files) out.push_back(descriptor_path(f.get()));
+    return out;
+}
+
+std::string descriptor_path(int fd) {
+    return std::string(kDescriptorPrefix) + std::to_string(fd);
+}
+
+int descriptor_of_path(const std::string& path) {
+    if (path.compare(0, kDescriptorPrefix.size(), kDescriptorPrefix) != 0) return -1;
+    const char* digits = path.c_str() + kDescriptorPrefix.size();
+    if (*digits < '0' || *digits > '9') return -1;
+    char* end = nullptr;
+    long n = std::strtol(digits, &end, 10);
+    if (*end != '\0' || n < 0 || n > 1 << 20) return -1;
+    return static_cast<int>(n);
+}
+
+void pass_image_descriptors(ProcessRequest& rq, const std::vector<std::string>& paths) {
+    for (const auto& p : paths) {
+        int n = descriptor_of_path(p);
+        if (n < 0) continue;
+        bool already = false;
+        for (const auto& in : rq.inputs) already = already || in.as == n;
+        if (!already) rq.inputs.push_back({n, n});
+    }
+}
+
+}  // namespace gantry
