@@ -107,7 +107,7 @@ TEST_CASE("local/ names an imported image, never Docker Hub; docker.io/local/ st
     CHECK(l.tag == "1");
     CHECK(l.names_imported_image());
     CHECK(l.str() == "local/team/app:1");
-    CHECK(ok(l.str()).names_imported_image());
+    CHECK(ok(l.str().c_str()).names_imported_image());
     CHECK(ok("local/app").str() == "local/app:latest");
     CHECK(ok("local#app:2").names_imported_image());
     auto hub = ok("docker.io/local/app:1");
