@@ -417,7 +417,7 @@ PY
   [ "$made_tmp_cache" = no ]
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
   [ "$(echo "$output" | grep -c .)" -eq 1 ]
-  echo "$output" | grep -q "^gantry: no image store: HOME is not set .*store_path in gantry.conf.*--store DIR"
+  echo "$output" | grep -q "^gantry: .*no image store: HOME is not set .*store_path in gantry.conf.*--store DIR"
   run runuser -u "$VICTIM" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin GANTRY_CONFIG="$GANTRY_CONFIG" \
     timeout 60 "$GANTRY" images
   [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
