@@ -103,6 +103,16 @@ end_step() {
   wait "$STEPD" || true
 }
 
+# finish_step: notes where the holder and the server are (HOLDER_CG, SERVER_CG), then ends the step
+# (end_step) and sets LEFT to what was left under it.
+finish_step() {
+  HOLDER_CG=$(cgroup_of "$HOLDER")
+  SERVER_CG=
+  if [ "$SERVER" -gt 1 ]; then SERVER_CG=$(cgroup_of "$SERVER"); fi
+  LEFT=$(end_step)
+  echo "holder in $HOLDER_CG, server in $SERVER_CG; left under the step: $LEFT"
+}
+
 remove_step_dirs() {
   rmdir "$STEP/user/task_0" "$STEP/user" "$STEP/slurm" "$STEP"
 }
@@ -124,16 +134,13 @@ alive() {
 @test "cgroup v2, 25.05 layout (job_ID): an unnamed container's holder is in the task's leaf and dies with the step" {
   make_step job_7
   run_step 7
-  holder_cg=$(cgroup_of "$HOLDER")
   [ "$SERVER" -gt 1 ]
-  server_cg=$(cgroup_of "$SERVER")
-  left=$(end_step)
-  echo "holder in $holder_cg, server in $server_cg; left under the step: $left"
-  [ "$left" -eq 0 ]
-  [ "$holder_cg" = "$STEP/user/task_0" ]
+  finish_step
+  [ "$LEFT" -eq 0 ]
+  [ "$HOLDER_CG" = "$STEP/user/task_0" ]
   # The job's image server serves the job's later steps: in the job's own leaf, outside every step.
-  [ "$server_cg" = "$JOB/gantry" ]
-  is_leaf "$server_cg"
+  [ "$SERVER_CG" = "$JOB/gantry" ]
+  is_leaf "$SERVER_CG"
   ! alive "$HOLDER" || false
   ! alive "$TASK_PID" || false
   alive "$SERVER"
@@ -151,13 +158,10 @@ alive() {
 @test "cgroup v2, 26.05 layout (SLUID job directory): the same, found by place, not by name" {
   make_step sEKNKTV3WPV500
   run_step 31
-  holder_cg=$(cgroup_of "$HOLDER")
-  server_cg=$(cgroup_of "$SERVER")
-  left=$(end_step)
-  echo "holder in $holder_cg, server in $server_cg; left under the step: $left"
-  [ "$left" -eq 0 ]
-  [ "$holder_cg" = "$STEP/user/task_0" ]
-  [ "$server_cg" = "$JOB/gantry" ]
+  finish_step
+  [ "$LEFT" -eq 0 ]
+  [ "$HOLDER_CG" = "$STEP/user/task_0" ]
+  [ "$SERVER_CG" = "$JOB/gantry" ]
   ! alive "$HOLDER" || false
   remove_step_dirs
   run "$DRIVER" epilog --runtime "$RUN" --job 31
@@ -170,13 +174,10 @@ alive() {
   for jobdir in job_8 sEKNKTV3WPV501; do
     make_step "$jobdir"
     run_step 8 --name keep
-    holder_cg=$(cgroup_of "$HOLDER")
-    server_cg=$(cgroup_of "$SERVER")
-    left=$(end_step)
-    echo "$jobdir: holder in $holder_cg, server in $server_cg; left under the step: $left"
-    [ "$left" -eq 0 ]
-    [ "$holder_cg" = "$JOB/gantry" ]
-    [ "$server_cg" = "$JOB/gantry" ]
+    finish_step
+    [ "$LEFT" -eq 0 ]
+    [ "$HOLDER_CG" = "$JOB/gantry" ]
+    [ "$SERVER_CG" = "$JOB/gantry" ]
     is_leaf "$JOB/gantry"
     alive "$HOLDER"
     alive "$SERVER"
@@ -195,11 +196,9 @@ alive() {
 @test "cgroup v2: a node-wide named container (container_scope=global) leaves the step for a leaf beside the jobs" {
   make_step job_9
   run_step 9 --name shared --scope global
-  holder_cg=$(cgroup_of "$HOLDER")
-  left=$(end_step)
-  echo "holder in $holder_cg; left under the step: $left"
-  [ "$left" -eq 0 ]
-  [ "$holder_cg" = "$SCOPE/gantry" ]
+  finish_step
+  [ "$LEFT" -eq 0 ]
+  [ "$HOLDER_CG" = "$SCOPE/gantry" ]
   is_leaf "$SCOPE/gantry"
   alive "$HOLDER"
   remove_step_dirs
