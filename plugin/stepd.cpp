@@ -349,7 +349,8 @@ void finish_step(spank_t, const Settings&) {
     StepState& st = state();
     if (!st.save_path.empty() && st.joined.holder_pid > 0) {
         auto saved = save_container(st.joined, ProcessIdentity{st.uid, st.gid, st.groups}, st.save_path);
-        if (!saved) slurm_error("gantry: --container-save %s: %s", st.save_path.c_str(), saved.error().message.c_str());
+        // The message names --container-save and the path already (save_container's errors).
+        if (!saved) slurm_error("gantry: %s", saved.error().message.c_str());
         st.save_path.clear();
     }
     if (st.container) {

@@ -39,6 +39,14 @@ struct PlannedMount {
     bool ours;  // a tmpfs we create: mount points below it may be created
 };
 
+// Whether the calling user (the holder runs as the job user when it plans and makes mounts) reaches
+// `path` for a bind: it exists and is readable (and searchable, for a directory). Missing and not the
+// user's give the same answer.
+bool user_reaches(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && ::access(path.c_str(), S_ISDIR(st.st_mode) ? (R_OK | X_OK) : R_OK) == 0;
+}
+
 // The standard mounts, in order (user mounts follow).
 std::vector<PlannedMount> planned_mounts(const Setup& s) {
     std::vector<PlannedMount> p = {{"/proc", false}, {"/sys", false}};
@@ -46,9 +54,13 @@ std::vector<PlannedMount> planned_mounts(const Setup& s) {
     for (const char* d : {"/tmp", "/run"}) p.push_back({d, true});
     for (const char* f : {"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}) p.push_back({f, false});
     if (s.spec->mount_home && !s.id.home.empty()) p.push_back({s.id.home, false});
-    for (const auto& m : s.spec->devices.mounts) p.push_back({m.path, false});
+    // A mount left out because the user does not reach its source (a path from the job's environment,
+    // a mounts.d `nofail` entry) gets no mount point either: the container shows no trace of it.
+    for (const auto& m : s.spec->devices.mounts)
+        if (!m.if_reachable || user_reaches(m.host_path)) p.push_back({m.path, false});
     for (const auto& m : s.spec->mounts)
-        if (m.kind != MountKind::umount) p.push_back({m.destination, m.kind == MountKind::tmpfs});
+        if (m.kind != MountKind::umount && (!m.nofail || m.kind != MountKind::bind || user_reaches(m.source)))
+            p.push_back({m.destination, m.kind == MountKind::tmpfs});
     return p;
 }
 
@@ -629,9 +641,7 @@ Status perform_user_mounts(Setup& s) {
         struct stat st {};
         // As the job user: a mounts.d `nofail` entry the user does not reach is left out, whether it is
         // missing or not theirs (the same answer for both).
-        if (m.nofail && (::stat(m.source.c_str(), &st) != 0 ||
-                         ::access(m.source.c_str(), S_ISDIR(st.st_mode) ? (R_OK | X_OK) : R_OK) != 0))
-            continue;
+        if (m.nofail && !user_reaches(m.source)) continue;
         if (::stat(m.source.c_str(), &st) != 0) {
             if (errno == ENOENT || errno == ENOTDIR) return make_error(what + ": source path does not exist");
             return system_error(what);
