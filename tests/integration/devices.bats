@@ -319,9 +319,9 @@ as_user() {
   echo "$output" | grep -q "^✓ Slurm plugin in plugstack.conf .*spank_gantry.so$"
   # This machine's memlock limit decides the last check (raising it needs CAP_SYS_RESOURCE).
   if [ "$(ulimit -l)" = unlimited ]; then
-    [ "$status" -eq 0 ]; echo "$output" | grep -qx '10 of 10 checks passed'
+    [ "$status" -eq 0 ]; echo "$output" | grep -qx '11 of 11 checks passed'
   else
-    [ "$status" -eq 1 ]; echo "$output" | grep -qx '9 of 10 checks passed'
+    [ "$status" -eq 1 ]; echo "$output" | grep -qx '10 of 11 checks passed'
     echo "$output" | grep -A1 '^✗ memlock limit' | grep -q 'fix: LimitMEMLOCK=infinity'
   fi
   # Without RDMA devices a limited memlock is fine; without GPUs there is nothing to check.
@@ -338,7 +338,7 @@ as_user() {
   [ "$status" -eq 1 ]
   echo "$output" | grep -q '^✗ memlock limit .* 64 KiB (EFA and RDMA need unlimited)$'
   echo "$output" | grep -A1 '^✗ Slurm plugin' | grep -q 'fix: add .required .*spank_gantry.so'
-  echo "$output" | grep -qx '8 of 10 checks passed'
+  echo "$output" | grep -qx '9 of 11 checks passed'
 }
 
 @test "PMI2: PMI_FD stays open inside the container and PMI_* are set" {
