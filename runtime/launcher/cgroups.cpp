@@ -298,16 +298,10 @@ Status record_job_cgroups(const Config& config, uint32_t jobid, pid_t model) {
     // Privileged (root, task_post_fork), like record_job_image_server: notes the job's own leaf (the
     // path computed from the task's cgroups, as place_in_cgroups_of does; only once it exists) in
     // root's 0700 runtime directory, for the epilog. Nothing in it comes from the user.
-    std::string task_cgroups;
-    {
-        std::ifstream in("/proc/" + std::to_string(model) + "/cgroup");
-        std::stringstream ss;
-        ss << in.rdbuf();
-        task_cgroups = ss.str();
-    }
     std::string lines;
-    for (const auto& t : launcher::cgroup_targets(
-             task_cgroups, launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")), CgroupLevel::job)) {
+    for (const auto& t : launcher::cgroup_targets(read_small("/proc/" + std::to_string(model) + "/cgroup"),
+                                                  launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")),
+                                                  CgroupLevel::job)) {
         struct stat sb {};
         if (t.make_leaf && ::lstat(t.dir.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) lines += t.dir + "\n";
     }
