@@ -71,7 +71,7 @@ install(FILES ${_pkg}/completion/gantry DESTINATION share/bash-completion/comple
 
 # Man pages and package docs, gzipped reproducibly (-n: no name or time stamp) as Debian policy asks.
 set(_gz_files)
-foreach(pair "man/gantry.1:share/man/man1" "man/gantry.conf.5:share/man/man5"
+foreach(pair "man/gantry.1:share/man/man1" "man/enroot.1:share/man/man1" "man/gantry.conf.5:share/man/man5"
              "debian/changelog:share/doc/gantry")
   string(REPLACE ":" ";" pair "${pair}")
   list(GET pair 0 src)
@@ -130,6 +130,11 @@ endif()
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "${_deb_depends}")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "squashfs-tools, ca-certificates")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "amazon-ecr-credential-helper")
+# /usr/bin/enroot is Gantry's (runtime/cli/enroot.cpp): the package takes the place of Enroot's, which
+# must go first (docs/admin.md, "Upgrading from Pyxis + Enroot": Pyxis runs Enroot's own enroot).
+set(CPACK_DEBIAN_PACKAGE_CONFLICTS "enroot, enroot+caps")
+set(CPACK_DEBIAN_PACKAGE_REPLACES "enroot, enroot+caps")
+set(CPACK_DEBIAN_PACKAGE_PROVIDES "enroot")
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
@@ -148,6 +153,8 @@ if(GANTRY_PACKAGE_SLURM_DEPENDS)
   string(APPEND _rpm_requires ", slurm >= ${GANTRY_SLURM_RELEASE}, slurm < ${_slurm_next}")
 endif()
 set(CPACK_RPM_PACKAGE_REQUIRES "${_rpm_requires}")
+set(CPACK_RPM_PACKAGE_CONFLICTS "enroot, enroot+caps")  # /usr/bin/enroot, as for the .deb
+set(CPACK_RPM_PACKAGE_PROVIDES "enroot")
 set(CPACK_RPM_POST_INSTALL_SCRIPT_FILE ${_pkg_out}/rpm/post)
 configure_file(${_pkg}/rpm/post.in ${_pkg_out}/rpm/post @ONLY)
 set(CPACK_RPM_USER_FILELIST

@@ -1,5 +1,7 @@
 // The `gantry` command: a thin dispatcher over the verbs registered in runtime/cli/*.cpp; the command
-// line itself (help, usage errors, exit statuses) is runtime/command_line's.
+// line itself (help, usage errors, exit statuses) is runtime/command_line's. Started as `enroot` (the
+// packages' symlink), it reads Enroot's command line instead (enroot.cpp), which either runs there or
+// comes back as one of gantry's verbs to run here.
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "enroot.hpp"
 #include "gantry/log.hpp"
 #include "gantry/version.hpp"
 
@@ -21,6 +24,12 @@ std::vector<Command>& commands() {
 
 int main(int argc, char** argv) {
     using namespace gantry::cli;
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (invoked_as_enroot(argv[0])) {
+        auto enroot = enroot_command(args);
+        if (enroot.gantry_args.empty()) return enroot.status;
+        args = std::move(enroot.gantry_args);
+    }
     CommandLine line;
     std::map<std::string, VerbRunner> runners;
     for (const auto& c : commands()) runners[c.text.name] = c.define(line.add_verb(c.text));
@@ -33,7 +42,7 @@ int main(int argc, char** argv) {
     line.add_verb(
         {"version", "version                 print the version", "", "Prints Gantry's version.", "", kUsageError});
 
-    auto outcome = line.parse(std::vector<std::string>(argv + 1, argv + argc));
+    auto outcome = line.parse(args);
     if (!outcome.error.empty()) {
         gantry::log::error(outcome.error);
         if (auto r = runners.find(outcome.wrong_verb); r != runners.end() && r->second.on_usage_error)
