@@ -400,7 +400,8 @@ EnrootOutcome enroot_start(const std::vector<std::string>& words) {
         if (::getcwd(cwd, sizeof cwd) == nullptr) return {enroot_error("reading the working directory"), {}};
         image = std::string(cwd) + "/" + image;
     }
-    std::vector<std::string> run = {"run"};
+    // Enroot's /etc/rc runs the command through the image's entrypoint: so does start.
+    std::vector<std::string> run = {"run", "--entrypoint"};
     if (p.has("rw") || env_switch("ENROOT_ROOTFS_WRITABLE").value_or(false)) run.emplace_back("--writable");
     if (p.has("root") || env_switch("ENROOT_REMAP_ROOT").value_or(false)) run.emplace_back("--remap-root");
     if (auto home = env_switch("ENROOT_MOUNT_HOME")) run.emplace_back(*home ? "--mount-home" : "--no-mount-home");
