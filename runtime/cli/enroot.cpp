@@ -529,8 +529,8 @@ bool confirmed(const std::string& question) {
     return answer == "y" || answer == "Y" || answer == "yes";
 }
 
-// remove: a created container's file; a running `enroot start` or plugin container is stopped where
-// the caller may (the launcher's own check), else said why not.
+// remove: a created container's file; a running `enroot start` or plugin container is not removed,
+// and the error says when it ends.
 int enroot_remove(const std::vector<std::string>& words) {
     auto p = parse_options(words, 1, {{'f', "force", false}});
     if (!p.error.empty()) return enroot_error(p.error);
@@ -561,14 +561,10 @@ int enroot_remove(const std::vector<std::string>& words) {
                                   "or run in it with srun --overlap --container-name)");
             continue;
         }
-        if (!force && !confirmed("Do you really want to stop " + name + " (pid " + std::to_string(r->pid) + ")?"))
-            continue;
-        auto c = Container::open(r->gantry, *config);
-        if (!c) {
-            status = enroot_error(c.error().message);
-            continue;
-        }
-        if (auto st = c->stop(); !st) status = enroot_error(st.error().message);
+        // Stopping the holder would not end the command `enroot start` runs (it is not the container's
+        // init): the container ends with that command, which its caller stops.
+        status = enroot_error("Container " + name + " is running (pid " + std::to_string(r->pid) +
+                              "): it ends when its command does");
     }
     return status;
 }

@@ -183,7 +183,7 @@ EOF
   [ -f "$WORK/tiny.sqsh" ]
 }
 
-@test "enroot list -f shows a running start with its PID; enroot exec PID joins it; remove -f stops it" {
+@test "enroot list -f shows a running start with its PID; enroot exec PID joins it; remove leaves it running" {
   as_user enroot import -o "$WORK/tiny.sqsh" "docker://$TINY" 2>/dev/null
   as_user enroot create -n svc tiny.sqsh
   as_user enroot start --rw svc sh -c 'echo inside >/tmp/mark; exec sleep 3017' &
@@ -204,11 +204,15 @@ EOF
   run as_user sh -c 'exec enroot exec $$ true'
   [ "$status" -eq 1 ]
   [[ "$output" == "[ERROR] Process "*" is in no container of yours"* ]]
-  # list shows the name once; remove -f of the created name removes the record, the running one stays
-  # until it is stopped by name as well.
+  # list shows the name once; remove -f removes the record, the running one stays (and says so) until
+  # its command ends.
   [ "$(as_user enroot list)" = svc ]
   as_user enroot remove -f svc
-  as_user enroot remove -f svc
+  [ "$(as_user enroot list)" = svc ]
+  run as_user enroot remove -f svc
+  [ "$status" -eq 1 ]
+  [ "$output" = "[ERROR] Container svc is running (pid $pid): it ends when its command does" ]
+  kill "$inner"
   for _ in $(seq 100); do kill -0 "$KILL_PIDS" 2>/dev/null || break; sleep 0.2; done
   ! kill -0 "$KILL_PIDS" 2>/dev/null || false
   [ -z "$(as_user enroot list)" ]
