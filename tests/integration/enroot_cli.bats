@@ -13,7 +13,8 @@ setup() {
   U=$GANTRY_TEST_USER
   ENROOT=$GANTRY_BUILD_DIR/runtime/enroot
   WORK=$(mktemp -d "$GANTRY_TEST_FSX/enroot-cli.XXXXXX")
-  chown "$U" "$WORK"
+  mkdir -m 0700 "$WORK/xdg"  # the user's runtime directory, this test's alone (running containers)
+  chown "$U" "$WORK" "$WORK/xdg"
   chmod 0755 "$WORK"
   TINY="$REG#gantry-test/tiny"
   # The harness's gantry.conf (its store, the registry allowed over HTTP) with a runtime_path of this
@@ -31,7 +32,7 @@ teardown() {
 # on PATH and created containers in WORK.
 as_user() {
   gantry_as_user "$U" "$WORK" env GANTRY_CONFIG="${CONF:-$WORK/gantry.conf}" PATH="$GANTRY_BUILD_DIR/runtime:$PATH" \
-    ENROOT_DATA_PATH="${DATA:-$WORK/data}" XDG_RUNTIME_DIR= "$@"
+    ENROOT_DATA_PATH="${DATA:-$WORK/data}" XDG_RUNTIME_DIR="$WORK/xdg" "$@"
 }
 
 @test "enroot is gantry under Enroot's name: version, usage, unknown command and option are one [ERROR] line, status 1" {
@@ -197,7 +198,7 @@ EOF
   # exec sees the running container's own files (its writable layer), not a fresh one.
   [ "$(as_user enroot exec "$pid" cat /tmp/mark)" = inside ]
   # A PID of a process inside (the sleep) finds the same container.
-  inner=$(pgrep -u "$U" -fx 'sleep 3017' | head -n1)
+  inner=$(pgrep --ns "$pid" --nslist mnt -u "$U" -fx 'sleep 3017' | head -n1)
   [ -n "$inner" ]
   [ "$(as_user enroot exec "$inner" cat /tmp/mark)" = inside ]
   # A process of the user's in no container (its own shell).
