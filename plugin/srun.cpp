@@ -64,7 +64,7 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
     // task print the same error, so the step ends here, with one request and one line. Anything else
     // (unreachable from the login node, credentials only the nodes have) is left to the nodes.
     if (digest.error().http_status == 404 && !named) {
-        Error e = digest.error().wrap("failed to import docker image " + *o.image);
+        Error e = digest.error().wrap(import_failed(*o.image));
         tell_user("gantry: " + e.message);
         return e;
     }
