@@ -44,6 +44,9 @@ namespace gantry::plugin {
 // wording ("failed to import docker image: IMAGE"), which users' scripts grep for.
 inline std::string import_failed(const std::string& image) { return "failed to import docker image: " + image; }
 
+// srun's working directory, handed to the nodes when --container-image is a relative path (stepd.cpp).
+inline constexpr const char* kSrunDirVar = "GANTRY_SRUN_DIR";
+
 // The image digest srun resolved for the whole step, handed to every node in the job environment.
 inline constexpr const char* kDigestVar = "GANTRY_CONTAINER_IMAGE_DIGEST";
 

@@ -133,15 +133,17 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         spec.image_source = ImageSource::local_file;
         // A relative path (./rel.sqsh) is the step's working directory's, as Pyxis takes it. Slurm tells
         // a plugin that directory only from user_init on, after the container is made here: the path
-        // is taken against srun's directory (SLURM_SUBMIT_DIR), which is the step's unless srun ran
-        // with --chdir, and user_init checks that it was (check_image_base). Every access to the file
-        // is the user's (check_user_paths), so the job's environment naming the directory is safe.
+        // is taken against srun's directory (kSrunDirVar, set by srun; a batch step has no srun:
+        // sbatch's SLURM_SUBMIT_DIR), which is the step's unless it runs with --chdir, and user_init
+        // checks that it was (check_image_base). Every access to the file is the user's
+        // (check_user_paths), so the job's environment naming the directory is safe.
         if ((*o.image)[0] == '.') {
-            auto base = find_env(env, "SLURM_SUBMIT_DIR");
+            auto base = find_env(env, kSrunDirVar);
+            if (!base || base->empty() || (*base)[0] != '/') base = find_env(env, "SLURM_SUBMIT_DIR");
             if (!base || base->empty() || (*base)[0] != '/')
                 return make_error("--container-image=" + *o.image +
-                                  ": a relative path needs srun's working directory (SLURM_SUBMIT_DIR), which the "
-                                  "step's environment lacks; give an absolute path");
+                                  ": a relative path needs srun's working directory, which the step's environment "
+                                  "lacks; give an absolute path");
             st.image_base = *base;
             spec.image_path = *base + (base->back() == '/' ? "" : "/") + *o.image;
         }
