@@ -127,24 +127,24 @@ Result<PullReport> pull_outcome(const Captured& r, const std::string& report_tex
                                 const std::string& who) {
     if (r.stopped) {
         // What is downloaded stays in the store's staging area: the next pull of the image resumes it.
-        return make_error("failed to import docker image " + image + ": the step was cancelled or signalled while " +
+        return make_error(import_failed(image) + ": the step was cancelled or signalled while " +
                           "its image was being pulled; the pull on this node was stopped (a later pull resumes it)");
     }
     if (r.signal != 0) {
         // Killed (OOM killer, an admin, a dying node): it printed nothing useful, so say what happened.
         // Its staging area stays for whoever takes over the image next.
-        return make_error("failed to import docker image " + image + ": gantry pull" + who + " on this node was killed by signal " +
+        return make_error(import_failed(image) + ": gantry pull" + who + " on this node was killed by signal " +
                           std::to_string(r.signal) + " (" + strsignal(r.signal) + ")");
     }
     auto report = decode_pull_report(report_text);
     if (!report) {
         std::string said = last_line(r.err);
-        return make_error("failed to import docker image " + image + ": gantry pull" + who + " exited with status " +
+        return make_error(import_failed(image) + ": gantry pull" + who + " exited with status " +
                           std::to_string(r.status) + " and no usable report (" + report.error().message + ")" +
                           (said.empty() ? "" : "; it said: " + said.substr(0, 300)));
     }
     if (report->error != PullErrorKind::none) return make_error(report->message);
-    if (r.status != 0) return make_error("failed to import docker image " + image + ": gantry pull" + who + " exited with status " + std::to_string(r.status));
+    if (r.status != 0) return make_error(import_failed(image) + ": gantry pull" + who + " exited with status " + std::to_string(r.status));
     return *report;
 }
 
@@ -166,7 +166,7 @@ Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id,
     run.report = &report;
     run.stop_when_step_signalled = true;
     auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, run);
-    if (!r) return r.error().wrap("failed to import docker image " + image);
+    if (!r) return r.error().wrap(import_failed(image));
     return pull_outcome(*r, report, image, "");
 }
 
@@ -193,12 +193,12 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
     run.fd3_out = &credentials;
     run.stop_when_step_signalled = true;
     auto r = run_as_user(id.uid, id.gid, id.groups, argv, env, run);
-    if (!r) return r.error().wrap("failed to import docker image " + image);
+    if (!r) return r.error().wrap(import_failed(image));
     if (r->stopped || r->signal != 0) return pull_outcome(*r, "", image, "").error();
     if (r->status != 0) {
         std::string why = last_line(r->err);
         if (starts_with(why, "gantry: ")) why = why.substr(8);
-        return make_error("failed to import docker image " + image + ": looking up your registry credentials: " +
+        return make_error(import_failed(image) + ": looking up your registry credentials: " +
                           (why.empty() ? "gantry pull --credentials-only failed" : why.substr(0, 300)));
     }
 
@@ -207,7 +207,7 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
     passwd pw{};
     passwd* owner = nullptr;
     if (::getpwnam_r(config.store_owner.c_str(), &pw, buf.data(), buf.size(), &owner) != 0 || owner == nullptr)
-        return make_error("failed to import docker image " + image + ": store_owner '" + config.store_owner +
+        return make_error(import_failed(image) + ": store_owner '" + config.store_owner +
                           "' is not an account on this node");
     const std::vector<gid_t> groups = user_identity(owner->pw_uid, owner->pw_gid).groups;
 
@@ -243,7 +243,7 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
     owner_run.report = &report;
     owner_run.stop_when_step_signalled = true;
     auto o = run_as_user(owner->pw_uid, owner->pw_gid, groups, owner_argv, owner_env, owner_run);
-    if (!o) return o.error().wrap("failed to import docker image " + image);
+    if (!o) return o.error().wrap(import_failed(image));
     return pull_outcome(*o, report, image, " (as " + config.store_owner + ")");
 }
 

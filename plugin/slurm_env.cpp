@@ -122,7 +122,7 @@ std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
 
 
 // The PMIx directories a --mpi=pmix* step's ranks need inside (docs/devices.md, gantry.conf pmix).
-void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, std::vector<DeviceMount>& mounts) {
+void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, bool named, std::vector<DeviceMount>& mounts) {
     // Open MPI creates its session directory below the PMIx client directory, a host path the server
     // fills only after this hook. Below an image directory the rank could not create it, so the
     // directory is bound at the same path; a TmpFS of /tmp needs nothing (the container's own /tmp
@@ -135,12 +135,15 @@ void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, std::vecto
     // The PMIx server's own directory (the shared-memory stores clients attach to, ds12/ds21) does
     // not exist yet either; its parent, the node's slurmd spool directory, is bound (read-write, same
     // path) for steps launched with --mpi=pmix*, so the directory appears inside once Slurm makes it.
+    // A named container is bound it whatever its first step's --mpi: a later step that attaches with
+    // --mpi=pmix gets its server directory there too (the container's mounts are made once).
     // Safe: a bind changes no permission; inside, the user reaches only what the same uid reaches on
     // the host (root-owned entries map to the overflow id, remap-root included).
     auto mpi = find_env(env, "SLURM_MPI_TYPE");
     if (!mpi) mpi = slurm_mpi_default();
     auto spool = slurmd_spool_dir(sp, env);
-    if (mpi && starts_with(*mpi, "pmix") && spool && *spool != "/") mounts.push_back({*spool, *spool, false, true});
+    bool pmix_step = mpi && starts_with(*mpi, "pmix");
+    if ((pmix_step || named) && spool && *spool != "/") mounts.push_back({*spool, *spool, false, true});
 }
 
 }  // namespace gantry::plugin

@@ -127,7 +127,10 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
 GANTRY_EXPORT int slurm_spank_user_init(spank_t, int, char**) {
     return guarded("slurm_spank_user_init", [&] {
         // Slurm ignores this hook's result; failures are kept for slurm_spank_task_init.
-        if (spank_context() == S_CTX_REMOTE) gantry::plugin::resolve_save_path();
+        if (spank_context() == S_CTX_REMOTE) {
+            gantry::plugin::check_image_base();
+            gantry::plugin::resolve_save_path();
+        }
         return 0;
     });
 }

@@ -3,6 +3,8 @@
 // per step, whatever the number of nodes and tasks.
 #include <unistd.h>
 
+#include <climits>
+
 #include <string>
 
 #include <memory>
@@ -38,6 +40,12 @@ void watch_import(const Config& config, const std::string& digest, const std::st
 
 Status pin_image_digest(spank_t sp, const Settings& settings) {
     JobOptions& o = options();
+    if (o.image && is_local_image_path(*o.image) && (*o.image)[0] == '.') {
+        // A relative squashfs path is srun's directory's (the step's, unless --chdir): the nodes
+        // learn which directory that is from here (stepd.cpp); srun's own PWD may be stale.
+        std::string cwd(PATH_MAX, '\0');
+        if (::getcwd(cwd.data(), cwd.size()) != nullptr) spank_setenv(sp, kSrunDirVar, cwd.c_str(), 1);
+    }
     if (!o.image || is_local_image_path(*o.image)) return {};
     // With --container-name, an existing container may make the image irrelevant (it is not imported
     // again): the nodes know, srun does not, so node 0 tells the user instead (join_step).
@@ -64,7 +72,7 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
     // task print the same error, so the step ends here, with one request and one line. Anything else
     // (unreachable from the login node, credentials only the nodes have) is left to the nodes.
     if (digest.error().http_status == 404 && !named) {
-        Error e = digest.error().wrap("failed to import docker image " + *o.image);
+        Error e = digest.error().wrap(import_failed(*o.image));
         tell_user("gantry: " + e.message);
         return e;
     }

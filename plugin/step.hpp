@@ -36,6 +36,9 @@ Status prepare_step(spank_t sp, const Settings& settings);
 // (SPANK has no item for the directory; the job's PWD is whatever the caller's shell said), and
 // refuses a target that is a directory. Failures are reported by every task.
 void resolve_save_path();
+// user_init: a relative --container-image was taken against srun's directory; fails the step when the
+// step runs elsewhere (srun --chdir).
+void check_image_base();
 
 // Each task (remote, slurm_spank_task_init_privileged: root, in the task, before Slurm drops to the
 // user): opens what join_step needs of the holder. Failures are kept and reported by join_step.

@@ -40,6 +40,13 @@ extern "C" {
 
 namespace gantry::plugin {
 
+// The head of every message about an image that could not be had, whatever went wrong: Pyxis's
+// wording ("failed to import docker image: IMAGE"), which users' scripts grep for.
+inline std::string import_failed(const std::string& image) { return "failed to import docker image: " + image; }
+
+// srun's working directory, handed to the nodes when --container-image is a relative path (stepd.cpp).
+inline constexpr const char* kSrunDirVar = "GANTRY_SRUN_DIR";
+
 // The image digest srun resolved for the whole step, handed to every node in the job environment.
 inline constexpr const char* kDigestVar = "GANTRY_CONTAINER_IMAGE_DIGEST";
 
@@ -91,6 +98,7 @@ struct StepState {
     bool entrypoint_log = false;
     std::string entry_helper;             // gantry-entry, which Slurm execs in the task's place
     std::string save_path;                // --container-save: written after the last task, on node 0
+    std::string image_base;               // the directory a relative --container-image was taken against
     uid_t uid = 0;
     gid_t gid = 0;
     std::vector<gid_t> groups;
@@ -125,7 +133,7 @@ std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& en
 std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::string>& env);
 std::optional<std::string> slurm_mpi_default();
 // Binds for --mpi=pmix* steps: the PMIx client directory and the slurmd spool directory (same paths).
-void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, std::vector<DeviceMount>& mounts);
+void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, bool named, std::vector<DeviceMount>& mounts);
 std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env);
 
 // --- pull.cpp: our programs, and the pulls (as the job user, or as the store owner) ---

@@ -20,6 +20,7 @@
 #include "gantry/run_request.hpp"
 #include "gantry/store.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/workdir.hpp"
 #include "options.hpp"
 #include "step.hpp"
 #include "step_internal.hpp"
@@ -89,7 +90,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             // Each step starts where it asks to, else in the image's WorkingDir: not where the step
             // that created the container asked for (Pyxis starts every step's container afresh).
             if (o.workdir) {
-                auto w = normalize_container_path(*o.workdir, "--container-workdir");
+                auto w = normalize_container_workdir(*o.workdir);
                 if (!w) return w.error();
                 st.joined.defaults.workdir = *w;
             } else {
@@ -130,10 +131,26 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // A squashfs file the user named: user-controlled bytes, never kernel-mounted for a job user.
         spec.image_path = *o.image;
         spec.image_source = ImageSource::local_file;
+        // A relative path (./rel.sqsh) is the step's working directory's, as Pyxis takes it. Slurm tells
+        // a plugin that directory only from user_init on, after the container is made here: the path
+        // is taken against srun's directory (kSrunDirVar, set by srun; a batch step has no srun:
+        // sbatch's SLURM_SUBMIT_DIR), which is the step's unless it runs with --chdir, and user_init
+        // checks that it was (check_image_base). Every access to the file is the user's
+        // (check_user_paths), so the job's environment naming the directory is safe.
+        if ((*o.image)[0] == '.') {
+            auto base = find_env(env, kSrunDirVar);
+            if (!base || base->empty() || (*base)[0] != '/') base = find_env(env, "SLURM_SUBMIT_DIR");
+            if (!base || base->empty() || (*base)[0] != '/')
+                return make_error("--container-image=" + *o.image +
+                                  ": a relative path needs srun's working directory, which the step's environment "
+                                  "lacks; give an absolute path");
+            st.image_base = *base;
+            spec.image_path = *base + (base->back() == '/' ? "" : "/") + *o.image;
+        }
     } else {
         auto ref = parse_reference(*o.image);
         // Pyxis scripts grep for this phrase whatever went wrong with the image, a bad name included.
-        if (!ref) return ref.error().wrap("failed to import docker image " + *o.image);
+        if (!ref) return ref.error().wrap(import_failed(*o.image));
         std::string image = *o.image;
         if (ref->digest.empty())
             if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
@@ -142,7 +159,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // unprivileged. Root opens nothing in a store the user can write (a per-user store, or any
         // store that is not trusted): what it needs comes in the pull's report.
         auto store_root = job_store_path(st.config, id->uid);
-        if (!store_root) return store_root.error().wrap("failed to import docker image " + image);
+        if (!store_root) return store_root.error().wrap(import_failed(image));
         bool two_halves = false;
         if (!st.config.store_owner.empty() && !st.config.store_path.empty()) {
             auto store = ImageStore::open(st.config.store_path, false, st.config);  // the admin's path, root-owned or store_owner's
@@ -161,7 +178,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             tell_user("imported docker image: " + *o.image);
         }
         auto cfg = parse_image_config(pulled->config_json);
-        if (!cfg) return cfg.error().wrap("failed to import docker image " + image);
+        if (!cfg) return cfg.error().wrap(import_failed(image));
         st.digest = pulled->digest;
         spec.image_path = pulled->squashfs_path;
         spec.image_layers = pulled->layer_paths;  // a layered image (gantry.conf layered_images)
@@ -172,9 +189,9 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             // their descriptors, and checks them again before mounting; the image's shared lock keeps
             // `gantry gc` from removing it while the step runs.
             auto store = ImageStore::open(st.config.store_path, false, st.config);
-            if (!store) return store.error().wrap("failed to import docker image " + image);
+            if (!store) return store.error().wrap(import_failed(image));
             auto acquired = acquire_image(*store, pulled->digest);
-            if (!acquired) return acquired.error().wrap("failed to import docker image " + image);
+            if (!acquired) return acquired.error().wrap(import_failed(image));
             auto paths = acquired->paths();
             spec.image_path = paths.back();
             spec.image_layers = acquired->layered ? paths : std::vector<std::string>{};
@@ -187,7 +204,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             auto acquired = acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
                                              helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
                                              *store_root, pulled->digest);
-            if (!acquired) return acquired.error().wrap("failed to import docker image " + image);
+            if (!acquired) return acquired.error().wrap(import_failed(image));
             auto paths = acquired->paths();
             spec.image_path = paths.back();
             spec.image_layers = acquired->layered ? paths : std::vector<std::string>{};
@@ -247,7 +264,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     if (item(sp, S_JOB_NODEID, &nodeid) && nodeid == 0)
         for (const auto& w : prepared->warnings) st.device_warnings += "gantry: warning: " + w + "\n";
     if (!prepared->devices_summary.empty()) log::info("devices: " + prepared->devices_summary);
-    if (st.config.pmix) add_pmix_mounts(sp, env, edits->mounts);
+    if (st.config.pmix) add_pmix_mounts(sp, env, !name.empty(), edits->mounts);
     // Inner srun steps of a batch script: Slurm's configuration, munge and this plugin
     // (batch_srun_paths). Safe: read-only binds, made by the holder as the job user and only of what
     // that user reaches (SLURM_CONF comes from the job's environment: root does not look at it).
@@ -289,6 +306,21 @@ Status prepare_step(spank_t sp, const Settings& settings) {
     auto st = do_prepare(sp, settings);
     if (!st) state().error = "gantry: " + st.error().message;
     return st;
+}
+
+void check_image_base() {
+    StepState& st = state();
+    if (st.image_base.empty() || !st.error.empty()) return;
+    // user_init runs in the step's working directory (srun --chdir, else srun's own).
+    std::string cwd(PATH_MAX, '\0');
+    if (::getcwd(cwd.data(), cwd.size()) == nullptr) return;
+    cwd.resize(std::strlen(cwd.c_str()));
+    struct stat here {}, base {};
+    if (::stat(cwd.c_str(), &here) == 0 && ::stat(st.image_base.c_str(), &base) == 0 && here.st_dev == base.st_dev &&
+        here.st_ino == base.st_ino)
+        return;
+    st.error = "gantry: a relative --container-image was taken against srun's directory " + st.image_base +
+               ", not the step's " + cwd + " (srun --chdir): give an absolute path";
 }
 
 void resolve_save_path() {

@@ -19,6 +19,7 @@
 #include "gantry/log.hpp"
 #include "gantry/run_request.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/workdir.hpp"
 
 extern char** environ;
 
@@ -186,7 +187,7 @@ int exec_verb(const ExecArgs& a) {
     // exec may override what the creator chose; the holder's state stays as it was.
     auto state = container->state();
     if (!workdir.empty()) {
-        auto w = normalize_container_path(workdir, "working directory");
+        auto w = normalize_container_workdir(workdir);
         if (!w) return setup_failed(w.error());
         state.defaults.workdir = *w;
     }

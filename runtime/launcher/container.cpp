@@ -25,6 +25,7 @@
 #include "gantry/log.hpp"
 #include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/workdir.hpp"
 #include "internal.hpp"
 
 namespace gantry {
@@ -409,13 +410,15 @@ Result<Container> Container::create(const ContainerSpec& spec) {
         if (w) image_workdir = *w;
     }
     if (!spec.workdir.empty()) {
-        auto w = normalize_container_path(spec.workdir, "working directory");
+        auto w = normalize_container_workdir(spec.workdir);
         if (!w) return w.error();
         s.workdir = *w;
     } else {
         s.workdir = image_workdir;
     }
-    s.home = spec.mount_home || !spec.remap_root ? s.id.home : "/root";
+    // Enroot's home hook: with remap-root the user is root inside, whose home is /root; the user's
+    // home (mount_home) is mounted there (home_mount_point).
+    s.home = spec.remap_root ? "/root" : s.id.home;
     if (s.home.empty()) s.home = "/";
 
     std::string rdir = runtime_dir(spec.config);

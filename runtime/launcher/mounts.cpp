@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "gantry/strings.hpp"
+#include "gantry/workdir.hpp"
 
 namespace gantry {
 
@@ -26,6 +27,26 @@ Result<std::string> normalize_container_path(std::string_view path, const std::s
     }
     if (out.empty()) return std::string(1, '/');
     return out;
+}
+
+Result<std::string> normalize_container_workdir(std::string_view path) {
+    std::string p(path);
+    const std::string what = "working directory";
+    if (p.empty()) return make_error(what + " is empty");
+    if (p.find('\0') != std::string::npos) return make_error(what + ": contains a NUL byte");
+    if (p[0] != '/' && p[0] != '.') return make_error(what + " " + p + ": must be absolute or start with '.'");
+    std::vector<std::string> parts;
+    for (const auto& part : split_list(p, '/')) {
+        if (part == ".") continue;
+        if (part == "..") {
+            if (!parts.empty()) parts.pop_back();  // at the root, ".." is the root itself
+            continue;
+        }
+        parts.push_back(part);
+    }
+    std::string out;
+    for (const auto& part : parts) out += "/" + part;
+    return out.empty() ? std::string(1, '/') : out;
 }
 
 bool apply_mount_flag(MountSpec& m, const std::string& f) {

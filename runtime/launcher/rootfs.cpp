@@ -40,11 +40,22 @@ struct PlannedMount {
 };
 
 // Whether the calling user (the holder runs as the job user when it plans and makes mounts) reaches
-// `path` for a bind: it exists and is readable (and searchable, for a directory). Missing and not the
-// user's give the same answer.
+// `path` for a bind: its path resolves for the user (every directory on the way searchable by them),
+// as Pyxis checks a source exists. Missing and hidden from the user give the same answer.
+// Not whether the user may read it: a bind grants nothing. The mounted file or directory keeps its
+// owner and mode, and inside the container the user is the same uid (root-owned entries show as the
+// overflow id, remap-root included, and the namespace's capabilities do not reach them), so a file
+// they cannot read on the host (/etc/shadow) stays unreadable inside; they learn only that it exists,
+// which stat(2) on the host already tells them.
 bool user_reaches(const std::string& path) {
     struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 && ::access(path.c_str(), S_ISDIR(st.st_mode) ? (R_OK | X_OK) : R_OK) == 0;
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+// Where the user's home (the account's, from the password database: not $HOME) appears: at its own
+// path, or at /root with remap-root, where the user is root (Enroot's home hook does the same).
+std::string home_mount_point(const Setup& s) {
+    return s.spec->remap_root ? "/root" : s.id.home;
 }
 
 // The standard mounts, in order (user mounts follow).
@@ -53,7 +64,7 @@ std::vector<PlannedMount> planned_mounts(const Setup& s) {
     p.push_back({"/dev", !s.spec->config.host_dev});
     for (const char* d : {"/tmp", "/run"}) p.push_back({d, true});
     for (const char* f : {"/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}) p.push_back({f, false});
-    if (s.spec->mount_home && !s.id.home.empty()) p.push_back({s.id.home, false});
+    if (s.spec->mount_home && !s.id.home.empty()) p.push_back({home_mount_point(s), false});
     // A mount left out because the user does not reach its source (a path from the job's environment,
     // a mounts.d `nofail` entry) gets no mount point either: the container shows no trace of it.
     for (const auto& m : s.spec->devices.mounts)
@@ -619,7 +630,7 @@ Status mount_home(Setup& s) {
         log::debug("home " + s.id.home + " not found on the host; not mounted");
         return {};
     }
-    return bind_into(s, s.id.home, s.id.home, true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    return bind_into(s, s.id.home, home_mount_point(s), true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
 }
 
 Status perform_user_mounts(Setup& s) {
@@ -646,10 +657,8 @@ Status perform_user_mounts(Setup& s) {
             if (errno == ENOENT || errno == ENOTDIR) return make_error(what + ": source path does not exist");
             return system_error(what);
         }
-        // The user's own permissions (not our namespace capabilities) decide: we only hold
-        // capabilities over files the user owns anyway, so this check is the user's.
-        if (::access(m.source.c_str(), S_ISDIR(st.st_mode) ? (R_OK | X_OK) : R_OK) != 0)
-            return system_error(what + ": source not readable");
+        // The stat above ran as the user (the holder's capabilities cover only the user's own
+        // files): the source exists for them. Reading it is not needed for a bind (user_reaches).
         GANTRY_TRY(bind_into(s, m.source, m.destination, m.recursive, attrs, m.propagation, m.propagation_recursive));
     }
     return {};
@@ -658,6 +667,8 @@ Status perform_user_mounts(Setup& s) {
 Status check_workdir(Setup& s) {
     if (s.workdir.empty() || s.workdir == "/") return {};
     auto fd = open_in_root(s.root.get(), s.workdir);
+    // "working directory /DIR: No such file or directory": Pyxis's wording ends the same way.
+    if (!fd && fd.error().errnum != 0) return system_error("working directory " + s.workdir, fd.error().errnum);
     if (!fd) return fd.error().wrap("working directory " + s.workdir);
     return {};
 }

@@ -25,6 +25,7 @@
 #include "../../runtime/launcher/internal.hpp"
 #include "gantry/dropins.hpp"
 #include "gantry/mounts.hpp"
+#include "gantry/workdir.hpp"
 #include "gantry/squashfs.hpp"
 
 using namespace gantry;
@@ -136,7 +137,18 @@ TEST_CASE("container paths are normalized and confined") {
     CHECK(*normalize_container_path("./a/./b//", "p") == "/a/b");
     CHECK_FALSE(normalize_container_path("a/b", "p").ok());
     CHECK_FALSE(normalize_container_path("", "p").ok());
-    CHECK_FALSE(normalize_container_path("/a/..", "working directory").ok());
+    CHECK_FALSE(normalize_container_path("/a/..", "mount destination").ok());
+}
+
+TEST_CASE("a working directory's .. stays inside the container (Pyxis: --container-workdir=../ is /)") {
+    CHECK(*normalize_container_workdir("../") == "/");
+    CHECK(*normalize_container_workdir("/..") == "/");
+    CHECK(*normalize_container_workdir("/a/../b/") == "/b");
+    CHECK(*normalize_container_workdir("./a/../../../c") == "/c");
+    CHECK(*normalize_container_workdir("/usr/local/bin") == "/usr/local/bin");
+    CHECK_FALSE(normalize_container_workdir("a/b").ok());
+    CHECK_FALSE(normalize_container_workdir("").ok());
+    CHECK_FALSE(normalize_container_workdir(std::string_view("/a\0b", 4)).ok());
 }
 
 TEST_CASE("unshare and backend names") {
