@@ -24,8 +24,8 @@
 
 #include "gantry/log.hpp"
 #include "gantry/spawn.hpp"
-#include "gantry/trace.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/trace.hpp"
 #include "internal.hpp"
 
 namespace gantry {
@@ -213,6 +213,11 @@ namespace {
 // user about files they cannot see.
 Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id) {
     if (::geteuid() != 0 || id.uid == 0) return launcher::check_paths_here(spec);
+    // Nothing the user named: a store image's descriptors were checked when acquired (by root in a
+    // trusted store; as the user, by the user's own helper, in any other), and there is no bind
+    // source. The helper would only repeat that check on the same descriptors with the same rights:
+    // no process for it (a warm step's start, docs/runtime.md "Where a warm step's time goes").
+    if (spec.image_acquired && spec.mounts.empty()) return {};
     // Root for a job user: `gantry-holder --check-paths` runs as the user (groups, gid, uid: verified
     // before exec) on the spec, handed over in a memfd as its stdin; only its exit status and
     // first stderr line come back. A fresh exec: nothing of slurmstepd's runs in the child.
