@@ -7,10 +7,20 @@
 # LAYERED=1 measures more in the same run (issue #19: the image stored as layers, a store of its own,
 # each node stacking the layers with overlayfs): plain srun, the whole image, the layered image and
 # the layered image with fuse_shared = no, one run of each in turn; then a cold layered start.
+#
+# bench/srun.sh --breakdown [IMAGE] [RUNS]: where a warm containerized step's added time goes, per
+# phase and per process, from trace points (include/gantry/trace.hpp; plugstack.conf's trace=, which
+# this adds to the harness's plugstack.conf for the run and removes after). Scenarios, one run of each
+# in turn (RUNS rounds, default 5), all `srun -N1 -n2 true` as the user on one node: plain srun; the
+# open store (1777, pulled as the user, fuse) whole and layered; the trusted store (store_owner, kernel
+# loop mounts) whole and layered; each as a new job and as a step inside an existing job (salloc).
+# Medians of each phase; bench/breakdown.py reads the traces (kept in $GANTRY_HARNESS_DIR/breakdown).
 set -euo pipefail
 harness=${GANTRY_HARNESS_DIR:-/tmp/gantry-harness}
 # shellcheck disable=SC1091
 . "$harness/registry.env"; . "$harness/slurm.env"
+breakdown=0
+if [ "${1:-}" = --breakdown ]; then breakdown=1; shift; fi
 image=${1:-gantry-test/tiny}
 runs=${2:-10}
 # The nodes reach the open registry over the cluster's bridge (tests/harness/slurm.sh start must have
@@ -32,6 +42,105 @@ time_runs() {
     t0=$(now); "$@" > /dev/null; echo $(( ($(now) - t0) / 1000000 ))
   done
 }
+
+if [ "$breakdown" = 1 ]; then
+  runs=${2:-5}
+  out=$harness/breakdown
+  rm -rf "$out"
+  mkdir -p "$out"
+  # The trace file: every srun (the user) and slurmstepd (root) appends to it; made here, never by them.
+  trace=$out/trace
+  install -m 0666 /dev/null "$trace"
+  plugstack=$(scontrol show config | sed -n "s/^PlugStackConfig *= *//p")
+  cp "$plugstack" "$out/plugstack.conf.orig"
+  restore() {
+    cp "$out/plugstack.conf.orig" "$plugstack"
+    [ -z "${alloc:-}" ] || scancel "$alloc" 2>/dev/null || true
+  }
+  trap restore EXIT
+  # One plugstack.conf per build measured: the harness's own, or BREAKDOWN_BUILDS="LABEL=DIR ..."
+  # (DIR holding spank_gantry.so, gantry, gantry-holder, gantry-imagefs and gantry-entry, e.g. copies of
+  # two builds), run in turn in each round, so that both meet the same load.
+  builds=()
+  if [ -n "${BREAKDOWN_BUILDS:-}" ]; then
+    for b in $BREAKDOWN_BUILDS; do
+      label=${b%%=*} dir=${b#*=}
+      sed "s|^required [^ ]*spank_gantry.so\(.*\)|required $dir/spank_gantry.so\1 gantry=$dir/gantry trace=$trace|" \
+        "$out/plugstack.conf.orig" >"$out/plugstack.$label"
+      builds+=("$label")
+    done
+  else
+    sed "s|^required .*spank_gantry.so.*|& trace=$trace|" "$out/plugstack.conf.orig" >"$out/plugstack.this"
+    builds=(this)
+  fi
+  cp "$out/plugstack.${builds[0]}" "$plugstack"
+  read -r -a nodes <<<"$GANTRY_TEST_NODES"
+  newnode=${nodes[0]}
+  jobnode=${nodes[1]:-${nodes[0]}}
+  owner=gantry-store
+  id -u "$owner" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$owner"
+  # Stores of the bench's own: open ones (any user writes) in the FSx stand-in, trusted ones below
+  # /var/lib (root-owned ancestors, as the kernel backend's path check demands).
+  ostore=$GANTRY_TEST_FSX/store-breakdown
+  tstore=/var/lib/gantry-breakdown-store
+  rm -rf "$ostore" "$tstore"
+  install -d -m 1777 "$ostore"
+  for d in "" images refs used locks staging; do install -d -o "$owner" -g "$owner" -m 0755 "$tstore/$d"; done
+  conf_of() {
+    case $1 in
+      open-whole) printf 'store_path = %s\ninsecure_registries = %s\nlayered_images = no\n' "$ostore/whole" "$reg" ;;
+      open-layered) printf 'store_path = %s\ninsecure_registries = %s\nlayered_images = yes\n' "$ostore/layered" "$reg" ;;
+      trusted-whole) printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nlayered_images = no\n' "$tstore" "$owner" "$reg" ;;
+      trusted-layered) printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nlayered_images = yes\n' "$tstore" "$owner" "$reg" ;;
+      *) printf 'store_path = %s\ninsecure_registries = %s\n' "$ostore/whole" "$reg" ;;
+    esac
+  }
+  install -d -m 1777 "$ostore/whole" "$ostore/layered"
+  stores=(open-whole open-layered trusted-whole trusted-layered)
+  # A step inside an existing job: an allocation on its own node, held for the whole bench.
+  granted=$(as_user salloc -N1 -n2 -w "$jobnode" --no-shell -t 60 2>&1) || true
+  alloc=$(sed -n "s/.*Granted job allocation \([0-9]*\).*/\1/p" <<<"$granted")
+  [ -n "$alloc" ] || { echo "bench/srun: salloc gave no allocation: $granted" >&2; exit 1; }
+  # Warm: each store holds the image, each node's mounts and servers as a warm step finds them.
+  for b in "${builds[@]}"; do
+    cp "$out/plugstack.$b" "$plugstack"
+    for st in "${stores[@]}"; do
+      conf_of "$st" >"$harness/gantry.conf"
+      as_user srun -N1 -n2 -w "$newnode" --container-image="$reg#$image" true
+      as_user srun --jobid="$alloc" -N1 -n2 --container-image="$reg#$image" true
+    done
+  done
+  scenarios=()
+  for b in "${builds[@]}"; do
+    for mode in new job; do
+      scenarios+=("$b/$mode:plain")
+      for st in "${stores[@]}"; do scenarios+=("$b/$mode:$st"); done
+    done
+  done
+  printf '%s\n' "${scenarios[@]}" >"$out/scenarios"
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  for r in $(seq "$runs"); do
+    for sc in "${scenarios[@]}"; do
+      b=${sc%%/*} mode=${sc#*/} st=${sc#*:}
+      mode=${mode%%:*}
+      mkdir -p "$out/$sc"
+      cp "$out/plugstack.$b" "$plugstack"
+      conf_of "$st" >"$harness/gantry.conf"
+      args=(-N1 -n2 -w "$newnode")
+      [ "$mode" = new ] || args=(--jobid="$alloc" -N1 -n2)
+      [ "$st" = plain ] || args+=(--container-image="$reg#$image")
+      : >"$trace"
+      t0=$(now)
+      as_user srun "${args[@]}" true >/dev/null
+      echo $(( ($(now) - t0) / 1000000 )) >"$out/$sc/$r.wall"
+      cp "$trace" "$out/$sc/$r.trace"
+    done
+  done
+  echo "bench/srun --breakdown: image $reg/$image, $runs rounds, srun -N1 -n2 true; new jobs on $newnode, steps of job $alloc on $jobnode"
+  echo "load average before: $load0, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  python3 "$here/bench/breakdown.py" "$out"
+  exit 0
+fi
 
 echo "bench/srun: $runs runs each, image $reg/$image, nodes: $GANTRY_TEST_NODES"
 as_user srun -N3 -n12 --container-image="$reg#$image" true  # make sure it is cached

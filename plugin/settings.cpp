@@ -46,13 +46,16 @@ Result<Settings> parse_settings(int argc, char** argv) {
             s.mount_backend = value;
         } else if (key == "gantry") {
             s.gantry = value;
+        } else if (key == "trace") {
+            if (value.empty() || value[0] != '/') return make_error("plugstack.conf: trace=" + value + ": expected an absolute path");
+            s.trace = value;
         } else if (key == "use_enroot_load" || key == "importer" || key == "use_squashfuse") {
             return make_error("plugstack.conf: '" + key +
                               "' is a Pyxis/Enroot setting with no meaning in Gantry; remove it (see docs/admin.md)");
         } else {
             return make_error("plugstack.conf: unknown key '" + key +
                               "' (valid: runtime_path, execute_entrypoint, container_scope, sbatch_support, config, "
-                              "store, mount_backend, gantry)");
+                              "store, mount_backend, gantry, trace)");
         }
     }
     return s;

@@ -20,6 +20,7 @@ struct Settings {
     std::string store;                 // overrides gantry.conf's store_path
     std::string mount_backend;         // overrides gantry.conf's mount_backend
     std::string gantry;                // the gantry CLI used for pulls (default: installed next to us)
+    std::string trace;                 // a file trace points are appended to (bench/srun.sh --breakdown)
 };
 
 Result<Settings> parse_settings(int argc, char** argv);

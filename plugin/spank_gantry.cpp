@@ -5,11 +5,14 @@ extern "C" {
 #include <slurm/spank.h>
 }
 
+#include <fcntl.h>
+
 #include <cstdio>
 #include <exception>
 #include <string>
 
 #include "gantry/log.hpp"
+#include "gantry/trace.hpp"
 #include "gantry/version.hpp"
 #include "options.hpp"
 #include "settings.hpp"
@@ -93,6 +96,13 @@ GANTRY_EXPORT int slurm_spank_init(spank_t sp, int argc, char** argv) {
             return -1;
         }
         g_settings = *settings;
+        // Trace points (bench/srun.sh --breakdown): appended to a file that must exist already (the
+        // bench makes it); never created or followed through a link here, by root or by the user.
+        if (!g_settings.trace.empty() && !gantry::trace::on()) {
+            int fd = ::open(g_settings.trace.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+            if (fd >= 0) gantry::trace::enable(fd);
+        }
+        gantry::trace::point(spank_context() == S_CTX_LOCAL ? "srun init" : "plugin init");
         for (auto* opt = gantry::plugin::option_table(); opt->name != nullptr; ++opt) {
             if (spank_option_register(sp, opt) != ESPANK_SUCCESS) {
                 slurm_error("gantry: could not register option --%s", opt->name);
@@ -108,8 +118,11 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
         switch (spank_context()) {
             case S_CTX_LOCAL:
                 gantry::plugin::check_environment_forms();
-                // Already printed on srun's terminal (srun.cpp): srun adds its own line and stops.
-                return gantry::plugin::pin_image_digest(sp, g_settings) ? 0 : -1;
+                {
+                    // Already printed on srun's terminal (srun.cpp): srun adds its own line and stops.
+                    gantry::trace::Phase phase("srun pin_image_digest");
+                    return gantry::plugin::pin_image_digest(sp, g_settings) ? 0 : -1;
+                }
             case S_CTX_ALLOCATOR:
                 gantry::plugin::check_environment_forms();
                 return 0;
@@ -117,7 +130,10 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
                 gantry::plugin::apply_environment(sp);
                 // Failures are kept and reported by every task (slurm_spank_task_init), so the step
                 // fails with the message and the node is never drained for it.
-                (void)gantry::plugin::prepare_step(sp, g_settings);
+                {
+                    gantry::trace::Phase phase("prepare_step");
+                    (void)gantry::plugin::prepare_step(sp, g_settings);
+                }
                 return 0;
             default: return 0;
         }
@@ -137,6 +153,7 @@ GANTRY_EXPORT int slurm_spank_user_init(spank_t, int, char**) {
 
 GANTRY_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
     return guarded("slurm_spank_task_init_privileged", [&] {
+        gantry::trace::Phase phase("task_init_privileged");
         if (spank_context() == S_CTX_REMOTE) gantry::plugin::prepare_task(sp);
         return 0;
     });
@@ -144,6 +161,7 @@ GANTRY_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
 
 GANTRY_EXPORT int slurm_spank_task_post_fork(spank_t sp, int, char**) {
     return guarded("slurm_spank_task_post_fork", [&] {
+        gantry::trace::Phase phase("task_post_fork");
         if (spank_context() == S_CTX_REMOTE) gantry::plugin::task_forked(sp);
         return 0;
     });
@@ -155,6 +173,7 @@ GANTRY_EXPORT int slurm_spank_task_init(spank_t sp, int, char**) {
             slurm_error("%s", gantry::plugin::option_error().c_str());
             return -1;
         }
+        gantry::trace::Phase phase("join_step");  // the task's last point before Slurm execs it
         auto st = gantry::plugin::join_step(sp);
         if (!st) {
             slurm_error("gantry: %s", st.error().message.c_str());
@@ -166,6 +185,7 @@ GANTRY_EXPORT int slurm_spank_task_init(spank_t sp, int, char**) {
 
 GANTRY_EXPORT int slurm_spank_task_exit(spank_t sp, int, char**) {
     return guarded("slurm_spank_task_exit", [&] {
+        gantry::trace::Phase phase("task_exit");
         if (spank_context() == S_CTX_REMOTE) gantry::plugin::task_exited(sp, g_settings);
         return 0;
     });
@@ -173,6 +193,7 @@ GANTRY_EXPORT int slurm_spank_task_exit(spank_t sp, int, char**) {
 
 GANTRY_EXPORT int slurm_spank_exit(spank_t sp, int, char**) {
     return guarded("slurm_spank_exit", [&] {
+        gantry::trace::point(spank_context() == S_CTX_LOCAL ? "srun exit" : "plugin exit");
         if (spank_context() == S_CTX_REMOTE) gantry::plugin::finish_step(sp, g_settings);
         if (spank_context() == S_CTX_LOCAL) gantry::plugin::stop_import_watch();
         return 0;

@@ -20,6 +20,7 @@
 #include "gantry/run_request.hpp"
 #include "gantry/store.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/trace.hpp"
 #include "gantry/workdir.hpp"
 #include "options.hpp"
 #include "step.hpp"
@@ -169,8 +170,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // backend can stack layers (a node without usable fuse falls back to extract, which cannot),
         // so the pull gives the step a whole image rather than layers it cannot run.
         bool whole = !can_stack_layers(st.config, MountBackend::auto_, two_halves);  // auto: gantry.conf's
-        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env, whole)
-                                 : pull_as_user(settings, *id, *store_root, image, env, whole);
+        auto pulled = [&] {
+            trace::Phase phase(two_halves ? "pull (trusted store)" : "pull (as the user)");
+            return two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env, whole)
+                              : pull_as_user(settings, *id, *store_root, image, env, whole);
+        }();
         if (!pulled) return pulled.error();
         // srun announced the import unless a named container might have made it unnecessary.
         if (st.config.import_messages) {
@@ -190,6 +194,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             // `gantry gc` from removing it while the step runs.
             auto store = ImageStore::open(st.config.store_path, false, st.config);
             if (!store) return store.error().wrap(import_failed(image));
+            trace::Phase phase("acquire_image");
             auto acquired = acquire_image(*store, pulled->digest);
             if (!acquired) return acquired.error().wrap(import_failed(image));
             auto paths = acquired->paths();
@@ -201,6 +206,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             // A store the job user can write (theirs, or an open one): root opens nothing in it. The
             // user's own helper acquires the image with the user's rights and hands its descriptors
             // over (acquire_image_as); everything after uses those, never the report's file names.
+            trace::Phase phase("acquire_image_as");
             auto acquired = acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
                                              helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
                                              *store_root, pulled->digest);
@@ -246,7 +252,10 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     // Root's waits on the user's helpers and holder (the image check, Enroot settings, the holder's
     // set-up) end at scancel or the time limit as the pulls do, besides their own deadlines.
     if (auto& watch = state().signals) spec.should_stop = [&watch] { return watch->pending(); };
-    auto prepared = container_spec_for(std::move(spec));
+    auto prepared = [&] {
+        trace::Phase phase("container_spec_for");
+        return container_spec_for(std::move(spec));
+    }();
     if (!prepared) return prepared.error();
     // The fuse backend: the containers of this job on this node share one image server (per image and
     // inner ids), placed in the job's cgroups and ended with the job (task_forked, clean_up_job). Not
@@ -278,7 +287,10 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         st.entry_helper = helper_path(settings, "gantry-entry", GANTRY_ENTRY_INSTALL_PATH);
     }
 
-    auto created = Container::create(made);
+    auto created = [&] {
+        trace::Phase phase("Container::create");
+        return Container::create(made);
+    }();
     if (!created) return created.error();
     st.joined = created->state();
     if (auto recorded = record_job_image_server(st.config, id->jobid, st.joined); !recorded)

@@ -47,8 +47,9 @@ Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& 
 // acquire_image run by `holder` (gantry-holder --acquire) as `who`, in `store_root`, with only that
 // account's rights: for root acting for a user whose store root must not open (the plugin's per-user
 // or open store). The files come back over a socket (SCM_RIGHTS); root opens nothing by name and
-// reads nothing from them: the user-side check (check_user_paths) checks type and magic on these very
-// descriptors. No lease: the user's store is the user's to collect. At most 30 s for the answer.
+// reads nothing from them: the helper checked type and magic on these very descriptors, as the user,
+// before sending them (the user could make a helper of theirs send anything: only the user's own
+// containers, served as the user, ever read them). No lease: the user's store is the user's to collect. At most 30 s for the answer.
 Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
                                        const std::string& store_root, const std::string& digest);
 // gantry-holder --acquire STORE DIGEST: the helper's side, answering on descriptor `channel`.

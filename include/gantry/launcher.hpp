@@ -63,6 +63,11 @@ struct ContainerSpec {
     std::vector<std::string> image_layers;
     bool image_trusted = false;  // the file lies in the trusted store: may be kernel-mounted when root.
                                  // NEVER set for a file a user supplied (see privileged.cpp).
+    // A store image's files as acquire_image / acquire_image_as opened them and checked them (a
+    // regular squashfs file, type and magic, on the descriptor): image_path and image_layers name
+    // those descriptors ("/proc/self/fd/N"). Set by container_spec_for for a store image only, never
+    // for a file the user named; Container::create then does not check the image again as the user.
+    bool image_acquired = false;
     ImageConfig image_config;
     MountBackend backend = MountBackend::auto_;
     std::vector<MountSpec> mounts;

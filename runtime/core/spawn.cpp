@@ -19,6 +19,7 @@
 #include <cerrno>
 
 #include "gantry/fd.hpp"
+#include "gantry/trace.hpp"
 
 namespace gantry {
 namespace {
@@ -118,6 +119,13 @@ ChildPlan plan_child(const ProcessRequest& rq, std::vector<std::pair<int, int>> 
     ::_exit(kExecFailed);
 }
 
+// How a trace point names a program: its file name and first argument ("gantry-holder --acquire").
+std::string traced_name(const ProcessRequest& rq) {
+    if (!trace::on()) return {};
+    std::string name = rq.argv[0].substr(rq.argv[0].rfind('/') + 1);
+    return rq.argv.size() > 1 ? name + " " + rq.argv[1] : name;
+}
+
 }  // namespace
 
 Result<pid_t> start_process(const ProcessRequest& rq) {
@@ -125,6 +133,7 @@ Result<pid_t> start_process(const ProcessRequest& rq) {
         return make_error("running a helper: an absolute program path is needed");
     ChildPlan plan = plan_child(rq, {});
     plan.null_output = true;
+    if (trace::on()) trace::point("start", traced_name(rq));
     pid_t pid = ::fork();
     if (pid < 0) return system_error("starting " + rq.argv[0]);
     if (pid == 0) {
@@ -190,6 +199,8 @@ ProcessIdentity user_identity(uid_t uid, gid_t gid) {
 Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
     if (rq.argv.empty() || rq.argv[0].empty() || rq.argv[0][0] != '/')
         return make_error("running a helper: an absolute program path is needed");
+    const std::string traced = traced_name(rq);
+    trace::Phase phase(traced.empty() ? std::string_view("spawn") : std::string_view(traced));
 
     ProcessOutcome outcome;
     // Pipes: stdout, stderr, then one per requested output. The write ends go to the child only.

@@ -25,6 +25,7 @@
 #include "gantry/log.hpp"
 #include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/trace.hpp"
 #include "gantry/workdir.hpp"
 #include "internal.hpp"
 
@@ -213,6 +214,11 @@ namespace {
 // user about files they cannot see.
 Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id) {
     if (::geteuid() != 0 || id.uid == 0) return launcher::check_paths_here(spec);
+    // Nothing the user named: a store image's descriptors were checked when acquired (by root in a
+    // trusted store; as the user, by the user's own helper, in any other), and there is no bind
+    // source. The helper would only repeat that check on the same descriptors with the same rights:
+    // no process for it (a warm step's start, docs/runtime.md "Where a warm step's time goes").
+    if (spec.image_acquired && spec.mounts.empty()) return {};
     // Root for a job user: `gantry-holder --check-paths` runs as the user (groups, gid, uid: verified
     // before exec) on the spec, handed over in a memfd as its stdin; only its exit status and
     // first stderr line come back. A fresh exec: nothing of slurmstepd's runs in the child.
@@ -268,6 +274,11 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     // The image's acquired files (acquire_image): the holder, its FUSE server or the loop device use
     // these descriptors, never the store's names, which another user may have renamed over by now.
     pass_image_descriptors(run, launcher::image_files(spec));
+    // Tracing (bench/srun.sh --breakdown): the holder appends its phases to our trace file.
+    if (trace::on()) {
+        run.inputs.push_back({trace::descriptor(), launcher::kTraceFd});
+        run.env.push_back(std::string(launcher::kTraceFdVariable) + "=" + std::to_string(launcher::kTraceFd));
+    }
     if (!spec.detach && !root_for_user) run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
     run.own_session = true;  // out of the terminal's process group: Ctrl-C is for the command, not the holder
     run.daemonize = spec.detach;
@@ -391,7 +402,10 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     Setup s;
     s.spec = &spec;
     GANTRY_TRY(resolve_identity(spec, s.id));
-    GANTRY_TRY(check_user_paths(spec, s.id));
+    {
+        trace::Phase p("check_user_paths");
+        GANTRY_TRY(check_user_paths(spec, s.id));
+    }
     bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted && launcher::is_trusted_path(spec.image_path, spec.config.store_owner);
     for (const auto& layer : spec.image_layers)
         privileged_ok = privileged_ok && launcher::is_trusted_path(layer, spec.config.store_owner);
@@ -402,7 +416,10 @@ Result<Container> Container::create(const ContainerSpec& spec) {
                           "stack; use the kernel or fuse backend, or store it whole (gantry.conf layered_images = no)");
     s.backend = *backend;
     // Every privileged start also releases the node-wide image mounts idle for too long.
-    if (launcher::running_as_real_root()) (void)release_idle_mounts(spec.config);
+    if (launcher::running_as_real_root()) {
+        trace::Phase p("release_idle_mounts");
+        (void)release_idle_mounts(spec.config);
+    }
 
     std::string image_workdir = "/";
     if (!spec.image_config.working_dir.empty()) {
@@ -439,7 +456,10 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     if (::getuid() == 0 && s.id.uid != 0) (void)!::chown(s.staging.c_str(), s.id.uid, s.id.gid);
     s.image_dir = s.staging + "/image";
 
-    auto started = start_holder(spec, s);
+    auto started = [&] {
+        trace::Phase p("start_holder");
+        return start_holder(spec, s);
+    }();
     if (!started) return started.error();
     std::string reply = std::move(*started);
     Container c;

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "gantry/trace.hpp"
 #include "internal.hpp"
 
 #ifndef GANTRY_HOLDER_INSTALL_PATH
@@ -60,40 +61,50 @@ void share_fuse_image(Setup& s) {
 
 }  // namespace
 
-// The launch sequence, run by the holder. Each step is one verb; see rootfs.cpp for the mounts.
+// The launch sequence, run by the holder. Each step is one verb; see rootfs.cpp for the mounts. Each
+// is a trace phase (include/gantry/trace.hpp) named by its call, for bench/srun.sh --breakdown.
+#define TRACED(call)                 \
+    do {                             \
+        trace::Phase traced_(#call); \
+        GANTRY_TRY(call);            \
+    } while (0)
 Status set_up_container(Setup& s) {
     const ContainerSpec& spec = *s.spec;
-    if (s.backend == MountBackend::kernel) GANTRY_TRY(mount_image_kernel(s));  // privileged: see privileged.cpp
-    GANTRY_TRY(switch_to_user(s.id.uid, s.id.gid));
-    if (s.backend == MountBackend::extract) GANTRY_TRY(extract_image(s));
+    if (s.backend == MountBackend::kernel) TRACED(mount_image_kernel(s));  // privileged: see privileged.cpp
+    TRACED(switch_to_user(s.id.uid, s.id.gid));
+    if (s.backend == MountBackend::extract) TRACED(extract_image(s));
     // image_server.cpp (a layered image: a server of its whole stack); else daemons of our own
-    if (s.backend == MountBackend::fuse) share_fuse_image(s);
+    if (s.backend == MountBackend::fuse) {
+        trace::Phase p("share_fuse_image");
+        share_fuse_image(s);
+    }
     if (s.image_tree)
-        GANTRY_TRY(enter_server_user_namespace(s));
+        TRACED(enter_server_user_namespace(s));
     else
-        GANTRY_TRY(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
-    GANTRY_TRY(make_mounts_private());
-    GANTRY_TRY(mount_staging_area(s));
-    if (s.backend == MountBackend::fuse) GANTRY_TRY(s.image_tree ? attach_served_image(s) : mount_image_fuse(s));
-    if (s.backend == MountBackend::extract) GANTRY_TRY(bind_extracted_image(s));
-    GANTRY_TRY(prepare_writable_layer(s));
-    GANTRY_TRY(write_identity_files(s));
-    GANTRY_TRY(mount_container_root(s));
-    GANTRY_TRY(mount_proc_and_sys(s));
-    GANTRY_TRY(mount_sysfs_views(s));
-    GANTRY_TRY(set_up_dev(s));
-    GANTRY_TRY(add_device_nodes(s));
-    GANTRY_TRY(mount_tmp_and_run(s));
-    GANTRY_TRY(bind_host_network_files(s));
-    GANTRY_TRY(mount_home(s));
-    GANTRY_TRY(mount_driver_files(s));
-    GANTRY_TRY(perform_user_mounts(s));
-    GANTRY_TRY(check_workdir(s));
-    GANTRY_TRY(pivot_into_root(s));
-    GANTRY_TRY(update_ld_cache(s));
-    GANTRY_TRY(finish_root_flags(s));
+        TRACED(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
+    TRACED(make_mounts_private());
+    TRACED(mount_staging_area(s));
+    if (s.backend == MountBackend::fuse) TRACED(s.image_tree ? attach_served_image(s) : mount_image_fuse(s));
+    if (s.backend == MountBackend::extract) TRACED(bind_extracted_image(s));
+    TRACED(prepare_writable_layer(s));
+    TRACED(write_identity_files(s));
+    TRACED(mount_container_root(s));
+    TRACED(mount_proc_and_sys(s));
+    TRACED(mount_sysfs_views(s));
+    TRACED(set_up_dev(s));
+    TRACED(add_device_nodes(s));
+    TRACED(mount_tmp_and_run(s));
+    TRACED(bind_host_network_files(s));
+    TRACED(mount_home(s));
+    TRACED(mount_driver_files(s));
+    TRACED(perform_user_mounts(s));
+    TRACED(check_workdir(s));
+    TRACED(pivot_into_root(s));
+    TRACED(update_ld_cache(s));
+    TRACED(finish_root_flags(s));
     return {};
 }
+#undef TRACED
 
 }  // namespace launcher
 
@@ -206,6 +217,11 @@ Result<std::string> read_request(int channel) {
 
 [[noreturn]] void run_container_holder(int channel) {
     ::fcntl(channel, F_SETFD, FD_CLOEXEC);  // the fuse daemon and ldconfig must not inherit it
+    // The creator's trace descriptor (start_holder, only when it traces): kept from exec'd programs too.
+    if (const char* fd = std::getenv(launcher::kTraceFdVariable); fd != nullptr && std::atoi(fd) == launcher::kTraceFd &&
+        ::fcntl(launcher::kTraceFd, F_SETFD, FD_CLOEXEC) == 0)
+        trace::enable(launcher::kTraceFd);
+    trace::point("holder main");
     auto doc = read_request(channel);
     auto rq = doc ? launcher::holder_request_from_json(*doc) : Result<launcher::HolderRequest>(doc.error());
     if (!rq) {

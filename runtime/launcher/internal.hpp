@@ -25,6 +25,11 @@ inline std::vector<std::string> image_files(const ContainerSpec& spec) {
     return out;
 }
 
+// The trace descriptor (include/gantry/trace.hpp) a tracing creator hands the holder, and the variable
+// that says so: below kFirstImageDescriptor, clear of the channel (3).
+constexpr int kTraceFd = 5;
+constexpr const char* kTraceFdVariable = "GANTRY_TRACE_FD";
+
 // Host facts about the user the container runs as, looked up before any namespace change.
 struct Identity {
     uid_t uid = 0;

@@ -269,3 +269,26 @@ else:
   [ "$attach_holder" = EPERM ]
   [ "$attach_own" = attached ]
 }
+
+@test "a store image is not checked again as the user (no --check-paths helper); a bind source the user names still is (trace=)" {
+  gantry_plugin_conf
+  # plugstack trace= (bench/srun.sh --breakdown's trace points): an existing file, every process appends.
+  install -m 0666 /dev/null "$WORK/trace"
+  sed -i "s|^required .*spank_gantry.so.*|& trace=$WORK/trace|" "$PLUGSTACK"
+  as "$U" srun -N1 -n1 --container-image="$TINY" true
+  : >"$WORK/trace"
+  as "$U" srun -N1 -n1 --container-image="$TINY" true
+  cat "$WORK/trace"
+  # The trace has slurmstepd's and the holder's points, and the store image's step ran no path check.
+  grep -q ' prepare_step -$' "$WORK/trace"
+  grep -q ' holder main$' "$WORK/trace"
+  ! grep -q 'gantry-holder --check-paths' "$WORK/trace" || false
+  # A bind source: checked as the user, by the helper.
+  : >"$WORK/trace"
+  as "$U" srun -N1 -n1 --container-mounts="$WORK:/mnt/work" --container-image="$TINY" true
+  grep -q ' gantry-holder --check-paths +$' "$WORK/trace"
+  run as "$U" srun -N1 -n1 --container-mounts="$WORK/missing:/mnt/x" --container-image="$TINY" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "source path does not exist"
+}
