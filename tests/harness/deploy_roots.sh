@@ -57,7 +57,9 @@ make_pcluster() {
   mkdir -p "$cache"
   local lock_fd
   exec {lock_fd}>"$cache/pcluster-bookworm.lock"
-  flock "$lock_fd"
+  # A deadline on the wait: another builder (apt, under a minute here) may hang on the mirror.
+  flock -w 900 "$lock_fd" ||
+    gantry_die "another process has been building the ParallelCluster-like root for 15 minutes (lock $cache/pcluster-bookworm.lock; see $cache/pcluster-root.log)"
   [ -f "$pcluster_root/.gantry-complete" ] || make_pcluster_locked
   exec {lock_fd}>&-
 }

@@ -114,7 +114,9 @@ make_root() {
   chmod 755 "$hdir" "$cache"
   local lock_fd
   exec {lock_fd}>"$cache/$suite-slurm$tag.lock"
-  flock "$lock_fd"
+  # A deadline on the wait: another builder (debootstrap and apt, ~4-6 minutes here) may hang on the mirror.
+  flock -w 1800 "$lock_fd" ||
+    die "another process has been building the $suite root for 30 minutes (lock $cache/$suite-slurm$tag.lock; see $cache/slurm$tag-debootstrap.log, $cache/slurm$tag-apt.log)"
   if [ ! -f "$root/.gantry-complete" ]; then
     make_root_locked
   fi
