@@ -49,9 +49,22 @@ chroot_run() {
   ' chroot_run "$@"
 }
 
+# make_pcluster: the cached root, built once; a caller that finds another building it (.ci/run prepares
+# it in the background) waits for that on the lock and then finds it complete.
 make_pcluster() {
   [ -f "$pcluster_root/.gantry-complete" ] && return 0
   gantry_require_root "building the ParallelCluster-like root (chroot, apt)"
+  mkdir -p "$cache"
+  local lock_fd
+  exec {lock_fd}>"$cache/pcluster-bookworm.lock"
+  # A deadline on the wait: another builder (apt, under a minute here) may hang on the mirror.
+  flock -w 900 "$lock_fd" ||
+    gantry_die "another process has been building the ParallelCluster-like root for 15 minutes (lock $cache/pcluster-bookworm.lock; see $cache/pcluster-root.log)"
+  [ -f "$pcluster_root/.gantry-complete" ] || make_pcluster_locked
+  exec {lock_fd}>&-
+}
+
+make_pcluster_locked() {
   local tarball tmp=$pcluster_root.partial log=$cache/pcluster-root.log t0=$SECONDS
   tarball=$(gantry_bookworm_minbase_tar)
   rm -rf --one-file-system "$tmp"

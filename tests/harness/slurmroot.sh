@@ -103,14 +103,30 @@ die() { gantry_die "slurm$tag: $*"; }
 # ---------------------------------------------------------------------------------------------------
 # The root
 
+# make_root: the cached root, built once. Callers may run at once (.ci/run prepares the roots in the
+# background while the main tree builds, and the harness start or deploy_builds.bats may ask before
+# that has finished): one builds under a lock on the cache entry, the others wait for it and find the
+# root complete. A failed or killed build leaves no complete root, so the next caller tries again.
 make_root() {
   [ -f "$root/.gantry-complete" ] && return 0
   gantry_require_root "building the $suite root (debootstrap)"
+  mkdir -p "$cache"
+  chmod 755 "$hdir" "$cache"
+  local lock_fd
+  exec {lock_fd}>"$cache/$suite-slurm$tag.lock"
+  # A deadline on the wait: another builder (debootstrap and apt, ~4-6 minutes here) may hang on the mirror.
+  flock -w 1800 "$lock_fd" ||
+    die "another process has been building the $suite root for 30 minutes (lock $cache/$suite-slurm$tag.lock; see $cache/slurm$tag-debootstrap.log, $cache/slurm$tag-apt.log)"
+  if [ ! -f "$root/.gantry-complete" ]; then
+    make_root_locked
+  fi
+  exec {lock_fd}>&-
+}
+
+make_root_locked() {
   gantry_require_cmd debootstrap debootstrap
   [ -e /usr/share/debootstrap/scripts/$bootstrap_script ] ||
     die "this debootstrap does not know Debian $suite (/usr/share/debootstrap/scripts/$bootstrap_script missing); install a newer debootstrap"
-  mkdir -p "$cache"
-  chmod 755 "$hdir" "$cache"
   local tmp=$root.partial t0=$SECONDS t1
   rm -rf "$tmp"
   note "debootstrap --variant=minbase $suite from $mirror (about a minute; cached as $root)"
