@@ -72,6 +72,7 @@ Status set_up_container(Setup& s) {
         GANTRY_TRY(enter_server_user_namespace(s));
     else
         GANTRY_TRY(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
+    if (spec.unshare.net) GANTRY_TRY(bring_up_loopback());
     GANTRY_TRY(make_mounts_private());
     GANTRY_TRY(mount_staging_area(s));
     if (s.backend == MountBackend::fuse) GANTRY_TRY(s.image_tree ? attach_served_image(s) : mount_image_fuse(s));
