@@ -58,7 +58,7 @@ write_named_job() {
   cat >"$WORK/job.sh" <<JOB
 #!/bin/bash
 cd "$WORK"
-srun --overlap -n1 --container-image="$TINY" --container-name=srv --container-unshare=net,uts sh -c \
+srun --overlap -n1 --container-image="$TINY" --container-name=srv --container-unshare=net,uts --container-mounts="$WORK:$WORK" sh -c \
   'touch "$WORK/srv-up"; nc -l -p 5000 > "$WORK/received"; exec sleep 600' &
 for ((i = 0; i < 600; i++)); do [ -e "$WORK/srv-up" ] && break; sleep 0.1; done
 # Attached to the running container: the container's /, not the image's WorkingDir (/work).
@@ -76,7 +76,7 @@ srun --overlap -n1 --container-name=idle --container-unshare=net true > net.out 
 srun --overlap -n1 --container-name=idle --container-unshare=uts true > uts.out 2>&1; echo "status \$?" >> uts.out
 srun --overlap -n1 --container-name=idle pwd > idle-pwd.out 2>&1
 # A running unnamed container, attached as JOBID.STEPID.
-srun --overlap -n1 --container-image="$TINY" sh -c \
+srun --overlap -n1 --container-image="$TINY" --container-mounts="$WORK:$WORK" sh -c \
   'echo "\$SLURM_STEP_ID" > /tmp/marker; echo "\$SLURM_STEP_ID" > "$WORK/unnamed-step"; exec sleep 600' &
 for ((i = 0; i < 600; i++)); do [ -s "$WORK/unnamed-step" ] && break; sleep 0.1; done
 srun --overlap -n1 --container-name="\$SLURM_JOB_ID.\$(cat unnamed-step)" cat /tmp/marker > unnamed.out 2>&1
@@ -89,11 +89,11 @@ JOB
 
 @test "named containers: attach starts in /, :exec needs a running one, --container-unshare needs the namespace, JOBID.STEPID, a server reached by a later step" {
   write_named_job
-  jobid=$(as_user sbatch --parsable -N1 -o "$WORK/job.out" "$WORK/job.sh")
-  wait_for "$WORK/done"
-  for f in pwd exec-running ipc connect exec-stopped net uts idle-pwd unnamed; do echo "--- $f"; cat "$WORK/$f.out"; done
+  # The job ends with its script: Slurm then ends the steps still running (srv's, the unnamed one).
+  run as_user sbatch --wait -N1 -o "$WORK/job.out" "$WORK/job.sh"
+  for f in job pwd exec-running ipc connect exec-stopped net uts idle-pwd unnamed; do echo "--- $f"; cat "$WORK/$f.out"; done
   echo "--- received"; cat "$WORK/received" || true
-  scancel "$jobid"
+  [ -e "$WORK/done" ]
   [ "$(cat "$WORK/pwd.out")" = / ]
   grep -qx "status 0" "$WORK/exec-running.out"
   grep -q "status [1-9]" "$WORK/ipc.out"
