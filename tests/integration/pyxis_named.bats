@@ -26,12 +26,6 @@ as_user() {
   gantry_as_user "$U" "$WORK" "$@"
 }
 
-wait_for() {
-  local i
-  for ((i = 0; i < 600; i++)); do [ -e "$1" ] && return 0; sleep 0.1; done
-  return 1
-}
-
 @test "--container-unshare=net: loopback is up inside (a connect to 127.0.0.1 is refused, not unreachable)" {
   run as_user srun -n1 --container-image="$TINY" --container-unshare=net sh -c \
     'readlink /proc/self/ns/net; nc 127.0.0.1 1 </dev/null; echo "nc status $?"'
