@@ -294,8 +294,14 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     if (o.workdir) spec.workdir = *o.workdir;
     if (o.env) spec.env_names = split_list(*o.env, ',');
     // A step's own container is named JOBID.STEPID as Pyxis names it, so that another step of the
-    // job can attach to it while it runs (--container-name=JOBID.STEPID); it ends with the step.
-    spec.name = name.empty() ? "pyxis_" + std::to_string(id->jobid) + "." + std::to_string(id->stepid) : name;
+    // job can attach to it while it runs (--container-name=JOBID.STEPID); it ends with the step. Where
+    // several nodes share one runtime directory (the test harness's nodes on one machine), another
+    // node's container of this step may hold the name already: this node's then goes unnamed.
+    spec.name = name;
+    if (name.empty()) {
+        std::string step_name = "pyxis_" + std::to_string(id->jobid) + "." + std::to_string(id->stepid);
+        if (!Container::open(step_name, st.config)) spec.name = step_name;
+    }
     spec.detach = !name.empty();
     spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
     // Root's waits on the user's helpers and holder (the image check, Enroot settings, the holder's
