@@ -340,6 +340,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     }
 
     auto created = Container::create(made);
+    // Another node sharing the runtime directory took the step's name meanwhile: go unnamed.
+    if (!created && name.empty() && !made.name.empty() && Container::open(made.name, st.config)) {
+        prepared->spec.name.clear();
+        created = Container::create(prepared->spec);
+    }
     if (!created) return created.error();
     st.joined = created->state();
     if (auto recorded = record_job_image_server(st.config, id->jobid, st.joined); !recorded)
