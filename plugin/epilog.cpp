@@ -15,12 +15,12 @@ void clean_up_job(spank_t sp, const Settings& settings) {
     (void)release_idle_mounts(config);  // node-wide kernel image mounts idle too long
     uint32_t jobid = 0;
     if (!item(sp, S_JOB_ID, &jobid)) return;
-    if (settings.container_scope == "job") {
-        std::string prefix = "pyxis_" + std::to_string(jobid) + "_";
-        for (const auto& name : list_containers(config)) {
-            if (!starts_with(name, prefix)) continue;
-            if (auto c = Container::open(name, config)) (void)c->stop();
-        }
+    // Named containers of the job (container_scope=job), and any step's own container left behind
+    // (pyxis_JOBID.STEPID: normally stopped with its step).
+    std::string named = "pyxis_" + std::to_string(jobid) + "_", unnamed = "pyxis_" + std::to_string(jobid) + ".";
+    for (const auto& name : list_containers(config)) {
+        if (!starts_with(name, unnamed) && !(settings.container_scope == "job" && starts_with(name, named))) continue;
+        if (auto c = Container::open(name, config)) (void)c->stop();
     }
     if (int ended = end_job_image_servers(config, jobid); ended > 0)
         log::debug("ended " + std::to_string(ended) + " image server(s) of job " + std::to_string(jobid));

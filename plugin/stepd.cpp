@@ -1,10 +1,12 @@
 // The remote (slurmstepd, root) context of a step: pull the image as the job user and create the
 // step's container once per node (prepare_step), stop it after the last local task (task_exited,
 // finish_step, with --container-save). Slurm glue over the launcher library and pull.cpp.
+#include <dirent.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "gantry/devices.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/dropins.hpp"
+#include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/mounts.hpp"
@@ -28,6 +31,62 @@
 
 namespace gantry::plugin {
 namespace {
+
+// Whether a step's process is in the container now (Pyxis: the container "is running"): a process
+// in its mount namespace other than the holder and the holder's own children (image servers,
+// ldconfig). Root (init_post_opt) reads other processes' namespace links; a process that exits
+// meanwhile is skipped.
+bool has_step_processes(const ContainerState& c) {
+    auto link = [](const std::string& path) {
+        char buf[64];
+        ssize_t n = ::readlink(path.c_str(), buf, sizeof buf);
+        return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+    };
+    std::string holder_mnt = link("/proc/" + std::to_string(c.holder_pid) + "/ns/mnt");
+    if (holder_mnt.empty()) return false;
+    DIR* d = ::opendir("/proc");
+    if (!d) return false;
+    bool found = false;
+    while (dirent* e = ::readdir(d)) {
+        char* end = nullptr;
+        long pid = std::strtol(e->d_name, &end, 10);
+        if (pid <= 0 || *end != '\0' || pid == c.holder_pid) continue;
+        std::string dir = std::string("/proc/") + e->d_name;
+        if (link(dir + "/ns/mnt") != holder_mnt) continue;
+        // The holder's children are part of the container's machinery, not a step.
+        std::string status = try_read_file(dir + "/status").value_or("");
+        auto at = status.find("\nPPid:\t");
+        if (at != std::string::npos && std::strtol(status.c_str() + at + 7, nullptr, 10) == c.holder_pid) continue;
+        found = true;
+        break;
+    }
+    ::closedir(d);
+    return found;
+}
+
+// `--container-unshare` on an existing container: it cannot gain a namespace it was made without.
+Status check_unshare_of_existing(const JobOptions& o, const ContainerState& c) {
+    if (!o.unshare) return {};
+    auto want = parse_unshare(*o.unshare);
+    if (!want) return want.error();
+    // Pyxis's wording, which scripts may grep for.
+    const std::string what = "--container-unshare=" + *o.unshare + ": container " + *o.name;
+    if (want->net && !c.unshare.net) return make_error(what + " is not in a separate network namespace");
+    if (want->ipc && !c.unshare.ipc) return make_error(what + " is not in a separate IPC namespace");
+    if (want->uts && !c.unshare.uts) return make_error(what + " is not in a separate UTS namespace");
+    return {};
+}
+
+// `--container-remap-root` on an existing container made without it: its user namespace maps the
+// user's own id alone, fixed when it was made, so the step would run as the user and fail later
+// (`mount`: "drop permissions failed"). Said now instead. The other way round a step runs as the
+// container's root, which can do all the user could (Pyxis's sshd example runs so).
+Status check_remap_root_of_existing(const JobOptions& o, const ContainerState& c) {
+    if (!o.remap_root || !*o.remap_root || c.defaults.remap_root) return {};
+    return make_error("--container-remap-root: container " + *o.name +
+                      " was created without --container-remap-root and keeps its user mapping (the user's own id) "
+                      "for as long as it exists; create it with --container-remap-root");
+}
 
 Status do_prepare(spank_t sp, const Settings& settings) {
     StepState& st = state();
@@ -60,7 +119,10 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                                   "' (valid: auto, create, exec, no_exec)");
         }
         if (name.empty()) return make_error("--container-name: empty name");
-        name = container_name(name, id->jobid, settings);
+        // JOBID.STEPID names a running step's unnamed container (Pyxis), whatever the scope.
+        bool step_id = name.find_first_not_of("0123456789.") == std::string::npos && name.find('.') != std::string::npos &&
+                       name.front() != '.' && name.back() != '.' && name.find('.') == name.rfind('.');
+        name = step_id ? "pyxis_" + name : container_name(name, id->jobid, settings);
     }
 
     // Lines for the user's terminal, from node 0 only: the first task there prints them (join_step).
@@ -78,24 +140,32 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (existing && existing->state().uid != id->uid)
             return make_error("--container-name=" + *o.name + ": a container of that name belongs to another user; choose another name");
         if (existing && (mode == "auto" || mode == "exec" || mode == "no_exec")) {
+            // Pyxis attaches to a container a step is running in, and starts the others afresh:
+            // `exec` asks for a running one.
+            bool running = has_step_processes(existing->state());
+            if (mode == "exec" && !running)
+                return make_error("--container-name=" + *o.name + ": the container is not running (mode exec attaches to a running one)");
             if (mode == "no_exec") {
                 st.run_on_host = true;
                 return {};
             }
+            GANTRY_TRY(check_unshare_of_existing(o, existing->state()));
+            GANTRY_TRY(check_remap_root_of_existing(o, existing->state()));
             // Its mounts were made when it was created; Pyxis scripts grep for this phrase.
             if (o.mounts)
                 tell_user("warning: ignoring --container-mounts: container " + *o.name +
                           " already exists and keeps the mounts it was created with");
             st.joined = existing->state();
             existing->release();
-            // Each step starts where it asks to, else in the image's WorkingDir: not where the step
-            // that created the container asked for (Pyxis starts every step's container afresh).
+            // Each step starts where it asks to, else where Pyxis starts it: in the container's `/`
+            // when it attaches to a running one (as `enroot exec`), in the image's WorkingDir when it
+            // starts a stopped one afresh; never where the step that created the container asked for.
             if (o.workdir) {
                 auto w = normalize_container_workdir(*o.workdir);
                 if (!w) return w.error();
                 st.joined.defaults.workdir = *w;
             } else {
-                st.joined.defaults.workdir = st.joined.defaults.image_workdir;
+                st.joined.defaults.workdir = running ? "/" : st.joined.defaults.image_workdir;
             }
             st.cgroup_level = settings.container_scope == "job" ? CgroupLevel::job : CgroupLevel::node;
             return {};
@@ -246,7 +316,15 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     }
     if (o.workdir) spec.workdir = *o.workdir;
     if (o.env) spec.env_names = split_list(*o.env, ',');
+    // A step's own container is named JOBID.STEPID as Pyxis names it, so that another step of the
+    // job can attach to it while it runs (--container-name=JOBID.STEPID); it ends with the step. Where
+    // several nodes share one runtime directory (the test harness's nodes on one machine), another
+    // node's container of this step may hold the name already: this node's then goes unnamed.
     spec.name = name;
+    if (name.empty()) {
+        std::string step_name = "pyxis_" + std::to_string(id->jobid) + "." + std::to_string(id->stepid);
+        if (!Container::open(step_name, st.config)) spec.name = step_name;
+    }
     spec.detach = !name.empty();
     spec.holder_program = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
     // Root's waits on the user's helpers and holder (the image check, Enroot settings, the holder's
@@ -291,6 +369,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         trace::Phase phase("Container::create");
         return Container::create(made);
     }();
+    // Another node sharing the runtime directory took the step's name meanwhile: go unnamed.
+    if (!created && name.empty() && !made.name.empty() && Container::open(made.name, st.config)) {
+        prepared->spec.name.clear();
+        created = Container::create(prepared->spec);
+    }
     if (!created) return created.error();
     st.joined = created->state();
     if (auto recorded = record_job_image_server(st.config, id->jobid, st.joined); !recorded)

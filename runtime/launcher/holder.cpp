@@ -82,6 +82,7 @@ Status set_up_container(Setup& s) {
         TRACED(enter_server_user_namespace(s));
     else
         TRACED(enter_user_namespace(s.id, spec.unshare, s.creator_writes_maps ? s.channel : -1));
+    if (spec.unshare.net) TRACED(bring_up_loopback());
     TRACED(make_mounts_private());
     TRACED(mount_staging_area(s));
     if (s.backend == MountBackend::fuse) TRACED(s.image_tree ? attach_served_image(s) : mount_image_fuse(s));

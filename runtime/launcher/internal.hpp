@@ -110,7 +110,10 @@ Status switch_to_user(uid_t uid, gid_t gid);
 Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, int creator);
 Status make_mounts_private();
 int namespace_flags(const ExtraNamespaces& extra);
-Status drop_capabilities();
+// Empties the bounding set but for KEEP (a capability number), which is also made ambient so that
+// the next exec keeps it (-1: none).
+Status drop_capabilities(int keep = -1);
+Status bring_up_loopback();
 
 // image.cpp
 Status check_squashfs(const std::string& path);

@@ -3,12 +3,16 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <net/if.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 
 #include "internal.hpp"
@@ -115,13 +119,39 @@ Status make_mounts_private() {
     return {};
 }
 
-Status drop_capabilities() {
+Status bring_up_loopback() {
+    // A new network namespace starts with `lo` down: a connect to 127.0.0.1 would get "Network is
+    // unreachable" instead of reaching a server in the container (Enroot and Pyxis bring it up).
+    // The holder holds CAP_NET_ADMIN in the user namespace that owns this network namespace, and
+    // nothing else: the host's interfaces are not in it.
+    UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!sock) return system_error("bringing up the loopback interface");
+    struct ifreq req {};
+    std::strncpy(req.ifr_name, "lo", IFNAMSIZ - 1);
+    if (::ioctl(sock.get(), SIOCGIFFLAGS, &req) != 0) return system_error("bringing up the loopback interface");
+    req.ifr_flags = static_cast<short>(req.ifr_flags | IFF_UP | IFF_RUNNING);
+    if (::ioctl(sock.get(), SIOCSIFFLAGS, &req) != 0) return system_error("bringing up the loopback interface");
+    return {};
+}
+
+Status drop_capabilities(int keep) {
     // The bounding set caps what any later exec can gain; the exec of a non-root uid then clears the
     // rest. Needs CAP_SETPCAP, which the process holds in the container's user namespace.
     for (int cap = 0; cap <= 63; ++cap) {
+        if (cap == keep) continue;
         if (::prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0) break;  // past the kernel's last capability
         if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) return system_error("dropping capabilities");
     }
+    if (keep < 0) return {};
+    // KEEP survives the exec of the user's command as an ambient capability: it must be inheritable
+    // first. It is a capability of the container's user namespace only (the process just entered it
+    // with setns), so it acts on the namespaces that user namespace owns and on nothing of the host.
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+    if (::syscall(SYS_capget, &header, data) != 0) return system_error("reading capabilities");
+    data[keep / 32].inheritable |= 1u << (keep % 32);
+    if (::syscall(SYS_capset, &header, data) != 0) return system_error("keeping a capability");
+    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, keep, 0, 0) != 0) return system_error("keeping a capability");
     return {};
 }
 

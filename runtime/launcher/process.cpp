@@ -2,6 +2,7 @@
 // `gantry run` and the SPANK plugin's tasks) and run_in (fork + join + exec, with signal forwarding
 // and the command's exit status).
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -87,8 +88,11 @@ Status join(const ContainerState& state, const JoinHandles& h) {
     if (::chdir(workdir.c_str()) != 0) return system_error("changing to working directory " + workdir);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return system_error("setting no_new_privs");
     // With --remap-root the user is root of the container and keeps the namespace's capabilities
-    // (package managers need them); otherwise nothing is left to gain.
-    if (!state.defaults.remap_root) GANTRY_TRY(launcher::drop_capabilities());
+    // (package managers need them); otherwise nothing is left to gain, but for CAP_SYS_ADMIN in a
+    // container with its own UTS namespace: `hostname NAME` works for the job user, as under Enroot.
+    // It grants nothing --remap-root would not give the same user: a capability of the container's
+    // user namespace (the user's own uid alone), over the namespaces the holder made in it.
+    if (!state.defaults.remap_root) GANTRY_TRY(launcher::drop_capabilities(state.unshare.uts ? CAP_SYS_ADMIN : -1));
     // Last: the chown and set*id calls the single-id namespace refuses become no-ops (seccomp.cpp),
     // so package managers work as the fake root; with and without remap-root, as Enroot.
     return launcher::install_syscall_filter();

@@ -374,6 +374,25 @@ Status keep_apt_as_root(Setup& s) {
                          "/etc/apt/apt.conf.d/00gantry-remap-root");
 }
 
+// --remap-root: useradd, groupadd and passwd (run by package maintainer scripts: openssh's `_ssh` group
+// and `sshd` user) rewrite /etc/shadow and /etc/gshadow in place. The image has them in group
+// `shadow`, an id the one-id namespace does not map, and overlayfs cannot copy up a file whose owner
+// it cannot set ("groupadd: cannot open /etc/gshadow", apt-get exits 100). Copies in the upper
+// layer, owned by the user (root inside) as every file is under Enroot, which unpacks images as
+// the user. Only with remap-root: the user is then the owner of the image's root files and reads
+// these anyway; without it they stay the image's, unreadable.
+Status copy_shadow_files(Setup& s, int etc) {
+    for (const char* name : {"shadow", "gshadow"}) {
+        std::string path = std::string("/etc/") + name;
+        auto fd = open_in_root(s.image.get(), path);
+        struct stat st {};
+        if (!fd || ::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        GANTRY_TRY(write_file_at(etc, name, read_in_root(s.image.get(), path), path));
+        if (::fchmodat(etc, name, st.st_mode & 0777, 0) != 0) return system_error("setting the mode of " + path);
+    }
+    return {};
+}
+
 }  // namespace
 
 Status write_identity_files(Setup& s) {
@@ -410,7 +429,10 @@ Status write_identity_files(Setup& s) {
     GANTRY_TRY(rebuild("passwd", id.name, id.inner_uid, "root:x:0:0:root:/root:/bin/sh\n",
                        id.name + ":x:" + uid + ":" + gid + ":" + id.name + ":" + s.home + ":/bin/sh\n"));
     GANTRY_TRY(rebuild("group", id.group_name, id.inner_gid, "root:x:0:\n", id.group_name + ":x:" + gid + ":\n"));
-    if (s.spec->remap_root) GANTRY_TRY(keep_apt_as_root(s));
+    if (s.spec->remap_root) {
+        GANTRY_TRY(keep_apt_as_root(s));
+        GANTRY_TRY(copy_shadow_files(s, etc.get()));
+    }
     return {};
 }
 

@@ -132,9 +132,10 @@ wait_for() {
   grep -qx "not-mounted" "$WORK/attach.out"
   grep -qx "attach status 0" "$WORK/attach.out"
   [ "$(grep -c "ignoring --container-mounts" "$WORK/attach.err")" -eq 1 ]
-  # Each step starts in its own --container-workdir, else the image's WorkingDir (tiny: /work), not
-  # in the creating step's --container-workdir=/etc.
-  grep -qx "cwd /work" "$WORK/attach.out"
+  # Each step starts in its own --container-workdir, else, attached to a running container, in its /
+  # (as Pyxis; not the image's WorkingDir, tiny's /work), never in the creating step's
+  # --container-workdir=/etc.
+  grep -qx "cwd /" "$WORK/attach.out"
   cat "$WORK/attach-workdir.out"
   [ "$(cat "$WORK/attach-workdir.out")" = /bin ]
   touch "$WORK/cancelled"

@@ -35,6 +35,20 @@ setup_file() {
   echo hello > "$pkg/opt/gantry-hello/hello"
   chown -R 1234:1234 "$pkg/opt/gantry-hello"
   dpkg-deb --build "$pkg" "$REPO/gantry-hello_1.0_all.deb" >/dev/null
+  # A package whose maintainer script adds a system group and user and chowns to them, as
+  # openssh-server's do (its `_ssh` group and `sshd` user): groupadd and useradd rewrite /etc/gshadow
+  # and /etc/shadow, which the image has in group `shadow`, an id the namespace does not map.
+  local sys=$BATS_FILE_TMPDIR/sys
+  mkdir -p "$sys/DEBIAN" "$sys/opt/gantry-sysuser"
+  printf '%s\n' 'Package: gantry-sysuser' 'Version: 1.0' 'Architecture: all' 'Depends: adduser' \
+    'Maintainer: Gantry tests <tests@gantry.invalid>' 'Description: adds a system user in its postinst' \
+    > "$sys/DEBIAN/control"
+  printf '%s\n' '#!/bin/sh' 'set -e' 'if [ "$1" = configure ]; then' \
+    '  addgroup --system _gantrysys' \
+    '  adduser --system --ingroup _gantrysys --no-create-home --home /run/gantrysys gantrysys' \
+    '  chown gantrysys:_gantrysys /opt/gantry-sysuser' 'fi' > "$sys/DEBIAN/postinst"
+  chmod 755 "$sys/DEBIAN/postinst"
+  dpkg-deb --build "$sys" "$REPO/gantry-sysuser_1.0_all.deb" >/dev/null
   (cd "$REPO" && dpkg-scanpackages . /dev/null > Packages 2>/dev/null)
   echo 'deb [trusted=yes] file:/repo ./' > "$REPO/sources.list"
   chmod -R a+rX "$REPO"
@@ -99,6 +113,19 @@ APT="apt-get -q -o Dir::Etc::SourceList=/repo/sources.list -o Dir::Etc::SourcePa
   echo "$output"
   [ "$status" -eq 0 ]
   [ "${lines[-1]}" = "hello" ]
+}
+
+@test "srun --container-remap-root --container-writable: apt-get install of a package whose postinst adds a system group and user (openssh-server's path)" {
+  gantry_cluster_registry
+  gantry_plugin_conf
+  run runuser -u "$U" -- env -C "$REPO" srun -n1 --container-image="$REG#gantry-test/debian" --container-remap-root \
+    --container-writable --container-mounts="$REPO:/repo:ro" sh -c \
+    "$APT update >/dev/null && DEBIAN_FRONTEND=noninteractive $APT install -y gantry-sysuser; echo \"apt status \$?\";
+     getent group _gantrysys | cut -d: -f1; getent passwd gantrysys | cut -d: -f1,6"
+  echo "$output"
+  [ "${lines[-3]}" = "apt status 0" ]
+  [ "${lines[-2]}" = _gantrysys ]
+  [ "${lines[-1]}" = gantrysys:/run/gantrysys ]
 }
 
 @test "the seed guides' sbatch job, whole: an enroot-made image on FSx, exported NCCL/FI variables, /fsx, writable, remap-root apt-get" {
