@@ -15,6 +15,13 @@ Result<PreparedSpec> container_spec_for(RunRequest request) {
     spec.config = request.config;
     spec.uid = request.uid;
     spec.gid = request.gid;
+    // A file the requester named is opened by its name, as the user. A name of the form /proc/self/fd/N
+    // is what acquired images travel as (pass_image_descriptors hands descriptor N on to the helpers and
+    // the holder): taken from a user it would name one of *our* open descriptors (slurmstepd's, as
+    // root) and give it to the user's processes. Refused; no image file is named that way.
+    if (request.image_source == ImageSource::local_file && descriptor_of_path(request.image_path) >= 0)
+        return make_error("the image " + request.image_path +
+                          " names an open descriptor of this process, not an image file: give the file's own path");
     spec.image_path = std::move(request.image_path);
     spec.image_layers = std::move(request.image_layers);
     spec.image_config = std::move(request.image_config);

@@ -143,6 +143,19 @@ __attribute__((constructor)) static void flood(void) {
   nodes_idle
 }
 
+@test "--container-image=/proc/self/fd/N is refused: no descriptor of slurmstepd reaches the user's processes" {
+  gantry_plugin_conf
+  # Acquired store images travel as /proc/self/fd/N and their descriptors are handed on to the user's
+  # helpers and holder; a user naming such a path would otherwise be handed slurmstepd's descriptor N.
+  for n in 0 3 7 12 03; do
+    run as "$U" timeout 60 srun -N1 -n1 --container-image="/proc/self/fd/$n" true
+    echo "$output"
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+    echo "$output" | grep -q "/proc/self/fd/$n names an open descriptor of this process, not an image file"
+  done
+  nodes_idle
+}
+
 @test "an image file the user cannot read is refused with the user's own rights (root's view is not an oracle)" {
   gantry_plugin_conf
   secret=$(mktemp -d /var/tmp/gantry-secret.XXXXXX)
