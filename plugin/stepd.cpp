@@ -135,8 +135,10 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // Pyxis scripts grep for this phrase whatever went wrong with the image, a bad name included.
         if (!ref) return ref.error().wrap("failed to import docker image " + *o.image);
         std::string image = *o.image;
+        // The digest srun resolved once for the step: as if the user had written IMAGE@DIGEST (see
+        // image_resolved_by_srun for why that is all it may be).
         if (ref->digest.empty())
-            if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
+            if (auto pinned = image_resolved_by_srun(env, image)) image += "@" + *pinned;
         // With store_owner set and a trusted store, the pull runs in two halves (user, store owner) and
         // its image may be kernel-mounted; otherwise the job user pulls and the image is served
         // unprivileged. Root opens nothing in a store the user can write (a per-user store, or any
