@@ -187,10 +187,13 @@ Result<PullReport> pull_outcome(const Captured& r, const std::string& report_tex
 // store). Everything it reports (digest, file, config) is the user's word: the image is served only
 // unprivileged (squashfuse in the user's namespace), never kernel-mounted.
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
-                                const std::string& image, std::vector<std::string> env, bool whole) {
+                                const std::string& image, const std::string& resolved, std::vector<std::string> env,
+                                bool whole) {
     std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet", "--report-fd", std::to_string(kReportFd),
                                      "--store", store_root};
     if (whole) argv.push_back("--whole");
+    // The user's own pull fetches srun's digest and records the tag as the user's resolution of it.
+    if (!resolved.empty()) argv.insert(argv.end(), {"--tag-resolved-to", resolved});
     argv.push_back(image);
     if (::access(settings.config.c_str(), F_OK) == 0) env.push_back("GANTRY_CONFIG=" + settings.config);
     // The nodes of this step share a failed producer's error instead of each retrying the same pull
@@ -222,7 +225,11 @@ Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id,
 // let this user have on this node less than authorization_cache_seconds ago is served from the store
 // without the two halves: the registry is asked at most once per user, digest, node and period.
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           const std::string& image, std::vector<std::string> env, bool whole) {
+                                           std::string image, const std::string& resolved,
+                                           std::vector<std::string> env, bool whole) {
+    // srun's digest as IMAGE@DIGEST: the store account records no tag from it (its records count for
+    // every user of the store, and the digest is this user's word).
+    if (!resolved.empty()) image += "@" + resolved;
     const auto cache = authorization_cache(config);
     const auto ref = parse_reference(image);
     const std::string pinned = ref ? ref->digest : "";

@@ -140,9 +140,12 @@ std::string gantry_cli(const Settings& settings);
 Result<std::string> job_store_path(const Config& config, uid_t uid);
 // `whole`: the step's container cannot stack layers (can_stack_layers), so the pull stores the image
 // whole (or makes its whole file from the layers a store holds) whatever layered_images says.
+// `resolved`: the digest srun resolved `image`'s tag to for the step (image_resolved_by_srun), or empty.
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
-                                const std::string& image, std::vector<std::string> env, bool whole);
+                                const std::string& image, const std::string& resolved, std::vector<std::string> env,
+                                bool whole);
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           const std::string& image, std::vector<std::string> env, bool whole);
+                                           std::string image, const std::string& resolved,
+                                           std::vector<std::string> env, bool whole);
 
 }  // namespace gantry::plugin

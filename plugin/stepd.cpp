@@ -137,8 +137,9 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         std::string image = *o.image;
         // The digest srun resolved once for the step: as if the user had written IMAGE@DIGEST (see
         // image_resolved_by_srun for why that is all it may be).
+        std::string resolved;
         if (ref->digest.empty())
-            if (auto pinned = image_resolved_by_srun(env, image)) image += "@" + *pinned;
+            if (auto pinned = image_resolved_by_srun(env, image)) resolved = *pinned;
         // With store_owner set and a trusted store, the pull runs in two halves (user, store owner) and
         // its image may be kernel-mounted; otherwise the job user pulls and the image is served
         // unprivileged. Root opens nothing in a store the user can write (a per-user store, or any
@@ -154,8 +155,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // backend can stack layers (a node without usable fuse falls back to extract, which cannot),
         // so the pull gives the step a whole image rather than layers it cannot run.
         bool whole = !can_stack_layers(st.config, MountBackend::auto_, two_halves);  // auto: gantry.conf's
-        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env, whole)
-                                 : pull_as_user(settings, *id, *store_root, image, env, whole);
+        auto pulled = two_halves ? pull_into_trusted_store(settings, st.config, *id, image, resolved, env, whole)
+                                 : pull_as_user(settings, *id, *store_root, image, resolved, env, whole);
         if (!pulled) return pulled.error();
         // srun announced the import unless a named container might have made it unnecessary.
         if (st.config.import_messages) {

@@ -200,6 +200,8 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         return make_error("the pull policy 'never' is not available for " + ref.str() +
                           ": in this store every pull is authorized by the registry (private_images or a "
                           "store_owner pull); use --pull=always or missing");
+    if (options.resolved_tag && !registry_authorizes && !ref.digest.empty())
+        (void)store.record_tag(*options.resolved_tag, ref.digest);  // best effort, as below
     if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, policy, takes_layers))
         return served(*stored, served_path(store, *stored, true).value_or(store.squashfs_path(*stored)));
     // Stored only as layers, for a caller that needs the whole file (the extract backend, a node that
