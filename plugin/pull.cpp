@@ -7,11 +7,17 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "gantry/authorization_cache.hpp"
+#include "gantry/digest.hpp"
+#include "gantry/files.hpp"
 #include "gantry/reference.hpp"
+#include "gantry/store.hpp"
 #include "gantry/strings.hpp"
 #include "step_internal.hpp"
 
@@ -67,6 +73,35 @@ Result<Captured> run_as_user(uid_t uid, gid_t gid, const std::vector<gid_t>& gro
     if (!r && starts_with(r.error().message, "could not run "))
         return make_error(r.error().message + " (set gantry= in plugstack.conf)");
     return r;
+}
+
+// The node's memory of the registry's recent yes per user and digest (include/gantry/authorization_cache.hpp),
+// in root's runtime directory; none when authorization_cache_seconds is 0 or the directory is unusable
+// (then every step asks the registry, as without it).
+std::optional<AuthorizationCache> authorization_cache(const Config& config) {
+    if (config.authorization_cache_seconds <= 0) return std::nullopt;
+    (void)make_directories(config.runtime_path, 0755);  // root's node-local runtime directory, as the launcher makes it
+    auto cache = AuthorizationCache::open(config.runtime_path + "/authorized");
+    if (!cache) {
+        log::warning("the registry's answers are not remembered on this node: " + cache.error().message);
+        return std::nullopt;
+    }
+    return std::move(*cache);
+}
+
+// What a pull would report for `digest` when the trusted store holds it in a form this step can run
+// (`whole`: not as layers): its config from the store's own record. Root only looks: the store is
+// trusted (root's or store_owner's, writable by nobody else), and acquire_image checks the files again.
+std::optional<PullReport> stored_report(const Config& config, const std::string& digest, bool whole) {
+    auto store = ImageStore::open(config.store_path, false, config);
+    if (!store || !store->trusted(config)) return std::nullopt;
+    auto image = store->find(digest);
+    if (!image || (whole && image->layered())) return std::nullopt;
+    PullReport report;
+    report.digest = digest;
+    report.squashfs_path = image->layered() ? store->root() + "/images/" + digest_hex(digest) + ".json" : image->squashfs_path;
+    report.config_json = image->metadata.config_json;
+    return report;
 }
 
 }  // namespace
@@ -152,10 +187,13 @@ Result<PullReport> pull_outcome(const Captured& r, const std::string& report_tex
 // store). Everything it reports (digest, file, config) is the user's word: the image is served only
 // unprivileged (squashfuse in the user's namespace), never kernel-mounted.
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
-                                const std::string& image, std::vector<std::string> env, bool whole) {
+                                const std::string& image, const std::string& resolved, std::vector<std::string> env,
+                                bool whole) {
     std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet", "--report-fd", std::to_string(kReportFd),
                                      "--store", store_root};
     if (whole) argv.push_back("--whole");
+    // The user's own pull fetches srun's digest and records the tag as the user's resolution of it.
+    if (!resolved.empty()) argv.insert(argv.end(), {"--tag-resolved-to", resolved});
     argv.push_back(image);
     if (::access(settings.config.c_str(), F_OK) == 0) env.push_back("GANTRY_CONFIG=" + settings.config);
     // The nodes of this step share a failed producer's error instead of each retrying the same pull
@@ -182,8 +220,22 @@ Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id,
 //     "Private images are not handed to users who cannot pull them"), converts it if it is not stored
 //     yet, and its report -- digest, file, config -- comes from a process the job user cannot trace,
 //     preload into or otherwise tamper with. Forged credentials only get the registry's 401.
+//
+// A digest-pinned image (the user's own IMAGE@DIGEST, or srun's resolution of the tag) that the registry
+// let this user have on this node less than authorization_cache_seconds ago is served from the store
+// without the two halves: the registry is asked at most once per user, digest, node and period.
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           const std::string& image, std::vector<std::string> env, bool whole) {
+                                           std::string image, const std::string& resolved,
+                                           std::vector<std::string> env, bool whole) {
+    // srun's digest as IMAGE@DIGEST: the store account records no tag from it (its records count for
+    // every user of the store, and the digest is this user's word).
+    if (!resolved.empty()) image += "@" + resolved;
+    const auto cache = authorization_cache(config);
+    const auto ref = parse_reference(image);
+    const std::string pinned = ref ? ref->digest : "";
+    if (cache && !pinned.empty() &&
+        cache->fresh(id.uid, pinned, std::chrono::seconds(config.authorization_cache_seconds)))
+        if (auto stored = stored_report(config, pinned, whole)) return *stored;
     bool have_config = ::access(settings.config.c_str(), F_OK) == 0;
     std::vector<std::string> argv = {gantry_cli(settings), "pull", "--credentials-only", "--credentials-out-fd",
                                      std::to_string(kCredentialsFd), image};
@@ -244,7 +296,14 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
     owner_run.stop_when_step_signalled = true;
     auto o = run_as_user(owner->pw_uid, owner->pw_gid, groups, owner_argv, owner_env, owner_run);
     if (!o) return o.error().wrap(import_failed(image));
-    return pull_outcome(*o, report, image, " (as " + config.store_owner + ")");
+    auto pulled = pull_outcome(*o, report, image, " (as " + config.store_owner + ")");
+    // The store account's pull asked the registry with the user's credentials (--credentials-fd: every
+    // time, whatever the policy) and reports the digest it was let have: the only writer of the cache.
+    if (cache) {
+        if (pulled) cache->remember(id.uid, pulled->digest);
+        else if (!pinned.empty()) cache->forget(id.uid, pinned);
+    }
+    return pulled;
 }
 
 }  // namespace gantry::plugin

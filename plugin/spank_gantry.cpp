@@ -125,6 +125,7 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
                 }
             case S_CTX_ALLOCATOR:
                 gantry::plugin::check_environment_forms();
+                gantry::plugin::clear_resolved_image();
                 return 0;
             case S_CTX_REMOTE:
                 gantry::plugin::apply_environment(sp);

@@ -4,14 +4,16 @@
 #include <unistd.h>
 
 #include <climits>
-
+#include <cstdlib>
+#include <memory>
 #include <string>
 
-#include <memory>
-
+#include "gantry/digest.hpp"
 #include "gantry/import_watch.hpp"
+#include "gantry/pull.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/registry.hpp"
+#include "gantry/strings.hpp"
 #include "options.hpp"
 #include "step.hpp"
 #include "step_internal.hpp"
@@ -36,19 +38,60 @@ void watch_import(const Config& config, const std::string& digest, const std::st
                                                    [](const std::string& line) { tell_user("gantry: " + line); });
 }
 
+// Whether the nodes' pulls would ask the registry what the tag names now, so that asking once here
+// saves them the request: under `always` (the default) every pull asks; under `missing` only a pull
+// the registry must authorise (a trusted store's, private_images), and under `never` none. The policy
+// comes from srun's own environment (GANTRY_PULL_POLICY), which is the job's: the nodes' pulls see the
+// same one.
+bool nodes_would_resolve(const Config& config) {
+    const char* env = std::getenv("GANTRY_PULL_POLICY");
+    auto policy = parse_pull_policy(env != nullptr && *env != '\0' ? env : config.pull_policy);
+    if (!policy) return false;  // the nodes report the bad policy, in their own words
+    const bool registry_authorizes = config.private_images || (!config.store_owner.empty() && !config.store_path.empty());
+    return *policy == PullPolicy::always || (*policy == PullPolicy::missing && registry_authorizes);
+}
+
 }  // namespace
 
-Status pin_image_digest(spank_t sp, const Settings& settings) {
+// The step's image as srun resolved it, "IMAGE@DIGEST" in the job environment (kResolvedVar): the
+// digest, if the variable names exactly the image the step asks for.
+//
+// Trust: the variable is user input. srun runs as the user, whose environment it is (and who can run
+// srun without this plugin's local half, handing the options and any variable to slurmstepd). So the
+// nodes use it exactly as if the user had written IMAGE@DIGEST themselves, and that changes nothing:
+// into the user's own or an open store the user's own pull fetches that digest with their rights; into
+// a trusted store the store account's pull asks the registry for that digest with the user's
+// credentials (pull_into_trusted_store), or finds a yes the registry gave this very user for this very
+// digest (AuthorizationCache, written only from the store account's report). A digest the user may not
+// read is refused either way, and a digest of another image than the tag's only runs what the user
+// could have named by digest.
+std::optional<std::string> image_resolved_by_srun(const std::vector<std::string>& env, const std::string& image) {
+    auto value = find_env(env, kResolvedVar);
+    if (!value || value->size() <= image.size() + 1 || !starts_with(*value, image + "@")) return std::nullopt;
+    std::string digest = value->substr(image.size() + 1);
+    if (!validate_digest(digest)) return std::nullopt;
+    return digest;
+}
+
+Status pin_image_digest(spank_t, const Settings& settings) {
     JobOptions& o = options();
+    // Handed over in srun's own environment, which srun copies into the step's when it launches it:
+    // spank_setenv/unsetenv answer ESPANK_NOT_REMOTE here (they edit slurmstepd's copy, on the nodes),
+    // which left every node resolving the tag again (81 manifest requests per 80-node step).
+    // The variables say what this srun resolved, or nothing: a value inherited from elsewhere (an outer
+    // step's tasks, the user's shell) never reaches the nodes from here.
+    (void)::unsetenv(kResolvedVar);
+    (void)::unsetenv(kSrunDirVar);
     if (o.image && is_local_image_path(*o.image) && (*o.image)[0] == '.') {
         // A relative squashfs path is srun's directory's (the step's, unless --chdir): the nodes
         // learn which directory that is from here (stepd.cpp); srun's own PWD may be stale.
         std::string cwd(PATH_MAX, '\0');
-        if (::getcwd(cwd.data(), cwd.size()) != nullptr) spank_setenv(sp, kSrunDirVar, cwd.c_str(), 1);
+        if (::getcwd(cwd.data(), cwd.size()) != nullptr) (void)::setenv(kSrunDirVar, cwd.c_str(), 1);
     }
     if (!o.image || is_local_image_path(*o.image)) return {};
     // With --container-name, an existing container may make the image irrelevant (it is not imported
-    // again): the nodes know, srun does not, so node 0 tells the user instead (join_step).
+    // again): the nodes know, srun does not, so node 0 tells the user instead (join_step). The tag is
+    // still resolved here: a node that creates the container needs it, and it is one request per step.
     bool named = o.name.has_value();
     Config config = load_plugin_config(settings);
     if (!named && config.import_messages) tell_user("gantry: importing docker image: " + *o.image);
@@ -58,13 +101,18 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
         if (!named) watch_import(config, ref->digest, *o.image);
         return {};
     }
-    // srun waits for this: one quick try, and the nodes resolve the tag themselves when it fails.
+    // Imported names (local/NAME) are the store's alone, and a policy under which the nodes answer
+    // from their store asks nothing here either.
+    if (ref->names_imported_image() || !nodes_would_resolve(config)) return {};
+    // srun waits for this: one quick try, with the user's own credentials (srun runs as the user), and
+    // the nodes resolve the tag themselves, as without this, when it fails.
     RegistryOptions quick;
     quick.max_attempts = 2;
     RegistryClient client(config, quick);
     auto digest = client.resolve_digest(*ref, Platform::host());
     if (digest) {
-        spank_setenv(sp, kDigestVar, digest->c_str(), 1);
+        const std::string pinned = *o.image + "@" + *digest;
+        (void)::setenv(kResolvedVar, pinned.c_str(), 1);
         if (!named) watch_import(config, *digest, *o.image);
         return {};
     }
@@ -80,5 +128,7 @@ Status pin_image_digest(spank_t sp, const Settings& settings) {
 }
 
 void stop_import_watch() { g_import_watch.reset(); }
+
+void clear_resolved_image() { (void)::unsetenv(kResolvedVar); }
 
 }  // namespace gantry::plugin

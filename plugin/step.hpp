@@ -14,14 +14,20 @@ extern "C" {
 namespace gantry::plugin {
 
 // srun (local context): tells the user the image is being imported, resolves the image's tag to a
-// digest once for the whole step and hands the digest to every node through the job environment, so
-// all ranks run the same image even if the tag moves while the step starts. Best effort: nodes resolve
+// digest once for the whole step (only where the nodes' pulls would ask the registry: pull policy
+// `always`, or a store whose pulls the registry authorises) and hands the digest to every node
+// (GANTRY_RESOLVED_IMAGE in srun's own environment, which srun copies into the step's), so all ranks
+// run the same image even if the tag moves while the step starts, and the registry is asked once per
+// step, not once per node. Best effort: nodes resolve
 // it themselves when this fails, except when the registry says the tag does not exist (HTTP 404):
 // then the error is printed once here and the step does not start.
 // While the nodes pull, srun prints their progress (gantry.conf import_progress_seconds) from a thread
 // of its own, until the image is in the store or srun ends (stop_import_watch, slurm_spank_exit).
 Status pin_image_digest(spank_t sp, const Settings& settings);
 void stop_import_watch();
+// sbatch/salloc: a digest resolved for some earlier step (this shell runs inside one) is not handed to
+// the job's steps; each srun in the job resolves its own, and the batch step resolves on its node.
+void clear_resolved_image();
 
 // slurmstepd (remote, in slurm_spank_init, before anything else): notes slurmstepd's own threads, so
 // that a pull can tell when Slurm asks to signal or end the step and stop (step.cpp, StepSignals).

@@ -47,8 +47,11 @@ inline std::string import_failed(const std::string& image) { return "failed to i
 // srun's working directory, handed to the nodes when --container-image is a relative path (stepd.cpp).
 inline constexpr const char* kSrunDirVar = "GANTRY_SRUN_DIR";
 
-// The image digest srun resolved for the whole step, handed to every node in the job environment.
+// The digest of the image a rank runs, in every task's environment.
 inline constexpr const char* kDigestVar = "GANTRY_CONTAINER_IMAGE_DIGEST";
+// The step's image as srun resolved it once for the whole step, "IMAGE@DIGEST", handed to every node
+// in the job environment (srun.cpp: pin_image_digest, image_resolved_by_srun).
+inline constexpr const char* kResolvedVar = "GANTRY_RESOLVED_IMAGE";
 
 // Slurm's requests to signal or end this step (scancel, srun's Ctrl-C or its forwarded signals, the
 // end of the job after a node failure or at its time limit) while the plugin still pulls the image in
@@ -128,6 +131,9 @@ struct JobIdentity {
 
 Result<JobIdentity> identity(spank_t sp);
 
+// --- srun.cpp: the digest srun handed over for `image` (user input, used as IMAGE@DIGEST would be) ---
+std::optional<std::string> image_resolved_by_srun(const std::vector<std::string>& env, const std::string& image);
+
 // --- slurm_env.cpp: slurmstepd's own configuration and the paths it implies ---
 std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& env);
 std::optional<std::string> slurmd_spool_dir(spank_t sp, const std::vector<std::string>& env);
@@ -142,9 +148,12 @@ std::string gantry_cli(const Settings& settings);
 Result<std::string> job_store_path(const Config& config, uid_t uid);
 // `whole`: the step's container cannot stack layers (can_stack_layers), so the pull stores the image
 // whole (or makes its whole file from the layers a store holds) whatever layered_images says.
+// `resolved`: the digest srun resolved `image`'s tag to for the step (image_resolved_by_srun), or empty.
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
-                                const std::string& image, std::vector<std::string> env, bool whole);
+                                const std::string& image, const std::string& resolved, std::vector<std::string> env,
+                                bool whole);
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           const std::string& image, std::vector<std::string> env, bool whole);
+                                           std::string image, const std::string& resolved,
+                                           std::vector<std::string> env, bool whole);
 
 }  // namespace gantry::plugin

@@ -223,8 +223,11 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // Pyxis scripts grep for this phrase whatever went wrong with the image, a bad name included.
         if (!ref) return ref.error().wrap(import_failed(*o.image));
         std::string image = *o.image;
+        // The digest srun resolved once for the step: as if the user had written IMAGE@DIGEST (see
+        // image_resolved_by_srun for why that is all it may be).
+        std::string resolved;
         if (ref->digest.empty())
-            if (auto pinned = find_env(env, kDigestVar); pinned && validate_digest(*pinned)) image += "@" + *pinned;
+            if (auto pinned = image_resolved_by_srun(env, image)) resolved = *pinned;
         // With store_owner set and a trusted store, the pull runs in two halves (user, store owner) and
         // its image may be kernel-mounted; otherwise the job user pulls and the image is served
         // unprivileged. Root opens nothing in a store the user can write (a per-user store, or any
@@ -242,8 +245,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         bool whole = !can_stack_layers(st.config, MountBackend::auto_, two_halves);  // auto: gantry.conf's
         auto pulled = [&] {
             trace::Phase phase(two_halves ? "pull (trusted store)" : "pull (as the user)");
-            return two_halves ? pull_into_trusted_store(settings, st.config, *id, image, env, whole)
-                              : pull_as_user(settings, *id, *store_root, image, env, whole);
+            return two_halves ? pull_into_trusted_store(settings, st.config, *id, image, resolved, env, whole)
+                              : pull_as_user(settings, *id, *store_root, image, resolved, env, whole);
         }();
         if (!pulled) return pulled.error();
         // srun announced the import unless a named container might have made it unnecessary.

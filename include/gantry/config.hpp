@@ -47,6 +47,11 @@ struct Config {
     // Publish images owner-only (.sqsh 0400, .json 0600), so users cannot copy images out of a
     // store-owner store; only root's plugin (kernel backend) and the owner can read them then.
     bool private_images = false;
+    // Trusted store: seconds a node trusts the registry's yes to a user for a digest-pinned image (the
+    // store account's pull with the user's credentials), so that later steps of that user with the
+    // same digest start without asking again (include/gantry/authorization_cache.hpp); 0: ask on
+    // every step.
+    int authorization_cache_seconds = 60;
     // Node-local runtime state: container records, locks, mount points. Must not be shared storage.
     std::string runtime_path = "/run/gantry";
     // Node-local scratch for writable upper layers and the `extract` backend.

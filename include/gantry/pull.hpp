@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,12 @@ struct PullOptions {
     // for a job user who cannot read the store): every pull then resolves at the registry with the
     // caller's credentials, whatever the policy.
     bool registry_authorizes = false;
+    // The tag a digest-pinned `ref` was resolved from moments ago (srun's resolution of the step's
+    // image, handed to the plugin's pull as `gantry pull --tag-resolved-to DIGEST TAG`): recorded as
+    // the store's last resolution of that tag, as a pull by tag would, so that `missing` finds it
+    // later. The caller's own record (the store's owner rule), and never where the registry
+    // authorises the caller: the digest is the caller's word.
+    std::optional<ImageReference> resolved_tag;
     CredentialLookup credentials;  // empty: the registry client's default sources
     std::string credential_sources;  // names what `credentials` consults, for "no credentials" messages
     std::function<void(const PullProgress&)> on_progress;

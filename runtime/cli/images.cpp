@@ -133,9 +133,9 @@ int credentials_only(const ImageReference& ref, int out_fd) {
 }
 
 struct PullArgs {
-    std::string image, store, platform, pull, report_fd, creds_out, creds_in;
+    std::string image, store, platform, pull, report_fd, creds_out, creds_in, resolved;
     bool quiet = false, credentials_only = false, layered = false, whole = false;
-    CLI::Option *store_opt, *platform_opt, *pull_opt, *report_opt, *creds_out_opt, *creds_in_opt;
+    CLI::Option *store_opt, *platform_opt, *pull_opt, *report_opt, *creds_out_opt, *creds_in_opt, *resolved_opt;
 };
 
 // A wrong command line with --report-fd: the plugin reads why from the report as from any failure.
@@ -183,6 +183,13 @@ int cmd_pull(const PullArgs& a) {
     auto config = load_config();
     if (!config) return finish(PullErrorKind::usage, config.error());
     PullOptions opts;
+    // The plugin's pull of a tag srun resolved for the step: fetch that digest, record the tag.
+    if (auto resolved = given(a.resolved_opt, a.resolved)) {
+        if (!ref->digest.empty() || !validate_digest(*resolved))
+            return finish_usage(make_error("pull: --tag-resolved-to takes a digest, for an IMAGE without one"));
+        opts.resolved_tag = *ref;
+        ref->digest = *resolved;
+    }
     auto policy = pull_policy(*config, pull_opt);
     if (!policy) return finish_usage(policy.error());
     opts.policy = *policy;
@@ -442,6 +449,7 @@ VerbRunner define_pull(CLI::App& app) {
     app.add_flag("--credentials-only", a->credentials_only)->group("");
     a->creds_out_opt = app.add_option("--credentials-out-fd", a->creds_out)->group("");
     a->creds_in_opt = app.add_option("--credentials-fd", a->creds_in)->group("");
+    a->resolved_opt = app.add_option("--tag-resolved-to", a->resolved)->group("");
     app.add_option("IMAGE", a->image, "a registry reference")->required();
     return {[a] { return cmd_pull(*a); }, [a](const std::string& message) { report_usage_error(*a, message); }};
 }

@@ -171,6 +171,7 @@ const std::map<std::string, Setter>& setters() {
         {"import_messages", bool_key(&Config::import_messages)},
         {"batch_srun", bool_key(&Config::batch_srun)},
         {"private_images", bool_key(&Config::private_images)},
+        {"authorization_cache_seconds", int_key(&Config::authorization_cache_seconds, 0, 24 * 3600)},
         {"pytorch", bool_key(&Config::pytorch)},
         {"container_writable", optional_bool_key(&Config::container_writable)},
         {"container_remap_root", optional_bool_key(&Config::container_remap_root)},

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "gantry/acquire.hpp"
@@ -199,6 +200,8 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
         return make_error("the pull policy 'never' is not available for " + ref.str() +
                           ": in this store every pull is authorized by the registry (private_images or a "
                           "store_owner pull); use --pull=always or missing");
+    if (options.resolved_tag && !registry_authorizes && !ref.digest.empty())
+        (void)store.record_tag(*options.resolved_tag, ref.digest);  // best effort, as below
     if (auto stored = registry_authorizes ? std::nullopt : stored_digest(store, ref, policy, takes_layers))
         return served(*stored, served_path(store, *stored, true).value_or(store.squashfs_path(*stored)));
     // Stored only as layers, for a caller that needs the whole file (the extract backend, a node that
@@ -226,6 +229,28 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
                           " and the pull policy is 'never'; pull it first (gantry pull " + ref.str() +
                           ") or use --pull=missing");
 
+    // A pinned digest whose image is not stored yet (the user's IMAGE@DIGEST, or the digest srun
+    // resolved once for a step and handed to all its nodes): wait for its producer before asking the
+    // registry anything, so that a cold step's nodes cost the registry the producer's manifest
+    // requests alone, not one more per node. Not where the registry authorises the caller: there every
+    // pull asks it. (An index digest is published under its platform's manifest digest: its waiters
+    // still resolve it, each once, and then take that digest's lock too -- always in this order, index
+    // before manifest, so no two pulls wait for each other.)
+    auto waiting = [&](const std::string& holder) {
+        update([&](PullProgress& p) {
+            p.phase = PullProgress::Phase::waiting;
+            p.note = holder;
+        });
+    };
+    std::optional<ProducerLock> pinned_lock;
+    const int64_t pinned_since = static_cast<int64_t>(std::time(nullptr));
+    if (!ref.digest.empty() && !registry_authorizes) {
+        auto held = store.lock_producer(ref.digest, options.producer_timeout, waiting);
+        if (!held) return held.error();
+        if (auto path = served_path(store, ref.digest, takes_layers)) return served(ref.digest, *path);
+        pinned_lock.emplace(std::move(*held));
+    }
+
     // Only the manifest (never a blob) is fetched before the store and the producer lock are
     // consulted: waiters and cache hits cost the registry one manifest request each. "resolving" is
     // said only now: an image the store answers for (above) prints nothing.
@@ -249,13 +274,11 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // adopt the note and try for themselves.
     const char* group_env = std::getenv("GANTRY_PULL_GROUP");
     const std::string group = group_env != nullptr ? group_env : "";
-    const int64_t waiting_since = static_cast<int64_t>(std::time(nullptr));
-    auto lock = store.lock_producer(digest, options.producer_timeout, [&](const std::string& holder) {
-        update([&](PullProgress& p) {
-            p.phase = PullProgress::Phase::waiting;
-            p.note = holder;
-        });
-    });
+    // A pinned manifest digest's lock is held already (above); flock would make a second one wait on it.
+    const bool have_lock = pinned_lock && digest == ref.digest;
+    const int64_t waiting_since = have_lock ? pinned_since : static_cast<int64_t>(std::time(nullptr));
+    auto lock = have_lock ? Result<ProducerLock>(std::move(*pinned_lock))
+                          : store.lock_producer(digest, options.producer_timeout, waiting);
     if (!lock) return lock.error();
     if (auto path = served_path(store, digest, takes_layers)) return served(digest, *path);
     if (!group.empty()) {

@@ -3,18 +3,19 @@
 # store belongs to a system account named by gantry.conf's store_owner, so the job user cannot write
 # it; the plugin pulls into it as that account after the registry authorised the job user, and the
 # kernel backend serves its images, one loop mount per image per node shared by concurrent steps.
-# Steps run on gnode1 only: the kernel mounts live in that node's mount namespace, and teardown
-# releases them there.
+# Steps run on the first node only: the kernel mounts live in that node's mount namespace, and
+# teardown releases them there.
 
 load helpers
 
 OWNER=gantry-store
+ATTACKER=gantry-attacker
 
 setup() {
   gantry_load_env registry images slurm
   gantry_cluster_registry
   U=$GANTRY_TEST_USER
-  NODE=gnode1
+  NODE=${GANTRY_TEST_NODES%% *}
   [ "$GANTRY_TEST_MODE" = multi ] || NODE=$(hostname -s)
   WORK=$(mktemp -d "$GANTRY_TEST_FSX/trusted-test.XXXXXX")
   chown "$U" "$WORK"
@@ -32,6 +33,8 @@ setup() {
 teardown() {
   [ -z "$REG_PID" ] || { kill "$REG_PID" 2>/dev/null || true; }
   release_kernel_mounts
+  # The node's remembered registry answers for this test's image (gantry.conf authorization_cache_seconds).
+  [ -z "${digest:-}" ] || in_node sh -c "rm -f /run/gantry/authorized/*-${digest#sha256:}" || true
   rm -rf "$WORK" "$TSTORE"
 }
 
@@ -219,6 +222,67 @@ docker_config() {
   log=${GANTRY_SLURMD_LOG_PATTERN//%n/$NODE}
   [ -f "$log" ]
   ! grep -rqF "${PASSWORD:0:40}" "$log" "$TSTORE" || false
+}
+
+# manifests_granted: manifest requests (by tag or digest) the test's own registry answered with 200.
+manifests_granted() {
+  grep -cE '"(GET|HEAD) /v2/gantry-test/tiny/manifests/[^ "]+ HTTP/[0-9.]+" 200 ' "$WORK/registry/registry.log" || true
+}
+
+@test "trusted store: srun's digest and the node's remembered yes spare the registry; a forged digest gets nothing and skips nothing" {
+  node_registry
+  write_conf "$REG" "ca_bundle = $GANTRY_TEST_REGISTRY_CA" "authorization_cache_seconds = 3600"
+  docker_config "$GANTRY_TEST_REGISTRY_PASSWORD"
+  run as_user timeout 180 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" cat /work/README
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx "tiny work dir"
+  digest=sha256:$(basename "$(ls "$TSTORE"/images/*.json | grep -v '/layer-')" .json)
+  # Warm: srun resolved the tag once with the user's credentials; the node had the registry's yes for
+  # this user and digest already, so nobody else asked.
+  sleep 1
+  before=$(manifests_granted)
+  run as_user timeout 180 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" cat /work/README
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx "tiny work dir"
+  sleep 1
+  echo "manifest requests granted: $(($(manifests_granted) - before))"
+  [ "$(($(manifests_granted) - before))" -eq 1 ]
+
+  # Another user, without credentials, hands the nodes the stored digest themselves: srun's own half
+  # is theirs, so an LD_PRELOAD keeps it from clearing GANTRY_RESOLVED_IMAGE. The node treats it as
+  # that user's IMAGE@DIGEST: the registry's yes was for the first user, so it asks, and refuses.
+  GANTRY_TEST_USER=$ATTACKER GANTRY_TEST_UID=4243 "$BATS_TEST_DIRNAME/../harness/user.sh" >/dev/null
+  chmod 0755 "$WORK"
+  printf '%s\n' '#define _GNU_SOURCE' '#include <dlfcn.h>' '#include <string.h>' \
+    'int unsetenv(const char* n) { if (strcmp(n, "GANTRY_RESOLVED_IMAGE") == 0) return 0;' \
+    '  int (*real)(const char*) = (int (*)(const char*))dlsym(RTLD_NEXT, "unsetenv"); return real(n); }' >"$WORK/keep.c"
+  gcc -shared -fPIC -o "$WORK/keep.so" "$WORK/keep.c" -ldl
+  chmod 0755 "$WORK/keep.so"
+  mkdir -p "$WORK/ahome" && chown "$ATTACKER" "$WORK/ahome"
+  run runuser -u "$ATTACKER" -- env -u GANTRY_TEST_REGISTRY_PASSWORD -C "$WORK" HOME="$WORK/ahome" LD_PRELOAD="$WORK/keep.so" \
+    GANTRY_RESOLVED_IMAGE="$TREG#gantry-test/tiny@$digest" \
+    timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" cat /work/README
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "gantry: failed to import docker image"
+  echo "$output" | grep -q "no credentials found for $TREG"
+  ! echo "$output" | grep -qx "tiny work dir" || false
+
+  # The first user's yes is remembered for authorization_cache_seconds: within it, their own pinned
+  # digest runs with credentials gone bad; with 0, the registry is asked and refuses.
+  docker_config "wrong-$RANDOM-password"
+  run as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny@$digest" cat /work/README
+  echo "$output"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -qx "tiny work dir"
+  write_conf "$REG" "ca_bundle = $GANTRY_TEST_REGISTRY_CA" "authorization_cache_seconds = 0"
+  run as_user timeout 120 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny@$digest" cat /work/README
+  echo "$output"
+  [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+  echo "$output" | grep -q "authentication to $TREG failed"
+  ! echo "$output" | grep -qx "tiny work dir" || false
 }
 
 @test "without store_owner the store owned by another account is not trusted: the plugin pulls as the user, who cannot write it" {

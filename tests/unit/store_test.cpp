@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "gantry/acquire.hpp"
+#include "gantry/authorization_cache.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
 #include "gantry/import_watch.hpp"
@@ -1024,4 +1025,50 @@ TEST_CASE("a layered image is a record naming its layers, which counts only with
     CHECK(store.list(&ignored)->empty());
     REQUIRE(ignored.size() == 1);
     CHECK(ignored[0].find("its layer " + s.chain[1] + " is not usable") != std::string::npos);
+}
+
+TEST_CASE("authorization cache: a yes per uid and digest, for a bounded time, in a directory of the caller's own") {
+    TempStore t;
+    const std::string dir = t.dir + "/authorized";
+    const std::string d1 = "sha256:" + std::string(64, 'a');
+    const std::string d2 = "sha256:" + std::string(64, 'b');
+    auto cache = AuthorizationCache::open(dir);
+    REQUIRE(cache);
+    struct stat st {};
+    REQUIRE(::stat(dir.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0700);
+
+    CHECK_FALSE(cache->fresh(1000, d1, 60s));
+    cache->remember(1000, d1);
+    CHECK(cache->fresh(1000, d1, 60s));
+    // Another user, another digest, a ttl of 0: no.
+    CHECK_FALSE(cache->fresh(1001, d1, 60s));
+    CHECK_FALSE(cache->fresh(1000, d2, 60s));
+    CHECK_FALSE(cache->fresh(1000, d1, 0s));
+    // Not a digest: never remembered, never fresh (no path built from it).
+    cache->remember(1000, "sha256:../../etc");
+    CHECK_FALSE(cache->fresh(1000, "sha256:../../etc", 60s));
+
+    // An old answer has expired; one dated in the future (a clock set back) does not count.
+    const std::string entry = dir + "/1000-" + std::string(64, 'a');
+    timespec old[2] = {{0, UTIME_OMIT}, {::time(nullptr) - 120, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, entry.c_str(), old, 0) == 0);
+    CHECK_FALSE(cache->fresh(1000, d1, 60s));
+    CHECK(cache->fresh(1000, d1, 300s));
+    timespec future[2] = {{0, UTIME_OMIT}, {::time(nullptr) + 3600, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, entry.c_str(), future, 0) == 0);
+    CHECK_FALSE(cache->fresh(1000, d1, 7200s));
+    cache->forget(1000, d1);
+    CHECK_FALSE(cache->fresh(1000, d1, 60s));
+
+    // A symlink planted as an entry is not one.
+    REQUIRE(::symlink("/etc/passwd", (dir + "/1000-" + std::string(64, 'b')).c_str()) == 0);
+    CHECK_FALSE(cache->fresh(1000, d2, 60s));
+
+    // A directory others can write, or a symlink in its place, is refused.
+    REQUIRE(::chmod(dir.c_str(), 0733) == 0);
+    CHECK_FALSE(AuthorizationCache::open(dir));
+    REQUIRE(::chmod(dir.c_str(), 0700) == 0);
+    REQUIRE(::symlink(dir.c_str(), (t.dir + "/link").c_str()) == 0);
+    CHECK_FALSE(AuthorizationCache::open(t.dir + "/link"));
 }
