@@ -183,7 +183,8 @@ Status resolve_identity(const ContainerSpec& spec, launcher::Identity& id) {
 
 namespace launcher {
 Status check_paths_here(const ContainerSpec& spec) {
-    GANTRY_TRY(check_squashfs(spec.image_path));
+    // No image path: an acquired store image, checked on its descriptors when acquired (check_user_paths).
+    if (!spec.image_path.empty()) GANTRY_TRY(check_squashfs(spec.image_path));
     // Every layer of a layered image like the top one: a FIFO or a file on a stalled mount below it
     // must fail here, in the user's helper, not in root's mount later (issue #34).
     for (const auto& layer : spec.image_layers) GANTRY_TRY(check_squashfs(layer));
@@ -222,9 +223,21 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     // Root for a job user: `gantry-holder --check-paths` runs as the user (groups, gid, uid: verified
     // before exec) on the spec, handed over in a memfd as its stdin; only its exit status and
     // first stderr line come back. A fresh exec: nothing of slurmstepd's runs in the child.
+    // A store image's descriptors are not the helper's to check (see above), nor to hold: in a
+    // private_images store they are owner-only files the user may not read (reopening
+    // /proc/self/fd/N as the user fails), and the user must not get a descriptor of one. The helper
+    // gets the bind sources alone.
+    ContainerSpec sources_only;
+    const ContainerSpec* asked = &spec;
+    if (spec.image_acquired) {
+        sources_only = spec;
+        sources_only.image_path.clear();
+        sources_only.image_layers.clear();
+        asked = &sources_only;
+    }
     UniqueFd doc(::memfd_create("gantry-spec", MFD_CLOEXEC));
     if (!doc) return system_error("checking the image " + spec.image_path);
-    std::string text = container_spec_to_json(spec);
+    std::string text = container_spec_to_json(*asked);
     if (::write(doc.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::lseek(doc.get(), 0, SEEK_SET) != 0)
         return system_error("checking the image " + spec.image_path);
     ProcessRequest r;
@@ -232,7 +245,7 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     r.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     r.identity = user_identity(id.uid, id.gid);
     r.inputs = {{doc.get(), 0}};
-    pass_image_descriptors(r, launcher::image_files(spec));  // acquire_image's open files, checked as the user
+    if (!spec.image_acquired) pass_image_descriptors(r, launcher::image_files(spec));  // none: a user's file is a path
     r.stdout_cap = 4096;
     r.stderr_cap = 16 << 10;
     // The paths may lie on a file system the user stalls (a SIGSTOPped FUSE server): a deadline and

@@ -224,6 +224,27 @@ docker_config() {
   ! grep -rqF "${PASSWORD:0:40}" "$log" "$TSTORE" || false
 }
 
+@test "private_images: the store's files are owner-only, and a step with a bind mount runs from them (no image descriptor reaches the user's check helper)" {
+  node_registry
+  write_conf "$REG" "ca_bundle = $GANTRY_TEST_REGISTRY_CA" "private_images = yes"
+  docker_config "$GANTRY_TEST_REGISTRY_PASSWORD"
+  mkdir -p "$WORK/data" && echo "bound" >"$WORK/data/probe" && chown -R "$U" "$WORK/data"
+  # Cold, then warm, each with a bind source (the user's check helper runs for it).
+  for pass in cold warm; do
+    run as_user timeout 180 srun -w "$NODE" -N1 -n1 --container-image="$TREG#gantry-test/tiny" \
+      --container-mounts="$WORK/data:/data" sh -c 'cat /work/README /data/probe'
+    echo "$pass: $output"
+    [ "$status" -eq 0 ]
+    echo "$output" | grep -qx "tiny work dir"
+    echo "$output" | grep -qx "bound"
+  done
+  # Every image file is the store account's, 0400: the user cannot read it on the host.
+  for f in "$TSTORE"/images/*.sqsh; do
+    [ "$(stat -c '%U %a' "$f")" = "$OWNER 400" ]
+    ! runuser -u "$U" -- head -c4 "$f" >/dev/null 2>&1 || false
+  done
+}
+
 # manifests_granted: manifest requests (by tag or digest) the test's own registry answered with 200.
 manifests_granted() {
   grep -cE '"(GET|HEAD) /v2/gantry-test/tiny/manifests/[^ "]+ HTTP/[0-9.]+" 200 ' "$WORK/registry/registry.log" || true
