@@ -297,6 +297,20 @@ EnrootImageSettings parse_enroot_rc(std::string_view rc) {
                 bool plain = !dir.empty() && dir[0] == '/' && dir.find_first_of("$`\\") == std::string::npos;
                 if (plain && (rest.empty() || starts_with(rest, "&&") || starts_with(rest, "||") || rest[0] == ';'))
                     out.workdir = dir;
+            } else if (starts_with(line, "cd '")) {
+                // As `gantry export` writes it (enroot_rc): cd 'DIR' || exit 1, quoted as ${DIR@Q} would.
+                size_t end = 3;
+                for (bool quoted = false; end < line.size() && (quoted || (line[end] != ' ' && line[end] != ';')); ++end) {
+                    if (!quoted && line[end] == '\\' && end + 1 < line.size() && line[end + 1] == '\'')
+                        ++end;  // \' outside quotes: a quote character, not a quote
+                    else if (line[end] == '\'')
+                        quoted = !quoted;
+                }
+                auto dir = quoted_words(std::string_view(line).substr(3, end - 3));
+                std::string rest = trim(line.substr(end));
+                if (dir && dir->size() == 1 && !dir->front().empty() && dir->front()[0] == '/' &&
+                    (rest.empty() || starts_with(rest, "&&") || starts_with(rest, "||") || rest[0] == ';'))
+                    out.workdir = dir->front();
             }
         }
         if (!starts_with(line, "exec ")) continue;

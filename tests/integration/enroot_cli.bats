@@ -156,9 +156,9 @@ EOF
   [ "$(as_user enroot start --mount "$WORK/shared:/mnt/shared" web cat /mnt/shared/m)" = marker ]
   # ENROOT_ROOTFS_WRITABLE as Enroot reads it.
   as_user env ENROOT_ROOTFS_WRITABLE=yes enroot start web touch /other
-  # No command: the image's own, read from its /etc/rc (the entrypoint, then the Cmd). (The WorkingDir
-  # of an exported file's rc, written `cd '/work' || exit 1`, is not read back today: it starts in /.)
-  [[ "$(as_user enroot start web)" == "tiny: hello from /"* ]]
+  # No command: the image's own, read from its /etc/rc (the entrypoint, then the Cmd), in its
+  # WorkingDir (the exported rc's `cd '/work' || exit 1`).
+  [[ "$(as_user enroot start web)" == "tiny: hello from /work"* ]]
   # A file works as NAME|IMAGE; the command's exit status is start's.
   run as_user enroot start "$WORK/tiny.sqsh" sh -c 'exit 7'
   [ "$status" -eq 7 ]

@@ -797,6 +797,12 @@ TEST_CASE("Enroot /etc/rc: working directory, entrypoint and command as enroot i
     CHECK(parse_enroot_rc("cd \"$HOME\" && true\n").workdir.empty());
     CHECK(parse_enroot_rc("cd \"/a\" ; cd /b\n").workdir == "/a");
     CHECK(parse_enroot_rc("cd \"/a\"b\n").workdir.empty());
+    // As `gantry export` writes it (enroot_rc): single-quoted, ${DIR@Q}-style.
+    CHECK(parse_enroot_rc("# written by gantry export\ncd '/work' || exit 1\n").workdir == "/work");
+    CHECK(parse_enroot_rc("cd '/it'\\''s here' || exit 1\n").workdir == "/it's here");
+    CHECK(parse_enroot_rc("cd 'rel' || exit 1\n").workdir.empty());
+    CHECK(parse_enroot_rc("cd '/a'$x || exit 1\n").workdir.empty());
+    CHECK(parse_enroot_rc("cd '/open || exit 1\n").workdir.empty());
     auto dollar = parse_enroot_rc("exec $'a\\tb' \"$@\"\nexec $'a\\tb' 'c'\n");
     CHECK(dollar.entrypoint.empty());
     CHECK(dollar.cmd.empty());
