@@ -77,6 +77,13 @@ JOB
   run gantry_as_user "$U" "$WORK/sub" env PYXIS_CONTAINER_IMAGE=./env.sqsh srun -n1 cat /marker
   echo "$output"
   [ "$output" = saved-by-env ]
+  # In a job script, after a cd: the srun's directory, not sbatch's (the job's SLURM_SUBMIT_DIR).
+  printf '#!/bin/sh\ncd %s/sub || exit 3\nsrun -n1 --container-image=./rel.sqsh cat /marker\n' "$WORK" >"$WORK/cd.sh"
+  chmod 0755 "$WORK/cd.sh" && chown "$U" "$WORK/cd.sh"
+  run as_user sbatch --wait -N1 -o "$WORK/cd.out" "$WORK/cd.sh"
+  cat "$WORK/cd.out"
+  [ "$status" -eq 0 ]
+  grep -qx saved-by-option "$WORK/cd.out"
   # A relative image with srun --chdir elsewhere: Slurm tells the plugin the step's directory too late
   # (docs/user.md): one clear error, not another directory's file.
   cp "$WORK/sub/env.sqsh" "$WORK/env.sqsh" && chown "$U" "$WORK/env.sqsh"
