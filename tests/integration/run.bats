@@ -145,11 +145,18 @@ grun() { as_user "$GANTRY" run "$@"; }
   run grun --mount /nonexistent-src:/x "$IMGDIR/img.sqsh" true
   [ "$status" -eq 125 ]
   [ "$output" = "gantry: mounting /nonexistent-src at /x: source path does not exist" ]
-  mkdir -p "$SHARE/../gantry-run-secret.$$" && chmod 0700 "$SHARE/../gantry-run-secret.$$"
-  run grun --mount "/tmp/gantry-run-secret.$$:/s" "$IMGDIR/img.sqsh" true
-  rmdir "/tmp/gantry-run-secret.$$"
+  # A source only has to exist for the user (Pyxis): a directory they cannot read is bound and stays
+  # unreadable inside; one below a directory they cannot search does not exist for them.
+  mkdir -p "$SHARE/../gantry-run-secret.$$/inner" && chmod 0700 "$SHARE/../gantry-run-secret.$$"
+  run grun --mount "/tmp/gantry-run-secret.$$:/s" "$IMGDIR/img.sqsh" sh -c 'ls /s || echo unreadable'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"Permission denied"*"unreadable" ]]
+  run grun --mount "/tmp/gantry-run-secret.$$/inner:/s" "$IMGDIR/img.sqsh" true
+  rm -rf "/tmp/gantry-run-secret.$$"
+  echo "$output"
   [ "$status" -eq 125 ]
-  [[ "$output" == *"/tmp/gantry-run-secret.$$"*"Permission denied"* ]]
+  [[ "$output" == *"/tmp/gantry-run-secret.$$/inner"*"Permission denied"* ]]
   run grun --mount "$SHARE:/x/../../etc" "$IMGDIR/img.sqsh" true
   [[ "$output" == *"'..' is not allowed"* ]]
   run grun --mount "$SHARE:/x:bogus" "$IMGDIR/img.sqsh" true
