@@ -71,13 +71,6 @@ std::optional<Result<PullResult>> whole_from_stored_layers(const Config& config,
 
 }  // namespace
 
-Result<PullPolicy> parse_pull_policy(const std::string& text) {
-    if (text == "always") return PullPolicy::always;
-    if (text == "missing") return PullPolicy::missing;
-    if (text == "never") return PullPolicy::never;
-    return make_error("unknown pull policy '" + text + "' (valid: always, missing, never)");
-}
-
 namespace {
 
 // The path a pull reports for `digest` when the store holds it in a form this pull serves: a whole
