@@ -7,16 +7,11 @@
 load helpers
 
 setup() {
-  gantry_load_env registry images slurm
-  gantry_cluster_registry
-  gantry_plugin_conf
-  U=$GANTRY_TEST_USER
+  gantry_step_suite enroot-cli
   ENROOT=$GANTRY_BUILD_DIR/runtime/enroot
-  WORK=$(mktemp -d "$GANTRY_TEST_FSX/enroot-cli.XXXXXX")
   mkdir -m 0700 "$WORK/xdg"  # the user's runtime directory, this test's alone (running containers)
-  chown "$U" "$WORK" "$WORK/xdg"
+  chown "$U" "$WORK/xdg"
   chmod 0755 "$WORK"
-  TINY="$REG#gantry-test/tiny"
   # The harness's gantry.conf (its store, the registry allowed over HTTP) with a runtime_path of this
   # test's: other harness clusters on this host share /run/gantry, and `enroot list` shows what is there.
   { cat "$GANTRY_TEST_GANTRY_CONF"; echo "runtime_path = $WORK/run"; } >"$WORK/gantry.conf"

@@ -223,6 +223,22 @@ gantry_plugin_conf() {
   mkdir -p "$GANTRY_TEST_FSX/store" && chmod 1777 "$GANTRY_TEST_FSX/store"
 }
 
+# gantry_step_suite NAME: the set-up of a suite of srun steps on the harness cluster: the environments,
+# REG (gantry_cluster_registry), the plugin's gantry.conf (gantry_plugin_conf: call it as
+# `GANTRY_TEST_IMPORT_MESSAGES= gantry_step_suite NAME` for Gantry's default import lines), TINY and
+# DEBIAN (the test images there), U (the test user) and WORK, a new directory of U's on the shared
+# file system (a cwd every node has), named after NAME; the suite's teardown removes it.
+gantry_step_suite() {
+  gantry_load_env registry images slurm
+  gantry_cluster_registry
+  gantry_plugin_conf
+  TINY="$REG#gantry-test/tiny"
+  DEBIAN="$REG#gantry-test/debian"
+  U=$GANTRY_TEST_USER
+  WORK=$(mktemp -d "$GANTRY_TEST_FSX/$1.XXXXXX")
+  chown "$U" "$WORK"
+}
+
 # gantry_private_registry DIR LISTEN [tls CERT KEY] [auth YAML]: a docker-registry of one test's own
 # (so a test may kill it, or give it its own auth, without touching the harness's), listening on LISTEN
 # (e.g. 127.0.0.1:PORT, or 0.0.0.0:PORT for the cluster's nodes), storage, config and log in DIR

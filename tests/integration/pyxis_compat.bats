@@ -6,13 +6,7 @@
 load helpers
 
 setup() {
-  gantry_load_env registry images slurm
-  gantry_cluster_registry
-  GANTRY_TEST_IMPORT_MESSAGES= gantry_plugin_conf  # Gantry's default: import lines on
-  TINY="$REG#gantry-test/tiny"
-  U=$GANTRY_TEST_USER
-  WORK=$(mktemp -d "$GANTRY_TEST_FSX/pyxis-compat.XXXXXX")
-  chown "$U" "$WORK"
+  GANTRY_TEST_IMPORT_MESSAGES= gantry_step_suite pyxis-compat  # Gantry's default: import lines on
 }
 
 teardown() {

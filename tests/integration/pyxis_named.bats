@@ -8,14 +8,7 @@
 load helpers
 
 setup() {
-  gantry_load_env registry images slurm
-  gantry_cluster_registry
-  gantry_plugin_conf
-  TINY="$REG#gantry-test/tiny"
-  DEBIAN="$REG#gantry-test/debian"
-  U=$GANTRY_TEST_USER
-  WORK=$(mktemp -d "$GANTRY_TEST_FSX/pyxis-named.XXXXXX")
-  chown "$U" "$WORK"
+  gantry_step_suite pyxis-named
 }
 
 teardown() {

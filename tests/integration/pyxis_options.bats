@@ -8,14 +8,8 @@
 load helpers
 
 setup() {
-  gantry_load_env registry images slurm
-  gantry_cluster_registry
-  gantry_plugin_conf
-  TINY="$REG#gantry-test/tiny"
-  U=$GANTRY_TEST_USER
+  gantry_step_suite pyxis-options
   UHOME=$(getent passwd "$U" | cut -d: -f6)
-  WORK=$(mktemp -d "$GANTRY_TEST_FSX/pyxis-options.XXXXXX")
-  chown "$U" "$WORK"
 }
 
 teardown() {

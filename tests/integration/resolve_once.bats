@@ -7,12 +7,7 @@
 load helpers
 
 setup() {
-  gantry_load_env registry images slurm
-  gantry_cluster_registry
-  gantry_plugin_conf
-  U=$GANTRY_TEST_USER
-  WORK=$(mktemp -d "$GANTRY_TEST_FSX/resolve-once.XXXXXX")
-  chown "$U" "$WORK"
+  gantry_step_suite resolve-once
 }
 
 teardown() {
