@@ -59,11 +59,12 @@ teardown() {
   rm -rf "$WORK"
 }
 
-# fabric_host [builtin|dso|none] [new|old|none] [2.23.4|2.18.3]: the host's /opt/amazon libraries
+# fabric_host [builtin|dso|none] [new|old|none] [2.23.4|2.18.3] [GANTRY.CONF LINE...]: the host's /opt/amazon libraries
 # (libfabric with the provider built in, as a DSO, or without; aws-ofi-nccl's plugin under its new
 # name, its old name, or none; NCCL's version). Default: everything there, the current names.
 fabric_host() {
   local provider=${1:-builtin} plugin=${2:-new} nccl=${3:-2.23.4}
+  shift $(($# < 3 ? $# : 3))
   local efa=$HW/opt/amazon/efa/lib ofi=$HW/opt/amazon/ofi-nccl/lib stand_in=$HW/opt/aws-ofi-nccl/lib
   rm -rf "$efa" "$ofi" "$stand_in" && mkdir -p "$efa" "$ofi" "$stand_in"
   cp "$SRC/libefa.so.1" "$efa/"
