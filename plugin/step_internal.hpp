@@ -107,11 +107,18 @@ struct StepState {
     std::vector<gid_t> groups;
     Config config;
     std::string device_warnings;          // devices (issue 7): shown by node 0's first task
+    bool efa_devices = false;             // EFA devices went into the container: its fabric is checked (issue 37)
     std::string notices;                  // "gantry: ..." lines for srun's terminal, node 0's first task
     std::optional<StepSignals> signals;   // slurmstepd only (watch_step_signals): stops pulls and checks of a cancelled step
 };
 
 StepState& state();
+
+// Each task, in the container as the job user, before Slurm execs it (fabric.cpp, issue 37): the EFA
+// check, by the first task of each node (by every task where efa_required = yes, which fails them).
+// `task_env`: Slurm's environment of the task; `container_env`: the one it will run with.
+Status check_task_fabric(const StepState& st, const std::vector<std::string>& task_env,
+                         const std::vector<std::string>& container_env);
 
 template <typename T>
 inline bool item(spank_t sp, spank_item_t what, T* out) {

@@ -15,6 +15,7 @@
 #include "gantry/devices.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/dropins.hpp"
+#include "gantry/fabric_check.hpp"
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/launcher.hpp"
@@ -347,6 +348,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         prepared->spec.fuse_server_scope = "job " + std::to_string(id->jobid) + " on " + host;
     }
     ContainerEdits* edits = &prepared->spec.devices;
+    st.efa_devices = passes_efa_devices(*edits);
     // Warnings (memlock for EFA, stale driver libraries) go to the slurmd log here, and to the user's
     // terminal from the first task of node 0 (join_step): this hook's output never reaches srun.
     uint32_t nodeid = 0;

@@ -48,6 +48,7 @@ Status join_step(spank_t sp) {
     std::vector<std::string> after = container_environment(st.joined.defaults, before, EnvironmentRule::pyxis);
     // --- devices and wiring (issue 7): PMIx MCA mapping and PyTorch ranks of this task ---
     for (auto& e : task_environment(st.config, st.joined.defaults.image_env, before)) after.push_back(std::move(e));
+    GANTRY_TRY(check_task_fabric(st, before, after));
     // --- end devices ---
     std::map<std::string, std::string> wanted;
     for (const auto& e : after) {

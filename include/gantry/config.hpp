@@ -99,6 +99,8 @@ struct Config {
     bool gpu = true;
     bool efa = true;
     bool efa_host_libs = false;
+    // Proving the fabric (issue 37): a step whose EFA check finds a problem fails instead of warning.
+    bool efa_required = false;
     bool pmix = true;
     bool pytorch = true;
     // An `srun` inside a containerized batch script (#SBATCH --container-image): the batch step's

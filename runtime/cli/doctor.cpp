@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -32,10 +33,13 @@
 #include "gantry/devices.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/slurm_conf.hpp"
+#include "gantry/spawn.hpp"
 #include "gantry/store.hpp"
 #include "gantry/store_fs.hpp"
 #include "gantry/strings.hpp"
 #include "gantry/version.hpp"
+
+extern char** environ;
 
 namespace gantry::cli {
 namespace {
@@ -386,7 +390,36 @@ Check store_filesystem(const Config& config) {
     return c;
 }
 
-int doctor_verb(const std::optional<std::string>& plugstack) {
+// The EFA check of an image on this node (issue 37): `gantry run --fabric-check IMAGE`, the same check
+// and the same container as `gantry run` and the plugin's steps (the node's devices, efa_host_libs).
+Check fabric(const std::string& image) {
+    Check c{"EFA fabric in " + image, false, "", ""};
+    char self[4096];
+    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    ProcessRequest req;
+    req.argv = {n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string("/usr/bin/gantry"), "run",
+                "--fabric-check", image};
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) req.env.emplace_back(*e);
+    req.timeout = std::chrono::minutes(30);  // a cold pull of a big image comes first
+    auto out = spawn(req);
+    if (!out) {
+        c.detail = out.error().message;
+        c.fix = "see the message";
+        return c;
+    }
+    auto lines = split_list(out->out, '\n');
+    if (out->status <= 1 && !lines.empty() && (lines[0] == "ok" || lines[0] == "problem")) {
+        c.ok = lines[0] == "ok";
+        c.detail = lines.size() > 1 ? lines[1] : "";
+        c.fix = lines.size() > 2 ? lines[2] : "";
+    } else {
+        c.detail = "gantry run --fabric-check " + image + " failed: " + last_line(out->err);
+        c.fix = "run it by hand to see why";
+    }
+    return c;
+}
+
+int doctor_verb(const std::optional<std::string>& plugstack, const std::optional<std::string>& image) {
     const char* slurm_conf_env = std::getenv("SLURM_CONF");
     auto config = load_config();
     if (!config) return fail(config.error());
@@ -405,6 +438,7 @@ int doctor_verb(const std::optional<std::string>& plugstack) {
         plugin(plugstack.value_or(""), slurm_conf_env ? std::optional<std::string>(slurm_conf_env) : std::nullopt,
                slurm)};
     checks.push_back(slurm_version(slurm));
+    if (image) checks.push_back(fabric(*image));
     size_t width = 0;
     for (const auto& c : checks) width = std::max(width, c.name.size());
     int failed = 0;
@@ -425,14 +459,22 @@ VerbRunner define_doctor(CLI::App& app) {
     CLI::Option* opt =
         app.add_option("--plugstack", *plugstack, "the plugstack.conf to check (default: the one slurm.conf names)")
             ->type_name("FILE");
-    return {[plugstack, opt] { return doctor_verb(given(opt, *plugstack)); }, {}};
+    auto image = std::make_shared<std::string>();
+    CLI::Option* image_opt =
+        app.add_option("--image", *image,
+                       "also check this image's EFA fabric here: devices, libfabric's efa provider, the NCCL plugin")
+            ->type_name("IMAGE");
+    return {
+        [plugstack, opt, image, image_opt] { return doctor_verb(given(opt, *plugstack), given(image_opt, *image)); },
+        {}};
 }
 
 const Registration doctor_registration(
     {{"doctor",
-      "doctor [--plugstack FILE]   check this node: namespaces, AppArmor, fuse, store, flock, "
-      "GPUs, EFA, memlock, plugin, Slurm version",
-      "[--plugstack FILE]", "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).",
+      "doctor [--plugstack FILE] [--image IMAGE]   check this node: namespaces, AppArmor, fuse, store, flock, "
+      "GPUs, EFA, memlock, plugin, Slurm version; an image's EFA fabric",
+      "[--plugstack FILE] [--image IMAGE]",
+      "Checks this node and prints one line per check (\u2713 or \u2717 with the fix).",
       "exit status: 0 every check passed, 1 a check failed, 2 a usage error\n"},
      define_doctor});
 

@@ -15,6 +15,7 @@
 #include "gantry/config.hpp"
 #include "gantry/devices.hpp"
 #include "gantry/dropins.hpp"
+#include "gantry/fabric_probe.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/log.hpp"
 #include "gantry/run_request.hpp"
@@ -56,11 +57,41 @@ Result<std::string> read_text(const std::string& path) {
     return ss.str();
 }
 
+// Proving the fabric (issue 37) before the command, as the plugin does before a step's tasks:
+// -1 to go on, else the exit status. `only` (--fabric-check): the check alone, printed as three lines
+// ("ok"/"problem", what was found or the cause, the fix) for `gantry doctor --image`.
+int check_run_fabric(const ContainerState& container, const ContainerSpec& spec, bool only) {
+    std::vector<std::string> env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+    auto inside = container_environment(container.defaults, env, EnvironmentRule::docker);
+    if (!only && !fabric_check_wanted(inside, passes_efa_devices(spec.devices))) return -1;
+    auto report = probe_fabric(container, env);
+    if (!report) {
+        log::error(report.error().message);
+        return only || spec.config.efa_required ? kSetupFailed : -1;
+    }
+    if (only) {
+        if (report->problem)
+            std::printf("problem\n%s\n%s\n", report->problem->cause.c_str(), report->problem->fix.c_str());
+        else
+            std::printf("ok\n%s\n\n", report->summary.c_str());
+        return report->problem ? 1 : 0;
+    }
+    if (!report->problem) return -1;
+    if (!spec.config.efa_required) {
+        log::warning(report->problem->line());
+        return -1;
+    }
+    log::error(report->problem->line() + " (efa_required = yes in gantry.conf: the command does not run)");
+    return kSetupFailed;
+}
+
 // What `gantry run` was given; the options of RunRequest's optional settings apply only when given.
 struct RunArgs {
     std::vector<std::string> mounts, env, operands;  // operands: IMAGE, then the command verbatim
     std::string workdir, unshare, backend, name, store, pull, image_file, config_file;
     bool writable = false, remap_root = false, entrypoint = false, mount_home = false, detach = false;
+    bool fabric_check = false;  // --fabric-check: only the EFA check, printed (gantry doctor --image)
     CLI::Option *workdir_opt, *writable_opt, *remap_root_opt, *entrypoint_opt, *mount_home_opt, *unshare_opt,
         *backend_opt, *pull_opt;
 };
@@ -158,6 +189,10 @@ int run_verb(const RunArgs& a) {
     if (spec.detach) {
         std::printf("%s %d\n", spec.name.c_str(), static_cast<int>(container->pid()));
         return 0;
+    }
+    if (int rc = check_run_fabric(container->state(), spec, a.fabric_check); rc >= 0) {
+        (void)container->stop();
+        return rc;
     }
     auto status = run_in(container->state(), process);
     auto stopped = container->stop();
@@ -275,6 +310,8 @@ VerbRunner define_run(CLI::App& app) {
                                  "resolved), never (the store only); default: GANTRY_PULL_POLICY, else\n"
                                  "gantry.conf's pull_policy (always). A stored digest needs no registry")
                       ->type_name("always|missing|never");
+    app.add_flag("--fabric-check", a->fabric_check,
+                 "only check the container's EFA fabric (devices, libfabric's efa provider, the NCCL plugin) and print it");
     app.add_option("--image-file", a->image_file, "run this squashfs file (instead of the IMAGE operand)")->type_name("FILE");
     app.add_option("--config-file", a->config_file, "the image config (JSON) for a squashfs file")->type_name("FILE");
     take_operands_verbatim(app, a->operands, "IMAGE, then the command and its arguments");

@@ -167,6 +167,7 @@ const std::map<std::string, Setter>& setters() {
         {"gpu", bool_key(&Config::gpu)},
         {"efa", bool_key(&Config::efa)},
         {"efa_host_libs", bool_key(&Config::efa_host_libs)},
+        {"efa_required", bool_key(&Config::efa_required)},
         {"pmix", bool_key(&Config::pmix)},
         {"import_messages", bool_key(&Config::import_messages)},
         {"batch_srun", bool_key(&Config::batch_srun)},
