@@ -149,7 +149,7 @@ EOF
   below "$took" 10
   nodes_idle
   # The child was killed and reaped: its pid names nothing now (a zombie would still answer kill -0).
-  while read -r child; do ! kill -0 "$child" 2>/dev/null; done <"$WORK/children"
+  while read -r child; do ! kill -0 "$child" 2>/dev/null || false; done <"$WORK/children"
   [ -z "$(pgrep -u "$ATTACKER" -f 'sleep 60')" ]
 }
 
