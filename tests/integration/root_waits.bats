@@ -34,6 +34,10 @@ teardown() {
   pkill -9 -u "$ATTACKER" 2>/dev/null || true
   scancel -u "$ATTACKER" 2>/dev/null || true
   rm -rf "$WORK" "${SPOOL_SECRET:-}"
+  if [ -n "${GPU_CLUSTER:-}" ]; then  # the harness cluster as the other suites expect it
+    "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" stop >/dev/null
+    "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" start >/dev/null
+  fi
 }
 
 # as CMD...: CMD as the attacker from the shared directory.
@@ -313,4 +317,38 @@ nodename_of_named() {
   answers_alike nodename_of_named
   [ "$ANSWER_STATUS" -eq 0 ]
   echo "$ANSWER" | grep -qx "$GANTRY_SLURM_STATE/nodes/secret-NAME/spool not bound"
+}
+
+@test "NVIDIA_VISIBLE_DEVICES=all in a step Slurm allocated one (fake) GPU sees that one; naming another is refused" {
+  # The cluster restarted with the fake driver's four GPUs as Slurm gres (slurm.sh GANTRY_SLURM_GPU_FILES):
+  # --gpus allocations, SLURM_STEP_GPUS and CUDA_VISIBLE_DEVICES are Slurm's own.
+  # A cluster started that way already (GANTRY_SLURM_GPU_FILES set for the CTest fixture) is used as
+  # it is; otherwise it is restarted with them and restored by teardown (slow: slurm.sh stop).
+  local fake=$GANTRY_HARNESS_DIR/fakehw
+  if ! scontrol show node "$NODE" | grep -q 'Gres=gpu:'; then
+    "$GANTRY_SOURCE_DIR/tests/harness/fakehw.sh" "$fake" >/dev/null
+    GPU_CLUSTER=1
+    "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" stop >/dev/null
+    GANTRY_SLURM_GPU_FILES="$fake/dev/nvidia[0-3]" "$GANTRY_SOURCE_DIR/tests/harness/slurm.sh" start >/dev/null
+  fi
+  oracle_conf "host_root = $fake" "efa = 0"
+  run as_attacker env NVIDIA_VISIBLE_DEVICES=all timeout 60 srun -N1 -n1 -w "$NODE" --gpus=1 --container-image="$TINY" \
+    sh -c 'ls /dev | grep "^nvidia[0-9]"; echo "step $SLURM_STEP_GPUS"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^nvidia[0-9]')" -eq 1 ]
+  allocated=$(echo "$output" | sed -n 's/^step //p')
+  [ "$(echo "$output" | grep '^nvidia[0-9]')" = "nvidia$allocated" ]
+  # Two allocated: two seen.
+  run as_attacker env NVIDIA_VISIBLE_DEVICES=all timeout 60 srun -N1 -n1 -w "$NODE" --gpus=2 --container-image="$TINY" \
+    sh -c 'ls /dev | grep "^nvidia[0-9]"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -c '^nvidia[0-9]')" -eq 2 ]
+  # GPUs the step was not allocated (of four named, three are not): refused with one line, never widened to.
+  run as_attacker env NVIDIA_VISIBLE_DEVICES=0,1,2,3 timeout 60 srun -N1 -n1 -w "$NODE" --gpus=1 --container-image="$TINY" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$(echo "$output" | grep -c 'error: gantry: .*GPU [0-3] is not allocated to this step')" -eq 1 ]
+  nodes_idle
 }
