@@ -283,7 +283,9 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             trace::Phase phase("acquire_image_as");
             auto acquired = acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
                                              helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
-                                             *store_root, pulled->digest);
+                                             *store_root, pulled->digest,
+                                             std::chrono::seconds(st.config.check_timeout_seconds),
+                                             [] { return state().signals && state().signals->pending(); });
             if (!acquired) return acquired.error().wrap(import_failed(image));
             auto paths = acquired->paths();
             spec.image_path = paths.back();

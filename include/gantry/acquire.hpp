@@ -5,6 +5,8 @@
 // that was checked.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,9 +51,12 @@ Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& 
 // or open store). The files come back over a socket (SCM_RIGHTS); root opens nothing by name and
 // reads nothing from them: the helper checked type and magic on these very descriptors, as the user,
 // before sending them (the user could make a helper of theirs send anything: only the user's own
-// containers, served as the user, ever read them). No lease: the user's store is the user's to collect. At most 30 s for the answer.
+// containers, served as the user, ever read them). No lease: the user's store is the user's to collect.
+// The answer is waited for at most `limit` (gantry.conf's check_timeout_seconds) and not past
+// `should_stop` (the step's stop request); then the helper is killed and reaped by pidfd.
 Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
-                                       const std::string& store_root, const std::string& digest);
+                                       const std::string& store_root, const std::string& digest,
+                                       std::chrono::milliseconds limit, const std::function<bool()>& should_stop);
 // gantry-holder --acquire STORE DIGEST: the helper's side, answering on descriptor `channel`.
 int send_acquired_image(int channel, const std::string& store_root, const std::string& digest);
 

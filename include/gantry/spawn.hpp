@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/fd.hpp"
 #include "gantry/result.hpp"
 
 namespace gantry {
@@ -102,7 +103,9 @@ std::string stop_reason(const ProcessRequest& request, const ProcessOutcome& out
 // Starts the request's program and returns without waiting for it: the same identity, namespace,
 // descriptor and environment rules as spawn(), but nothing is captured (`outputs`, the caps and
 // should_stop are ignored): stdin, stdout and stderr are /dev/null unless `inputs` names them. Returns the program's pid, to reap with waitpid; 0 with `daemonize` (the
-// program must say who it is itself). A failure before exec shows as its exit status 125-127.
-Result<pid_t> start_process(const ProcessRequest& request);
+// program is no child of ours): then `daemon_pidfd`, when given, receives a pidfd of the program, taken
+// while its pid could not yet have been reused (so a caller can end it, e.g. past a deadline). A
+// failure before exec shows as its exit status 125-127.
+Result<pid_t> start_process(const ProcessRequest& request, UniqueFd* daemon_pidfd = nullptr);
 
 }  // namespace gantry

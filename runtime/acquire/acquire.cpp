@@ -23,18 +23,23 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
+#include "gantry/log.hpp"
 
 namespace gantry {
 
@@ -141,7 +146,8 @@ int send_acquired_image(int channel, const std::string& store_root, const std::s
 }
 
 Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
-                                       const std::string& store_root, const std::string& digest) {
+                                       const std::string& store_root, const std::string& digest,
+                                       std::chrono::milliseconds limit, const std::function<bool()>& should_stop) {
     GANTRY_TRY(validate_digest(digest));
     const std::string what = "opening image " + digest + " in " + store_root + " as uid " + std::to_string(who.uid);
     int sv[2];
@@ -156,12 +162,30 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
     auto pid = start_process(rq);
     if (!pid) return pid.error().wrap(what);
     theirs.reset();
+    // Our unreaped child, so the pid names it; by pidfd it is killed and reaped within a bound even
+    // when the kernel keeps it (a read on a FUSE mount the user stopped: then it is left, reported).
+    UniqueFd child(static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0)));
     Defer reap([&] {
-        ::kill(*pid, SIGKILL);
+        if (!child || ::syscall(SYS_pidfd_send_signal, child.get(), SIGKILL, nullptr, 0) != 0) ::kill(*pid, SIGKILL);
+        struct pollfd p {child.get(), POLLIN, 0};
+        if (child && ::poll(&p, 1, 5000) == 0) {
+            log::warning(what + ": the helper did not end within 5 s of SIGKILL");
+            return;
+        }
         ::waitpid(*pid, nullptr, 0);
     });
-    timeval limit{30, 0};  // every wait has an end: a stuck helper is killed by reap
-    ::setsockopt(ours.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    // Every wait has an end: the answer comes within `limit` and before the step's stop request, or
+    // the helper is killed (reap above).
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (true) {
+        if (should_stop && should_stop()) return make_error(what + ": the step is being stopped");
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+        if (left <= 0)
+            return make_error(what + ": no answer within " + std::to_string(limit.count() / 1000) +
+                              " s (check_timeout_seconds in gantry.conf; is the store on a stalled file system?)");
+        struct pollfd p {ours.get(), POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 200))) > 0) break;
+    }
     char text[4096] = {};
     std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxSentFiles), 0);
     msghdr msg{};

@@ -128,25 +128,55 @@ std::string traced_name(const ProcessRequest& rq) {
 
 }  // namespace
 
-Result<pid_t> start_process(const ProcessRequest& rq) {
+Result<pid_t> start_process(const ProcessRequest& rq, UniqueFd* daemon_pidfd) {
     if (rq.argv.empty() || rq.argv[0].empty() || rq.argv[0][0] != '/')
         return make_error("running a helper: an absolute program path is needed");
     ChildPlan plan = plan_child(rq, {});
     plan.null_output = true;
+    // A daemon's pid, from the intermediate (`told`), which then waits until we have closed `held`:
+    // until it exits the daemon is its child, so its pid names it (not reaped by anyone) while we
+    // take the pidfd.
+    int told[2] = {-1, -1}, held[2] = {-1, -1};
+    bool tell = rq.daemonize && daemon_pidfd != nullptr;
+    if (tell && (::pipe2(told, O_CLOEXEC) != 0 || ::pipe2(held, O_CLOEXEC) != 0)) {
+        for (int fd : {told[0], told[1], held[0], held[1]})
+            if (fd >= 0) ::close(fd);
+        return system_error("starting " + rq.argv[0]);
+    }
+    UniqueFd told_r(told[0]), told_w(told[1]), held_r(held[0]), held_w(held[1]);
     if (trace::on()) trace::point("start", traced_name(rq));
     pid_t pid = ::fork();
     if (pid < 0) return system_error("starting " + rq.argv[0]);
     if (pid == 0) {
         if (rq.daemonize) {
             // The intermediate: a session of its own first, so that the program is in no terminal's
-            // process group, then the program's own fork; it exits at once and we reap it below.
+            // process group, then the program's own fork; it exits at once (after saying the
+            // program's pid and waiting for our end of `held` to close, when asked) and we reap it below.
             (void)::setsid();
             pid_t again = ::fork();
+            if (again > 0 && tell) {
+                ::close(held[1]);
+                (void)!::write(told[1], &again, sizeof again);
+                char c;
+                while (::read(held[0], &c, 1) < 0 && errno == EINTR) {
+                }
+            }
             if (again != 0) ::_exit(again < 0 ? kSetupFailed : 0);
         }
         become_program(plan);
     }
     if (!rq.daemonize) return pid;
+    if (tell) {
+        told_w.reset();
+        held_r.reset();
+        pid_t daemon = 0;
+        ssize_t n;
+        while ((n = ::read(told_r.get(), &daemon, sizeof daemon)) < 0 && errno == EINTR) {
+        }
+        if (n == static_cast<ssize_t>(sizeof daemon) && daemon > 0)
+            *daemon_pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, daemon, 0)));
+        held_w.reset();  // the intermediate may exit now
+    }
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }

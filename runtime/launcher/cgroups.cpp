@@ -168,12 +168,30 @@ uid_t real_uid_of(pid_t pid) {
     return uid < 0 ? static_cast<uid_t>(-1) : static_cast<uid_t>(uid);
 }
 
-// The children of `leader` (its main thread's), each checked right before use to be its child still.
+// The children of `leader` (its main thread's), as listed now: each is checked again when it is moved.
 std::vector<pid_t> children_of(pid_t leader) {
     std::vector<pid_t> out;
     std::ifstream kids("/proc/" + std::to_string(leader) + "/task/" + std::to_string(leader) + "/children");
     for (pid_t p; kids >> p;) out.push_back(p);
     return out;
+}
+
+bool has_exited(int pidfd) {
+    struct pollfd p {pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) != 0;  // readable (or an error) once the process has ended
+}
+
+// Writes `pid` into `procs` only while it is the process `is_it` recognises. The pidfd is taken first,
+// so a pidfd that has not ended after `is_it` proves `is_it` looked at the process the pidfd names; it
+// is checked again right before the write and once more after it: a process that ended in between
+// (and whose pid may have been reused by the time of the write) is reported, never taken for a move.
+template <typename Check>
+Status move_process(const std::string& procs, pid_t pid, Check is_it, const std::string& what) {
+    UniqueFd fd(launcher::open_pidfd(pid));
+    if (!fd || !is_it() || has_exited(fd.get())) return make_error(what + " is gone");
+    Status moved = write_pid(procs, pid);
+    if (has_exited(fd.get())) return make_error(what + " ended while it was moved into " + procs);
+    return moved;
 }
 
 // Makes Gantry's leaf (root, in the Slurm-managed cgroup tree): the directory the kernel names a
@@ -187,8 +205,9 @@ Status make_leaf(const std::string& dir) {
 }
 
 // One process (the leader: checked to be the one recorded, by start time and, with `owner`, real
-// uid, right before its write) and its children (checked to be its children right before each
-// write: a pid reused since is not the leader's child), into the cgroups `level` names for `model`.
+// uid) and its children (checked to be its children), into the cgroups `level` names for `model`;
+// each is held by a pidfd from before its check until after its write (move_process). A child that
+// ended meanwhile is passed over; the leader gone ends the move.
 Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsigned long long leader_start, uid_t owner,
                             const std::string& what) {
     std::string task_cgroups = read_small("/proc/" + std::to_string(model) + "/cgroup");
@@ -206,13 +225,22 @@ Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsign
                 continue;
             }
         }
-        if (launcher::process_start_time(leader) != leader_start ||
-            (owner != static_cast<uid_t>(-1) && real_uid_of(leader) != owner))
-            return make_error(what + " is gone");
-        keep_first(write_pid(t.dir + "/cgroup.procs", leader));
-        // Children forked from now on start in the new cgroup; the ones from before follow.
-        for (pid_t child : launcher::process_start_time(leader) == leader_start ? children_of(leader) : std::vector<pid_t>{})
-            if (status_field(child, "PPid:") == leader) keep_first(write_pid(t.dir + "/cgroup.procs", child));
+        auto is_leader = [&] {
+            return launcher::process_start_time(leader) == leader_start &&
+                   (owner == static_cast<uid_t>(-1) || real_uid_of(leader) == owner);
+        };
+        if (auto moved = move_process(t.dir + "/cgroup.procs", leader, is_leader, what); !moved) {
+            if (!is_leader()) return moved;
+            keep_first(std::move(moved));
+        }
+        // Children forked from now on start in the new cgroup; the ones from before follow, each by
+        // pidfd while it is still the leader's child and the leader still the one recorded.
+        for (pid_t child : children_of(leader)) {
+            auto is_child = [&] { return is_leader() && status_field(child, "PPid:") == leader; };
+            if (auto moved = move_process(t.dir + "/cgroup.procs", child, is_child, what + "'s child " + std::to_string(child));
+                !moved && is_child())
+                keep_first(std::move(moved));
+        }
     }
     return result;
 }

@@ -295,7 +295,8 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     if (!spec.detach && !root_for_user) run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
     run.own_session = true;  // out of the terminal's process group: Ctrl-C is for the command, not the holder
     run.daemonize = spec.detach;
-    auto started = start_process(run);
+    UniqueFd detached_fd;  // a detached holder's pidfd (start_process takes it before its pid can be reused)
+    auto started = start_process(run, &detached_fd);
     if (!started) return started.error().wrap("starting the container holder " + run.argv[0]);
     pid_t child = *started;  // 0 when detached: the holder is no child of ours
     theirs.reset();
@@ -303,19 +304,23 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     // reaped through it below, within a bound even if the kernel holds it (a stalled FUSE mount).
     UniqueFd child_fd(child > 0 ? launcher::open_pidfd(child) : -1);
     auto kill_child = [&] {
-        // Safe: `child` is our unreaped child (pidfd or not, the pid names it).
+        // Safe: `child` is our unreaped child (pidfd or not, the pid names it); a detached holder is
+        // signalled only through the pidfd taken while it was the intermediate's unreaped child.
         if (child > 0 && (!child_fd || launcher::signal_pidfd(child_fd.get(), SIGKILL) != 0)) ::kill(child, SIGKILL);
+        if (child == 0 && detached_fd) (void)launcher::signal_pidfd(detached_fd.get(), SIGKILL);
     };
-    // Every way out but success (child = -1 then) ends the holder: killed, then reaped.
+    // Every way out but success (child = -1 then) ends the holder: killed, then reaped (ours), or
+    // waited for until it has ended (a detached one: its new parent reaps it).
     Defer reap([&] {
-        if (child <= 0) return;
+        if (child < 0) return;
         kill_child();
-        struct pollfd p {child_fd.get(), POLLIN, 0};
-        if (child_fd && ::poll(&p, 1, 5000) == 0) {
-            log::warning("the container holder (pid " + std::to_string(child) + ") did not end within 5 s of SIGKILL");
+        const UniqueFd& fd = child > 0 ? child_fd : detached_fd;
+        struct pollfd p {fd.get(), POLLIN, 0};
+        if (fd && ::poll(&p, 1, 5000) == 0) {
+            log::warning("the container holder did not end within 5 s of SIGKILL");
             return;
         }
-        ::waitpid(child, nullptr, 0);
+        if (child > 0) ::waitpid(child, nullptr, 0);
     });
     // The kernel tells us who sent each message (SO_PASSCRED, set before the holder can say anything): a "userns PID" request is believed only
     // from PID itself, so a detached holder (no child of ours) cannot name another process.
@@ -554,7 +559,21 @@ Status Container::stop() {
         if (kernel_mount_ && launcher::running_as_real_root()) (void)release_idle_mounts(config_);
     });
     if (is_child_) {
+        // Our unreaped child (the pid names it): SIGTERM, SIGKILL after 10 s, reaped once it has
+        // ended; a holder the kernel keeps (a read on a FUSE mount the user stopped) is not waited
+        // for past another 5 s. A holder runs as the user, who may keep it from ending on SIGTERM.
+        UniqueFd pidfd(launcher::open_pidfd(pid));
         ::kill(pid, SIGTERM);
+        struct pollfd p {pidfd.get(), POLLIN, 0};
+        if (pidfd && ::poll(&p, 1, 10000) == 0) {
+            ::kill(pid, SIGKILL);
+            if (::poll(&p, 1, 5000) == 0) {
+                log::warning("container " + state_.name + ": its holder (pid " + std::to_string(pid) +
+                             ") did not end within 5 s of SIGKILL");
+                state_.holder_pid = -1;
+                return {};
+            }
+        }
         ::waitpid(pid, nullptr, 0);
         state_.holder_pid = -1;
         return {};

@@ -558,8 +558,16 @@ EOF
     # Node-local temporary storage: the scratch path, private to each node in multi-node mode.
     # PMIx puts its per-step client directories there; a /tmp shared by all nodes makes them clash.
     [ "$mode" = single ] || echo "TmpFS=$scratch"
+    # Fake GPUs as Slurm gres (GANTRY_SLURM_GPU_FILES, e.g. FAKEHW/dev/nvidia[0-3] from fakehw.sh):
+    # slurmd reads only the device files' numbers, so --gpus allocations and SLURM_STEP_GPUS /
+    # CUDA_VISIBLE_DEVICES are Slurm's own, as on a GPU node.
+    local gres=
+    if [ -n "$gpu_files" ]; then
+      echo "GresTypes=gpu"
+      gres=" Gres=gpu:$gpu_count"
+    fi
     for node in $node_list; do
-      echo "NodeName=$node NodeAddr=$(node_addr "$node") NodeHostname=$node CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN"
+      echo "NodeName=$node NodeAddr=$(node_addr "$node") NodeHostname=$node CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem$gres State=UNKNOWN"
     done
     echo "PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$conf"
@@ -570,7 +578,11 @@ EOF
   # proctrack/cgroup (what production clusters run) needs cgroup.conf, which Slurm looks for in the
   # directory of SLURM_CONF; the harness uses the cgroup v1 hierarchies (each slurmd gets
   # /sys/fs/cgroup/<ctrl>/slurm_<node>).
-  rm -f "$state/etc/cgroup.conf"
+  rm -f "$state/etc/cgroup.conf" "$state/etc/gres.conf"
+  if [ -n "$gpu_files" ]; then
+    printf 'AutoDetect=off\nName=gpu File=%s\n' "$gpu_files" >"$state/etc/gres.conf"
+    chmod 0644 "$state/etc/gres.conf"
+  fi
   if [ "$proctrack" = proctrack/cgroup ]; then
     printf 'CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nCgroupAutomount=no\n' >"$state/etc/cgroup.conf"
   fi
@@ -679,6 +691,18 @@ cmd_start() {
   # How slurmd tracks a step's processes: linuxproc (by process tree) unless asked for cgroup, which
   # needs the cgroup v1 hierarchies (tests/integration/cgroup.bats).
   proctrack=${GANTRY_SLURM_PROCTRACK:-proctrack/linuxproc}
+  # Fake GPUs (see the NodeName lines): a bracketed range of device files, e.g. /x/dev/nvidia[0-3].
+  # `fake`: the four GPUs of tests/harness/fakehw.sh, built afresh in $hdir/fakehw (the CTest fixture).
+  gpu_files=${GANTRY_SLURM_GPU_FILES:-}
+  if [ "$gpu_files" = fake ]; then
+    "$here/fakehw.sh" "$hdir/fakehw" >/dev/null
+    gpu_files="$hdir/fakehw/dev/nvidia[0-3]"
+  fi
+  gpu_count=0
+  if [ -n "$gpu_files" ]; then
+    gpu_count=$(compgen -G "$gpu_files" | wc -l)
+    [ "$gpu_count" -gt 0 ] || die "GANTRY_SLURM_GPU_FILES=$gpu_files names no file"
+  fi
   if [ "$proctrack" = proctrack/cgroup ] && [ ! -d /sys/fs/cgroup/freezer ]; then
     die "GANTRY_SLURM_PROCTRACK=proctrack/cgroup needs the cgroup v1 freezer hierarchy (/sys/fs/cgroup/freezer)"
   fi
