@@ -8,8 +8,11 @@
 #   slurmroot.sh RELEASE root    make sure the release's root exists: debootstrap --variant=minbase of
 #                          its suite plus apt-get install of the build and runtime packages, cached
 #                          under $GANTRY_HARNESS_DIR/cache/ keyed by a hash of the recipe below
-#   ... build              root, then configure and build gantry, gantry-entry and spank_gantry.so in
-#                          the root against its libslurm-dev (build dir: <state>/build)
+#   ... build              root, then configure and build spank_gantry.so, gantry-imagefs and
+#                          gantry-entry in the root against its libslurm-dev and libfuse (build dir:
+#                          <state>/build), with the runtime's libraries and the programs gantry and
+#                          gantry-holder from the main build ($GANTRY_BUILD_DIR, GANTRY_RUNTIME_FROM);
+#                          GANTRY_ROOT_FULL_BUILD=1 (or no main build) builds them all in the root
 #   ... start              build, then start munged and slurmctld on the login node and one slurmd per
 #                          node (default 3, or $GANTRY_SLURM2411_NODES / $GANTRY_SLURM2605_NODES, at
 #                          least 2), all from the root with spank_gantry.so in its plugstack; writes
@@ -251,25 +254,63 @@ in_root() {
 # ---------------------------------------------------------------------------------------------------
 # Building Gantry in the root
 
+# main_build_for_root: prints the main build tree whose runtime the root's build takes
+# (GANTRY_RUNTIME_FROM), brought up to date first (a no-op in CI, where CTest starts after the build),
+# or nothing when the root builds everything itself: GANTRY_ROOT_FULL_BUILD=1 or no main build.
+main_build_for_root() {
+  local main=${GANTRY_BUILD_DIR:-}
+  [ "${GANTRY_ROOT_FULL_BUILD:-0}" != 1 ] && [ -n "$main" ] && [ -f "$main/CMakeCache.txt" ] || return 0
+  if ! "$src/tests/harness/low-priority.sh" cmake --build "$main" -j"$(nproc)" --target gantry gantry-holder \
+      >"$state/main-build.log" 2>&1; then
+    note "the main build ($main) failed to update (log: $state/main-build.log): building the whole runtime in the root"
+    return 0
+  fi
+  echo "$main"
+}
+
 cmd_build() {
   gantry_require_root "slurm$tag.sh"
   make_root
   start_holder
   mkdir -p "$bdir"
-  local t0=$SECONDS
-  note "building gantry, gantry-entry and spank_gantry.so against $suite's Slurm in $bdir (log: $state/build.log)"
+  local t0=$SECONDS main from=$state/runtime-from targets
+  main=$(main_build_for_root)
+  if [ -n "$main" ]; then
+    # The runtime does not depend on Slurm: its libraries and the two programs built from it come from
+    # the main build (Debian 12's GCC), and the root compiles what does depend on the root: the plugin
+    # against this release's spank.h, gantry-imagefs against its libfuse (trixie and forky have
+    # libfuse3.so.4, Debian 12 .so.3) and the static gantry-entry. The programs' other libraries have
+    # the same sonames in all three Debian releases. GCC 14 at -O2 over the whole tree is
+    # deploy_builds' Slinky stage (its log is checked for warnings); GANTRY_ROOT_FULL_BUILD=1 builds
+    # everything here. Copied into the state dir, which the root's namespace sees (the main build may
+    # live anywhere on the host).
+    rm -rf "$from" && mkdir -p "$from/runtime"
+    cp "$main"/runtime/libgantry_*.a "$main/runtime/gantry" "$main/runtime/gantry-holder" "$from/runtime/"
+    targets="spank_gantry gantry-imagefs gantry-entry"
+    note "building spank_gantry.so, gantry-imagefs and gantry-entry against $suite's Slurm in $bdir, the runtime from $main (log: $state/build.log)"
+  else
+    from=""
+    targets="gantry gantry-entry spank_gantry"
+    note "building gantry, gantry-entry and spank_gantry.so against $suite's Slurm in $bdir (log: $state/build.log)"
+  fi
   # At low priority: CTest runs this beside other tests (tests/CMakeLists.txt, the build lane). -O2 as
   # RelWithDebInfo (gcc 14's -Werror warnings depend on it) but without debug information, which
   # costs a third of this build's CPU time in CI and serves no test here.
+  # shellcheck disable=SC2086  # $5: the target list
   if ! in_root "$src/tests/harness/low-priority.sh" sh -ec '
       cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" \
-        "-DCMAKE_C_FLAGS_RELEASE=-O2 -DNDEBUG" -DGANTRY_WERROR=ON -DGANTRY_BUILD_TESTS=OFF
-      cmake --build "$2" -j"$3" --target gantry gantry-entry spank_gantry' build "$src" "$bdir" "$(nproc)" \
+        "-DCMAKE_C_FLAGS_RELEASE=-O2 -DNDEBUG" -DGANTRY_WERROR=ON -DGANTRY_BUILD_TESTS=OFF "-DGANTRY_RUNTIME_FROM=$4"
+      cmake --build "$2" -j"$3" --target $5' build "$src" "$bdir" "$(nproc)" "$from" "$targets" \
       >"$state/build.log" 2>&1; then
     die "building Gantry in the $suite root failed; see $state/build.log: $(grep -m3 -E 'error|Error' "$state/build.log" | tr '\n' ' ')"
   fi
   grep -q "gantry-built-for-slurm=$release" "$bdir/plugin/spank_gantry.so" ||
     die "$bdir/plugin/spank_gantry.so carries no gantry-built-for-slurm=$release marker; see $state/build.log"
+  # The main build's programs must run in the root (the sonames above): a missing library fails here,
+  # not in the first test.
+  if [ -n "$from" ] && ! in_root "$bdir/runtime/gantry" version >/dev/null 2>>"$state/build.log"; then
+    die "the main build's gantry does not run in the $suite root; see $state/build.log (GANTRY_ROOT_FULL_BUILD=1 builds it there)"
+  fi
   note "TIMING build: $((SECONDS - t0)) s"
 }
 
