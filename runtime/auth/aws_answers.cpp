@@ -32,7 +32,10 @@ struct LibXml {
 
 const LibXml* libxml() {
     static const LibXml* lib = []() -> const LibXml* {
+        // libxml2 2.14 changed its soname from .so.2 to .so.16 (Debian forky, Ubuntu 25.10 and later); the
+        // functions and the xmlNode/xmlDoc fields read here are the same in both.
         void* h = ::dlopen("libxml2.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (h == nullptr) h = ::dlopen("libxml2.so.16", RTLD_NOW | RTLD_LOCAL);
         if (h == nullptr) return nullptr;
         static LibXml l;
         l.read_memory = reinterpret_cast<decltype(&xmlReadMemory)>(::dlsym(h, "xmlReadMemory"));
@@ -80,7 +83,7 @@ StsAnswer parse_sts_answer(std::string_view body) {
     if (body.empty() || body.size() > kMaxXmlBytes) return out;
     const LibXml* xml = libxml();
     if (xml == nullptr) {
-        out.message = "libxml2.so.2 could not be loaded to read STS's XML answer (install libxml2)";
+        out.message = "libxml2 (libxml2.so.2 or .so.16) could not be loaded to read STS's XML answer (install libxml2)";
         return out;
     }
     // No network, no entity substitution from a DTD, no messages on stderr.
