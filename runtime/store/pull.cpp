@@ -173,11 +173,13 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     const bool registry_authorizes = options.registry_authorizes || config.private_images;
     const bool takes_layers = options.layered || options.accept_layered;
     // The store serves `digest` at `path`: that is the pull's result, with nothing produced.
+    bool waited = false;  // another producer held the image's lock (start-up telemetry: "waited")
     auto served = [&](const std::string& digest, const std::string& path) {
         store.touch(digest);
         PullResult r;
         r.digest = digest;
         r.squashfs_path = path;
+        r.waited = waited;
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return r;
     };
@@ -230,6 +232,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // still resolve it, each once, and then take that digest's lock too -- always in this order, index
     // before manifest, so no two pulls wait for each other.)
     auto waiting = [&](const std::string& holder) {
+        waited = true;
         update([&](PullProgress& p) {
             p.phase = PullProgress::Phase::waiting;
             p.note = holder;
