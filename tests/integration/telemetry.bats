@@ -143,8 +143,12 @@ p50() {
   [ "$(cat "$victim")" = untouched ]
   [ -z "$(find "$TDIR" -type f)" ]
   # The refusal is in the nodes' slurmd logs, with the reason.
-  sleep 1
-  grep -h "start-up telemetry not written: telemetry_dir $TDIR: refused" "$GANTRY_HARNESS_DIR"/slurm/nodes/*/slurmd.log | head -3
+  for ((i = 0; i < 50; i++)); do
+    refused=$(cat "$GANTRY_HARNESS_DIR"/slurm/nodes/*/slurmd.log | grep -c "start-up telemetry not written: telemetry_dir $TDIR: refused: it must be owned by uid 0 and writable by nobody else (it is uid 0, mode 1777)" || true)
+    [ "$refused" -ge 3 ] && break
+    sleep 0.2
+  done
+  [ "$refused" -eq 3 ]
   # Fixed (root-owned, 0755, the attacker's links removed): the next step's records appear.
   find "$TDIR" -type l -delete
   chmod 0755 "$TDIR"
