@@ -6,7 +6,9 @@
 #   warm       the same step again (image in the store)
 #   takeover   a cold step on another fresh store whose producer node is crashed mid-pull
 # and prints wall times, the ratios to the baseline, per-node container start p50/p99, the registry's
-# blob GETs against the image's blob count, and how long the takeover took.
+# blob GETs against the image's blob count, and how long the takeover took. The container steps run
+# with start-up telemetry on (gantry.conf telemetry_dir, issue #37): `gantry stats` of the cold and
+# warm steps is printed beside the bench's own per-node start.
 #
 #   bench/rehearsal.sh [N] [TASKS_PER_NODE]      defaults 80 and 8; run as root
 #
@@ -26,7 +28,7 @@
 # allocation, the launch fan-out, the pull (cold) and the container set-up. The same command without a
 # container gives the baseline's per-node start. Exits 1 if a check fails (blob GETs not equal to the
 # blob count on the cold step, more than one manifest request per warm step, a rank outside the image,
-# a takeover that does not complete).
+# a takeover that does not complete, a container step without one complete telemetry record per node).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 # Before lib.sh, which defaults it to the shared /tmp/gantry-harness.
@@ -77,6 +79,10 @@ work=$(mktemp -d "$GANTRY_TEST_FSX/rehearsal.XXXXXX")
 # by root or the store account and not writable by others (the harness dir need not be).
 tstores=/var/lib/gantry-rehearsal.$$
 chmod 755 "$work"
+# Start-up telemetry: root-owned, writable by nobody else (the nodes refuse any other directory).
+tdir=$work/telemetry
+install -d -o root -g root -m 0755 "$tdir"
+gantry_cli=$GANTRY_BUILD_DIR/runtime/gantry
 shaped=
 crashed=
 cleanup() {
@@ -143,13 +149,13 @@ fresh_store() {
   if [ "$store_kind" = open ]; then
     store=$work/store-$1
     install -d -m 1777 "$store"
-    printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\nlayered_images = no\n' "$store" "$reg" >"$H/gantry.conf"
+    printf 'store_path = %s\ninsecure_registries = %s\nimport_messages = 0\nlayered_images = no\ntelemetry_dir = %s\n' "$store" "$reg" "$tdir" >"$H/gantry.conf"
   else
     id -u "$owner" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$owner"
     store=$tstores/store-$1
     install -d -m 0755 "$tstores"
     for d in "" images refs used locks staging; do install -d -o "$owner" -g "$owner" -m 0755 "$store/$d"; done
-    printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nimport_messages = 0\nlayered_images = no\n' "$store" "$owner" "$reg" >"$H/gantry.conf"
+    printf 'store_path = %s\nstore_owner = %s\ninsecure_registries = %s\nimport_messages = 0\nlayered_images = no\ntelemetry_dir = %s\n' "$store" "$owner" "$reg" "$tdir" >"$H/gantry.conf"
   fi
 }
 
@@ -175,6 +181,33 @@ step() {
   LAUNCH_NS=$(date +%s%N)
   as_user timeout 900 srun "$@" "${stamp_cmd[@]}" >"$out" 2>"$out.err" || { echo "  srun $* failed: $(tail -3 "$out.err" | tr '\n' ' ')"; failed=1; }
   WALL_MS=$((($(date +%s%N) - LAUNCH_NS) / 1000000))
+}
+
+# newest_job: the job of the newest telemetry record (the step just run), after waiting (up to 20 s)
+# for the nodes that write theirs as srun returns.
+newest_job() {
+  local i before=${1:-0} j
+  for ((i = 0; i < 100; i++)); do
+    j=$(find "$tdir" -name '*.json' -printf '%f\n' | cut -d. -f1 | sort -n | tail -1)
+    [ -n "$j" ] && [ "$j" != "$before" ] && [ "$(find "$tdir" -name "$j.0.*.json" | wc -l)" -ge "$N" ] && break
+    sleep 0.2
+  done
+  echo "${j:-none}"
+}
+
+# telemetry JOB: how many of JOB's records (step 0) have every phase; `gantry stats`'s p50 and p99 of
+# its since-srun phase (srun's start to a node's first exec: the bench's per-node start, measured by
+# the nodes) and of the node's own total (set-up start to first exec).
+complete_records() {
+  cat "$tdir/$1".0.*.json 2>/dev/null |
+    jq -s '[.[] | select([.resolve_ms, .pull_ms, .mount_ms, .exec_ms, .total_ms, .since_srun_ms] | all(type == "number"))] | length'
+}
+# stats_row LABEL JOB PHASE: a row of LABEL, then p50 and p99 of PHASE as `gantry stats JOB` prints them.
+stats_row() {
+  local p50 p99
+  read -r p50 p99 < <("$gantry_cli" stats --dir "$tdir" "$2" | awk -v ph="$3" '{ line = $0; sub(/^  /, "", line) }
+    index(line, ph " ") == 1 { n = split(line, f, / +/); print f[n - 2], f[n - 1]; exit }') || true
+  printf '%-58s %10s %10s\n' "$1" "${p50:--}" "${p99:--}"
 }
 
 # node_starts OUT LAUNCH_NS: per node, its earliest rank's stamp minus LAUNCH_NS, in ms, one a line.
@@ -217,6 +250,8 @@ before=$(gets)
 mbefore=$(manifests)
 step "$work/cold" -N"$N" --ntasks-per-node="$T" --container-image="$image"
 cold_ms=$WALL_MS
+cold_job=$(newest_job)
+last_job=$cold_job
 cold_gets=$(($(gets) - before))
 cold_manifests=$(($(manifests) - mbefore))
 mapfile -t cold_starts < <(node_starts "$work/cold" "$LAUNCH_NS")
@@ -229,11 +264,14 @@ cold_nodes=$(awk -v d="$digest" '$3 == d {print $2}' "$work/cold" | sort -u | wc
 before=$(gets)
 mbefore=$(manifests)
 warm_wall=()
+warm_jobs=()
 warm_ranks=0
 for ((i = 0; i < runs; i++)); do
   step "$work/warm.$i" -N"$N" --ntasks-per-node="$T" --container-image="$image"
   warm_wall+=("$WALL_MS")
-  node_starts "$work/warm.$i" "$LAUNCH_NS" >>"$work/warm.starts"
+  warm_jobs+=("$(newest_job "$last_job")")
+  last_job=${warm_jobs[-1]}
+  node_starts "$work/warm.$i" "$LAUNCH_NS" | tee -a "$work/warm.starts" >"$work/warm.$i.starts"
   warm_ranks=$((warm_ranks + $(grep -c " $digest$" "$work/warm.$i" || true)))
 done
 warm_gets=$(($(gets) - before))
@@ -256,6 +294,30 @@ check "cold step: $cold_ranks of $((N * T)) ranks ran in the image, on $cold_nod
 check "warm steps: no blob GETs ($warm_gets), $warm_ranks of $((runs * N * T)) ranks in the image" \
   [ "$warm_gets" -eq 0 -a "$warm_ranks" -eq $((runs * N * T)) ]
 check "warm steps: one manifest request per step ($warm_manifest_total over $runs steps)" [ "$warm_manifest_total" -eq "$runs" ]
+
+# --- start-up telemetry, beside the bench's own measurement ---------------------------------------------
+# The bench's per-node start runs from its `date` before runuser+srun to a rank's `date` after the
+# task's exec; the nodes' "since srun" from srun's plugin init to the first task's exec: the bench's
+# figure is larger by srun's own start and the rank's sh+date (tens of ms on an idle machine).
+echo
+printf '%-58s %10s %10s\n' "per-node start, ms (bench: rank stamp; gantry stats: nodes)" p50 p99
+printf '%-58s %10s %10s\n' "cold, bench" "$cold_p50" "$cold_p99"
+stats_row "cold, gantry stats $cold_job: since srun" "$cold_job" "since srun"
+stats_row "cold, gantry stats $cold_job: node total (set-up to exec)" "$cold_job" total
+for ((i = 0; i < runs; i++)); do
+  printf '%-58s %10s %10s\n' "warm $((i + 1)), bench" "$(pct 50 <"$work/warm.$i.starts")" "$(pct 99 <"$work/warm.$i.starts")"
+  stats_row "warm $((i + 1)), gantry stats ${warm_jobs[$i]}: since srun" "${warm_jobs[$i]}" "since srun"
+  stats_row "warm $((i + 1)), gantry stats ${warm_jobs[$i]}: node total (set-up to exec)" "${warm_jobs[$i]}" total
+done
+echo "gantry stats $cold_job (the cold step):"
+"$gantry_cli" stats --dir "$tdir" "$cold_job" | sed 's/^/  /' || true
+echo "gantry stats ${warm_jobs[0]} (the first warm step):"
+"$gantry_cli" stats --dir "$tdir" "${warm_jobs[0]}" | sed 's/^/  /' || true
+check "telemetry: $(complete_records "$cold_job") of $N nodes' records of the cold step have every phase" \
+  [ "$(complete_records "$cold_job")" -eq "$N" ]
+for j in "${warm_jobs[@]}"; do
+  check "telemetry: $(complete_records "$j") of $N nodes' records of warm step $j have every phase" [ "$(complete_records "$j")" -eq "$N" ]
+done
 
 # --- takeover ----------------------------------------------------------------------------------------
 # A fresh store again; the host's link to the nodes is slowed so that the pull takes seconds. Once the

@@ -101,6 +101,7 @@ std::optional<PullReport> stored_report(const Config& config, const std::string&
     report.digest = digest;
     report.squashfs_path = image->layered() ? store->root() + "/images/" + digest_hex(digest) + ".json" : image->squashfs_path;
     report.config_json = image->metadata.config_json;
+    report.outcome = "stored";
     return report;
 }
 

@@ -17,6 +17,7 @@ extern "C" {
 #include "options.hpp"
 #include "settings.hpp"
 #include "step.hpp"
+#include "telemetry.hpp"
 
 // SPANK_PLUGIN() defines const globals, which C++ gives internal linkage; declare them extern "C"
 // first so that Slurm's dlsym() finds them (otherwise: "Plugin name/type/version symbol missing").
@@ -98,10 +99,11 @@ GANTRY_EXPORT int slurm_spank_init(spank_t sp, int argc, char** argv) {
         g_settings = *settings;
         // Trace points (bench/srun.sh --breakdown): appended to a file that must exist already (the
         // bench makes it); never created or followed through a link here, by root or by the user.
-        if (!g_settings.trace.empty() && !gantry::trace::on()) {
+        if (!g_settings.trace.empty() && gantry::trace::descriptor() < 0) {
             int fd = ::open(g_settings.trace.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
             if (fd >= 0) gantry::trace::enable(fd);
         }
+        gantry::plugin::record_start_points();  // start-up telemetry (plugin/telemetry.hpp)
         gantry::trace::point(spank_context() == S_CTX_LOCAL ? "srun init" : "plugin init");
         for (auto* opt = gantry::plugin::option_table(); opt->name != nullptr; ++opt) {
             if (spank_option_register(sp, opt) != ESPANK_SUCCESS) {
@@ -120,8 +122,13 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
                 gantry::plugin::check_environment_forms();
                 {
                     // Already printed on srun's terminal (srun.cpp): srun adds its own line and stops.
-                    gantry::trace::Phase phase("srun pin_image_digest");
-                    return gantry::plugin::pin_image_digest(sp, g_settings) ? 0 : -1;
+                    bool pinned = false;
+                    {
+                        gantry::trace::Phase phase("srun pin_image_digest");
+                        pinned = static_cast<bool>(gantry::plugin::pin_image_digest(sp, g_settings));
+                    }
+                    gantry::plugin::hand_srun_times();
+                    return pinned ? 0 : -1;
                 }
             case S_CTX_ALLOCATOR:
                 gantry::plugin::check_environment_forms();
@@ -135,6 +142,7 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
                     gantry::trace::Phase phase("prepare_step");
                     (void)gantry::plugin::prepare_step(sp, g_settings);
                 }
+                gantry::plugin::start_record_armed(sp);
                 return 0;
             default: return 0;
         }
@@ -163,7 +171,10 @@ GANTRY_EXPORT int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
 GANTRY_EXPORT int slurm_spank_task_post_fork(spank_t sp, int, char**) {
     return guarded("slurm_spank_task_post_fork", [&] {
         gantry::trace::Phase phase("task_post_fork");
-        if (spank_context() == S_CTX_REMOTE) gantry::plugin::task_forked(sp);
+        if (spank_context() == S_CTX_REMOTE) {
+            gantry::plugin::task_forked(sp);
+            gantry::plugin::start_record_tasks_forked();
+        }
         return 0;
     });
 }
@@ -180,6 +191,7 @@ GANTRY_EXPORT int slurm_spank_task_init(spank_t sp, int, char**) {
             slurm_error("gantry: %s", st.error().message.c_str());
             return -1;
         }
+        gantry::plugin::start_record_task_execs();
         return 0;
     });
 }
@@ -195,7 +207,10 @@ GANTRY_EXPORT int slurm_spank_task_exit(spank_t sp, int, char**) {
 GANTRY_EXPORT int slurm_spank_exit(spank_t sp, int, char**) {
     return guarded("slurm_spank_exit", [&] {
         gantry::trace::point(spank_context() == S_CTX_LOCAL ? "srun exit" : "plugin exit");
-        if (spank_context() == S_CTX_REMOTE) gantry::plugin::finish_step(sp, g_settings);
+        if (spank_context() == S_CTX_REMOTE) {
+            gantry::plugin::start_record_finish();
+            gantry::plugin::finish_step(sp, g_settings);
+        }
         if (spank_context() == S_CTX_LOCAL) gantry::plugin::stop_import_watch();
         return 0;
     });

@@ -29,6 +29,7 @@
 #include "options.hpp"
 #include "step.hpp"
 #include "step_internal.hpp"
+#include "telemetry.hpp"
 
 namespace gantry::plugin {
 namespace {
@@ -258,6 +259,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         auto cfg = parse_image_config(pulled->config_json);
         if (!cfg) return cfg.error().wrap(import_failed(image));
         st.digest = pulled->digest;
+        note_image_outcome(pulled->outcome);  // start-up telemetry (telemetry.cpp)
         spec.image_path = pulled->squashfs_path;
         spec.image_layers = pulled->layer_paths;  // a layered image (gantry.conf layered_images)
         spec.image_config = std::move(*cfg);

@@ -135,6 +135,9 @@ struct Config {
     // Empty: none. A missing directory is the same as an empty one.
     std::string environ_dir = "/etc/gantry/environ.d";
     std::string mounts_dir = "/etc/gantry/mounts.d";
+    // Start-up telemetry (issue #37; docs/admin.md): each node writes one JSON line per step here
+    // (resolve, pull or hit, mount, first exec; image and digest). Empty: off.
+    std::string telemetry_dir;
     // An enroot.conf whose ENROOT_ROOTFS_WRITABLE, ENROOT_REMAP_ROOT and ENROOT_MOUNT_HOME fill the
     // container_* keys this file leaves unset (migration; every other ENROOT_* key is ignored).
     std::string enroot_conf;

@@ -64,6 +64,7 @@ struct PullResult {
     std::string digest;
     std::string squashfs_path;  // a layered image: its record, images/<hex>.json
     bool produced = false;  // false: it was already in the store (or another producer made it)
+    bool waited = false;    // not produced: another producer made it while this pull waited for its lock
     ConversionStats stats;
     size_t layers_converted = 0;  // a layered pull: the layers it downloaded and converted
     size_t layers_reused = 0;     // a layered pull: the layers the store had already

@@ -29,6 +29,9 @@ struct PullReport {
     std::string config_json;    // the image's OCI config as stored
     PullErrorKind error = PullErrorKind::none;
     std::string message;        // the error, one line, without the "gantry: " prefix
+    // Where the image came from (start-up telemetry): "pulled" (this pull produced it), "waited"
+    // (another producer did, while this one waited), "stored" (a hit); empty from an older gantry.
+    std::string outcome;
 };
 
 // Largest report the plugin reads (an image config with a long history is tens of KiB).

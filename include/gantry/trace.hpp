@@ -4,6 +4,10 @@
 // gets it as GANTRY_TRACE_FD). CLOCK_MONOTONIC is the node's: points of all processes on one node, and
 // of all harness nodes (one kernel), order by it. A diagnostic: whoever holds the descriptor may write
 // what they like to the file, so it is for benches, not for records anyone trusts.
+//
+// The same points feed start-up telemetry (issue #37, include/gantry/telemetry.hpp): a recorder set with
+// set_recorder() is told every point in this process, whether or not a file is traced to, so a step's
+// phases are timed once, by these points, for both.
 #pragma once
 
 #include <time.h>
@@ -15,15 +19,22 @@
 namespace gantry::trace {
 
 inline int g_fd = -1;
+// Told each point (CLOCK_MONOTONIC ns, what, detail); must not throw.
+using Recorder = void (*)(long long ns, std::string_view what, std::string_view detail);
+inline Recorder g_recorder = nullptr;
 
 inline void enable(int fd) { g_fd = fd; }
+inline void set_recorder(Recorder r) { g_recorder = r; }
+// The trace file's descriptor (-1: none), which the holder inherits; on(): anyone listens.
 inline int descriptor() { return g_fd; }
-inline bool on() { return g_fd >= 0; }
+inline bool on() { return g_fd >= 0 || g_recorder != nullptr; }
 
 inline void point(std::string_view what, std::string_view detail = {}) {
-    if (g_fd < 0) return;
+    if (!on()) return;
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    if (g_recorder != nullptr) g_recorder(static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec, what, detail);
+    if (g_fd < 0) return;
     char line[320];
     const char* w = what.empty() ? "" : what.data();
     const char* d = detail.empty() ? "" : detail.data();

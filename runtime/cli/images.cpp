@@ -142,7 +142,7 @@ struct PullArgs {
 void report_usage_error(const PullArgs& a, const std::string& message) {
     if (a.report_opt->count() == 0) return;
     if (auto fd = parse_fd("--report-fd", a.report_fd))
-        send_pull_report(*fd, PullReport{{}, {}, {}, {}, PullErrorKind::usage, message});
+        send_pull_report(*fd, PullReport{{}, {}, {}, {}, PullErrorKind::usage, message, {}});
 }
 
 int cmd_pull(const PullArgs& a) {
@@ -158,7 +158,7 @@ int cmd_pull(const PullArgs& a) {
     int report_fd = -1;
     // Every outcome goes to stderr (people) and, with --report-fd, into the report (the plugin).
     auto finish = [&](PullErrorKind kind, const Error& error) {
-        if (report_fd >= 0) send_pull_report(report_fd, PullReport{{}, {}, {}, {}, kind, error.message});
+        if (report_fd >= 0) send_pull_report(report_fd, PullReport{{}, {}, {}, {}, kind, error.message, {}});
         return fail(error);
     };
     // A wrong command line: reported the same way, exit status 2.
@@ -246,7 +246,8 @@ int cmd_pull(const PullArgs& a) {
         if (!img)
             return finish(PullErrorKind::store,
                           make_error("image " + result->digest + " is not in the store " + store->root() + " after pulling it"));
-        PullReport report{result->digest, img->squashfs_path, {}, img->metadata.config_json, PullErrorKind::none, {}};
+        PullReport report{result->digest, img->squashfs_path, {}, img->metadata.config_json, PullErrorKind::none, {}, {}};
+        report.outcome = result->produced ? "pulled" : result->waited ? "waited" : "stored";
         if (img->layered()) {
             for (const auto& chain : img->metadata.layer_chain)
                 report.layer_paths.push_back(store->layer_squashfs_path(chain));

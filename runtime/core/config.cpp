@@ -179,6 +179,7 @@ const std::map<std::string, Setter>& setters() {
         {"container_mount_home", optional_bool_key(&Config::container_mount_home)},
         {"environ_dir", directory_key(&Config::environ_dir)},
         {"mounts_dir", directory_key(&Config::mounts_dir)},
+        {"telemetry_dir", directory_key(&Config::telemetry_dir)},
         {"enroot_conf",
          [](Config& c, const std::string& v) -> Status {
              if (!v.empty() && v[0] != '/') return make_error("expected an absolute path, got '" + v + "'");

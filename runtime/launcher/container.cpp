@@ -288,7 +288,7 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     // these descriptors, never the store's names, which another user may have renamed over by now.
     pass_image_descriptors(run, launcher::image_files(spec));
     // Tracing (bench/srun.sh --breakdown): the holder appends its phases to our trace file.
-    if (trace::on()) {
+    if (trace::descriptor() >= 0) {
         run.inputs.push_back({trace::descriptor(), launcher::kTraceFd});
         run.env.push_back(std::string(launcher::kTraceFdVariable) + "=" + std::to_string(launcher::kTraceFd));
     }

@@ -173,11 +173,13 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     const bool registry_authorizes = options.registry_authorizes || config.private_images;
     const bool takes_layers = options.layered || options.accept_layered;
     // The store serves `digest` at `path`: that is the pull's result, with nothing produced.
+    bool waited = false;  // found only once the producer lock was ours: another made it (telemetry: "waited")
     auto served = [&](const std::string& digest, const std::string& path) {
         store.touch(digest);
         PullResult r;
         r.digest = digest;
         r.squashfs_path = path;
+        r.waited = waited;
         update([](PullProgress& p) { p.phase = PullProgress::Phase::done; });
         return r;
     };
@@ -230,6 +232,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // still resolve it, each once, and then take that digest's lock too -- always in this order, index
     // before manifest, so no two pulls wait for each other.)
     auto waiting = [&](const std::string& holder) {
+        waited = true;
         update([&](PullProgress& p) {
             p.phase = PullProgress::Phase::waiting;
             p.note = holder;
@@ -240,7 +243,11 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     if (!ref.digest.empty() && !registry_authorizes) {
         auto held = store.lock_producer(ref.digest, options.producer_timeout, waiting);
         if (!held) return held.error();
-        if (auto path = served_path(store, ref.digest, takes_layers)) return served(ref.digest, *path);
+        // Published while this pull waited for the lock (or just before it took it): another's work.
+        if (auto path = served_path(store, ref.digest, takes_layers)) {
+            waited = true;
+            return served(ref.digest, *path);
+        }
         pinned_lock.emplace(std::move(*held));
     }
 
@@ -273,7 +280,10 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     auto lock = have_lock ? Result<ProducerLock>(std::move(*pinned_lock))
                           : store.lock_producer(digest, options.producer_timeout, waiting);
     if (!lock) return lock.error();
-    if (auto path = served_path(store, digest, takes_layers)) return served(digest, *path);
+    if (auto path = served_path(store, digest, takes_layers)) {
+        waited = true;  // published while this pull waited for the lock (or just before it took it)
+        return served(digest, *path);
+    }
     if (!group.empty()) {
         // "GROUP\nHOST:PID\nMESSAGE", written by a producer of this step since we started waiting
         // (2 s of slack for clocks of nodes that share the store); the store honours only a note

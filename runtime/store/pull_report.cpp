@@ -35,6 +35,7 @@ std::string encode_pull_report(const PullReport& r) {
                         {"squashfs", r.squashfs_path},
                         {"layers", r.layer_paths},
                         {"config", r.config_json},
+                        {"outcome", r.outcome},
                         {"error", {{"kind", to_string(r.error)}, {"message", r.message}}}};
     // Replace invalid UTF-8 (a registry's error text) rather than throwing.
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -52,6 +53,8 @@ Result<PullReport> decode_pull_report(std::string_view text) {
         r.squashfs_path = j.value("squashfs", "");
         r.layer_paths = j.value("layers", std::vector<std::string>{});
         r.config_json = j.value("config", "");
+        r.outcome = j.value("outcome", "");
+        if (r.outcome != "pulled" && r.outcome != "waited" && r.outcome != "stored") r.outcome.clear();
         const auto& e = j.at("error");
         std::string kind = e.at("kind").get<std::string>();
         r.message = e.value("message", "");

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
@@ -25,7 +26,9 @@
 #include "gantry/spawn.hpp"
 #include "gantry/store_fs.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/telemetry.hpp"
 #include "gantry/threads.hpp"
+#include "gantry/trace.hpp"
 
 TEST_CASE("gantry.conf: values, comments and defaults") {
     auto c = gantry::parse_config(
@@ -645,4 +648,144 @@ TEST_CASE("configuration files: size limit at its boundary, FIFOs, devices and d
     CHECK(gantry::load_config("/dev/null", false).ok());
     CHECK(gantry::load_config(dir + "/missing", true).ok());
     std::filesystem::remove_all(dir);
+}
+
+// --- start-up telemetry (include/gantry/telemetry.hpp) ---------------------------------------------
+
+namespace {
+gantry::telemetry::StartRecord sample_record(const std::string& node, double total) {
+    gantry::telemetry::StartRecord r;
+    r.job = 42;
+    r.step = 0;
+    r.node = node;
+    r.user = "alice";
+    r.uid = 1000;
+    r.image = "registry#team/model:v1";
+    r.digest = "sha256:" + std::string(64, 'a');
+    r.outcome = gantry::telemetry::ImageOutcome::stored;
+    r.start_unix_ms = 1764660000000;
+    r.resolve_ms = 12.5;
+    r.pull_ms = total / 2;
+    r.mount_ms = total / 4;
+    r.exec_ms = total / 4;
+    r.total_ms = total;
+    return r;
+}
+}  // namespace
+
+TEST_CASE("telemetry: a record is one JSON line that reads back; phases that did not happen are null", "[telemetry]") {
+    using namespace gantry::telemetry;
+    auto r = sample_record("node-1", 800);
+    r.since_srun_ms.reset();
+    std::string line = to_json_line(r);
+    CHECK(line.back() == '\n');
+    CHECK(std::count(line.begin(), line.end(), '\n') == 1);
+    CHECK(line.find("\"since_srun_ms\":null") != std::string::npos);
+    CHECK(line.find("\"image_from\":\"stored\"") != std::string::npos);
+    auto back = parse_line(line);
+    REQUIRE(back);
+    CHECK(back->node == "node-1");
+    CHECK(back->digest == r.digest);
+    CHECK(back->outcome == ImageOutcome::stored);
+    CHECK(back->total_ms == 800);
+    CHECK_FALSE(back->since_srun_ms);
+    // A name far too long is cut: the line stays below PIPE_BUF.
+    r.image = std::string(100000, 'x');
+    CHECK(to_json_line(r).size() < kMaxLineBytes);
+    CHECK_FALSE(parse_line("{\"job\": \"x\"}"));
+    CHECK_FALSE(parse_line("not json"));
+    CHECK(file_name(42, 3, "gnode1/../x y") == "42.3.gnode1_.._x_y.json");
+}
+
+TEST_CASE("telemetry: trace points are remembered for the record", "[telemetry]") {
+    using namespace gantry::telemetry;
+    record();
+    { gantry::trace::Phase p("telemetry-unit-phase"); }
+    auto from = first_point("telemetry-unit-phase +");
+    auto to = last_point("telemetry-unit-phase -");
+    REQUIRE(from);
+    REQUIRE(to);
+    CHECK(*to >= *from);
+    CHECK(gantry::trace::descriptor() < 0);  // recording opens no trace file (the holder gets none)
+}
+
+TEST_CASE("telemetry: written only as a new file in a directory nobody else can write", "[telemetry]") {
+    using namespace gantry::telemetry;
+    char dir[] = "/tmp/gantry-telemetry-XXXXXX";
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    const std::string d = dir;
+    REQUIRE(::chmod(dir, 0755) == 0);
+    auto r = sample_record("n1", 100);
+    REQUIRE(write_record(d, r));
+    // The same node and step again: the file exists, nothing is overwritten.
+    auto again = write_record(d, r);
+    CHECK_FALSE(again);
+    // A symlink under the next record's name is never followed.
+    const std::string target = d + "/target";
+    { std::ofstream(target) << "untouched"; }
+    REQUIRE(::symlink(target.c_str(), (d + "/" + file_name(42, 0, "n2")).c_str()) == 0);
+    CHECK_FALSE(write_record(d, sample_record("n2", 100)));
+    CHECK(gantry::try_read_file(target).value_or("") == "untouched");
+    // A directory others may write is refused outright.
+    REQUIRE(::chmod(dir, 01777) == 0);
+    auto refused = write_record(d, sample_record("n3", 100));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().message.find("writable by nobody else") != std::string::npos);
+    CHECK(::access((d + "/" + file_name(42, 0, "n3")).c_str(), F_OK) != 0);
+    REQUIRE(::chmod(dir, 0755) == 0);
+    // The directory reached through a symlink is refused too.
+    const std::string link = d + "-link";
+    REQUIRE(::symlink(dir, link.c_str()) == 0);
+    CHECK_FALSE(write_record(link, sample_record("n4", 100)));
+    ::unlink(link.c_str());
+    // What was written reads back; the planted link and the target file are not records.
+    size_t skipped = 0;
+    auto read = read_records(d, 42, &skipped);
+    REQUIRE(read);
+    REQUIRE(read->size() == 1);
+    CHECK(read->front().node == "n1");
+    auto latest = latest_job(d);
+    REQUIRE(latest);
+    CHECK(*latest == 42);
+    std::filesystem::remove_all(d);
+}
+
+TEST_CASE("telemetry: p50/p99 by nearest rank, stragglers over 2x the median", "[telemetry]") {
+    using namespace gantry::telemetry;
+    CHECK(percentile({}, 50) == 0);
+    CHECK(percentile({5}, 99) == 5);
+    CHECK(percentile({4, 1, 3, 2}, 50) == 2);
+    std::vector<double> hundred;
+    for (int i = 1; i <= 100; ++i) hundred.push_back(i);
+    CHECK(percentile(hundred, 99) == 99);
+    CHECK(percentile(hundred, 50) == 50);
+
+    std::vector<StartRecord> records;
+    for (int i = 0; i < 9; ++i) records.push_back(sample_record("n" + std::to_string(i), 1000 + i));
+    auto slow = sample_record("slow", 5000);
+    slow.pull_ms = 4000;
+    slow.mount_ms = 500;
+    slow.exec_ms = 500;
+    slow.outcome = ImageOutcome::pulled;
+    records.push_back(slow);
+    // 1.9x the median is no straggler; neither is 3x a median of 100 ms (under median + 500 ms).
+    records.push_back(sample_record("near", 1900));
+    auto steps = summarize(records);
+    REQUIRE(steps.size() == 1);
+    const auto& s = steps.front();
+    CHECK(s.pulled == 1);
+    CHECK(s.stored == 10);
+    REQUIRE(s.stragglers.size() == 1);
+    CHECK(s.stragglers[0].node == "slow");
+    CHECK(s.stragglers[0].worst == "pull");
+    auto total = std::find_if(s.phases.begin(), s.phases.end(), [](const PhaseSummary& p) { return p.phase == "total"; });
+    REQUIRE(total != s.phases.end());
+    CHECK(total->nodes == 11);
+    CHECK(total->p50 == 1005);
+    CHECK(total->max == 5000);
+
+    std::vector<StartRecord> fast;
+    for (int i = 0; i < 5; ++i) fast.push_back(sample_record("f" + std::to_string(i), 100));
+    fast.push_back(sample_record("f-slow", 300));
+    CHECK(summarize(fast).front().stragglers.empty());
 }
