@@ -15,7 +15,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "auth/http_client.hpp"
 #include "auth/internal.hpp"
 #include "gantry/files.hpp"
 #include "gantry/auth.hpp"
@@ -39,10 +38,6 @@ std::string aws_file(const char* var, const char* name) {
     return home.empty() ? std::string() : home + "/.aws/" + name;
 }
 
-std::string ca_bundle() {
-    return env("AWS_CA_BUNDLE");
-}
-
 std::string sts_endpoint(const std::string& region) {
     for (const char* var : {"GANTRY_STS_ENDPOINT", "AWS_ENDPOINT_URL_STS", "AWS_ENDPOINT_URL"}) {
         std::string v = env(var);
@@ -57,23 +52,20 @@ Result<AwsCredentials> web_identity(const std::string& token_file, const std::st
     auto token = read_config_file(token_file, "the token file " + token_file);
     if (!token) return token.error().wrap(what);
     std::string url = sts_endpoint(region);
-    if (url.rfind("https://", 0) != 0 && !http::is_local_http(url))
-        return make_error(what + ": refusing the STS endpoint " + http::redact(url) + " (not https)");
-    http::Request req;
-    req.method = "POST";
-    req.url = url + "/";
-    req.ca_file = ca_bundle();
+    if (url.rfind("https://", 0) != 0 && !net::is_local_http(url))
+        return make_error(what + ": refusing the STS endpoint " + net::redact_url(url) + " (not https)");
+    net::Request req = endpoint_request("POST", url + "/");
     req.headers = {"Content-Type: application/x-www-form-urlencoded", "Accept: application/xml"};
     req.body =
-        "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + http::form_escape(role_arn) +
-        "&RoleSessionName=" + http::form_escape(session.empty() ? "gantry-" + std::to_string(::getuid()) : session) +
-        "&WebIdentityToken=" + http::form_escape(trim(*token));
-    auto resp = http::perform(req);
+        "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + net::escape(role_arn) +
+        "&RoleSessionName=" + net::escape(session.empty() ? "gantry-" + std::to_string(::getuid()) : session) +
+        "&WebIdentityToken=" + net::escape(trim(*token));
+    auto resp = net::fetch(req, aws_tls());
     if (!resp) return resp.error().wrap(what + ": STS AssumeRoleWithWebIdentity");
     StsAnswer answer = parse_sts_answer(resp->body);
     if (resp->status != 200) {
         const std::string& msg = answer.message;
-        return make_error(what + ": STS AssumeRoleWithWebIdentity at " + http::redact(url) + " answered HTTP " +
+        return make_error(what + ": STS AssumeRoleWithWebIdentity at " + net::redact_url(url) + " answered HTTP " +
                           std::to_string(resp->status) + (msg.empty() ? "" : ": " + msg));
     }
     AwsCredentials c = std::move(answer.creds);
@@ -151,15 +143,15 @@ struct RoleRequest {
 Result<CachedRole> call_assume_role(const AwsCredentials& source, const RoleRequest& rr) {
     const std::string region = rr.region.empty() ? "us-east-1" : rr.region;
     const std::string url = sts_endpoint(region);
-    const std::string where = rr.what + ": STS AssumeRole for " + rr.role_arn + " at " + http::redact(url);
-    if (url.rfind("https://", 0) != 0 && !http::is_local_http(url))
+    const std::string where = rr.what + ": STS AssumeRole for " + rr.role_arn + " at " + net::redact_url(url);
+    if (url.rfind("https://", 0) != 0 && !net::is_local_http(url))
         return make_error(where + ": refusing the endpoint (not https; plain HTTP only on loopback)");
     std::string session = rr.session_name;
     if (session.empty()) session = "gantry-" + std::to_string(::getuid()) + "-" + std::to_string(std::time(nullptr));
-    std::string body = "Action=AssumeRole&RoleArn=" + http::form_escape(rr.role_arn) +
-                       "&RoleSessionName=" + http::form_escape(session) + "&Version=2011-06-15";
-    if (!rr.duration_seconds.empty()) body += "&DurationSeconds=" + http::form_escape(rr.duration_seconds);
-    if (!rr.external_id.empty()) body += "&ExternalId=" + http::form_escape(rr.external_id);
+    std::string body = "Action=AssumeRole&RoleArn=" + net::escape(rr.role_arn) +
+                       "&RoleSessionName=" + net::escape(session) + "&Version=2011-06-15";
+    if (!rr.duration_seconds.empty()) body += "&DurationSeconds=" + net::escape(rr.duration_seconds);
+    if (!rr.external_id.empty()) body += "&ExternalId=" + net::escape(rr.external_id);
 
     const std::string amz_date = sigv4::amz_date_now();
     sigv4::Request sr;
@@ -167,23 +159,20 @@ Result<CachedRole> call_assume_role(const AwsCredentials& source, const RoleRequ
     sr.path = "/";
     sr.payload = body;
     sr.headers = {{"Content-Type", "application/x-www-form-urlencoded; charset=utf-8"},
-                  {"Host", http::host_header(url)},
+                  {"Host", net::host_header(url)},
                   {"X-Amz-Date", amz_date}};
     if (!source.key.session_token.empty()) sr.headers.emplace_back("X-Amz-Security-Token", source.key.session_token);
     auto sig = sigv4::sign(sr, source.key, region, "sts", amz_date);
 
-    http::Request req;
-    req.method = "POST";
-    req.url = url + "/";
+    net::Request req = endpoint_request("POST", url + "/");
     req.body = body;
-    req.ca_file = ca_bundle();
     for (const auto& [n, v] : sr.headers)
         if (n != "Host") req.headers.push_back(n + ": " + v);
-    req.headers.push_back("Authorization: " + sig.authorization);
+    req.authorization = sig.authorization;
     req.headers.push_back("Accept: application/xml");
-    log::debug(rr.what + ": asking " + http::redact(url) + " to assume " + rr.role_arn + " (source credentials from " +
+    log::debug(rr.what + ": asking " + net::redact_url(url) + " to assume " + rr.role_arn + " (source credentials from " +
                source.source + ")");
-    auto resp = http::perform(req);
+    auto resp = net::fetch(req, aws_tls());
     if (!resp) return resp.error().wrap(where);
     StsAnswer answer = parse_sts_answer(resp->body);
     if (resp->status != 200) {
@@ -413,13 +402,11 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
     else if (!env("AWS_CONTAINER_CREDENTIALS_FULL_URI").empty())
         url = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
     if (!url.empty()) {
-        const std::string src = "container credentials endpoint " + http::redact(url);
+        const std::string src = "container credentials endpoint " + net::redact_url(url);
         // Plain HTTP only to the link-local ECS/EKS agents or loopback, as the SDKs require.
-        if (url.rfind("https://", 0) != 0 && !http::is_local_http(url))
+        if (url.rfind("https://", 0) != 0 && !net::is_local_http(url))
             return make_error(src + ": plain HTTP is allowed only to loopback or the link-local agent");
-        http::Request req;
-        req.url = url;
-        req.ca_file = ca_bundle();
+        net::Request req = endpoint_request("GET", url);
         req.timeout_s = 5;
         req.connect_timeout_ms = 2000;
         std::string token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN");
@@ -429,8 +416,8 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
             if (!t) return t.error().wrap(src);
             token = trim(*t);
         }
-        if (!token.empty()) req.headers.push_back("Authorization: " + token);
-        auto resp = http::perform(req);
+        if (!token.empty()) req.authorization = token;
+        auto resp = net::fetch(req, aws_tls());
         if (!resp) return resp.error().wrap(src);
         if (resp->status != 200) return make_error(src + ": HTTP " + std::to_string(resp->status));
         return parse_credentials_json(resp->body, src, "Token");
@@ -446,30 +433,28 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
         while (!base.empty() && base.back() == '/') base.pop_back();
         const std::string src = "EC2 instance metadata (IMDSv2 at " + base + ")";
         auto imds = [&]() -> Result<AwsCredentials> {
-            if (base.rfind("https://", 0) != 0 && !http::is_local_http(base))
+            if (base.rfind("https://", 0) != 0 && !net::is_local_http(base))
                 return make_error("plain HTTP is allowed only to loopback or link-local addresses");
-            http::Request put;
-            put.method = "PUT";
-            put.url = base + "/latest/api/token";
+            net::Request put = endpoint_request("PUT", base + "/latest/api/token");
             put.headers = {"X-aws-ec2-metadata-token-ttl-seconds: 21600"};
             put.timeout_s = 3;
             put.connect_timeout_ms = 1000;  // off EC2 nothing answers: give up quickly
-            auto tok = http::perform(put);
+            auto tok = net::fetch(put, net::settings_from_environment());
             if (!tok) return tok.error();
             if (tok->status != 200) return make_error("token PUT answered HTTP " + std::to_string(tok->status));
-            http::Request get;
+            net::Request get = endpoint_request("GET", "");
             get.timeout_s = 3;
             get.connect_timeout_ms = 1000;
             get.headers = {"X-aws-ec2-metadata-token: " + trim(tok->body)};
             get.url = base + "/latest/meta-data/iam/security-credentials/";
-            auto role = http::perform(get);
+            auto role = net::fetch(get, net::settings_from_environment());
             if (!role) return role.error();
             if (role->status == 404) return make_error("the instance has no IAM role");
             if (role->status != 200) return make_error("role lookup answered HTTP " + std::to_string(role->status));
             std::string name = trim(role->body.substr(0, role->body.find('\n')));
             if (name.empty()) return make_error("the instance has no IAM role");
             get.url += name;
-            auto cred = http::perform(get);
+            auto cred = net::fetch(get, net::settings_from_environment());
             if (!cred) return cred.error();
             if (cred->status != 200)
                 return make_error("role credentials answered HTTP " + std::to_string(cred->status));

@@ -3,7 +3,6 @@
 // identitytoken needs at a registry's token realm.
 #include <nlohmann/json.hpp>
 
-#include "auth/http_client.hpp"
 #include "auth/internal.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/log.hpp"
@@ -33,16 +32,13 @@ namespace auth {
 
 Result<OAuthToken> oauth2_refresh(const std::string& realm, const std::string& service, const std::string& scope,
                                   const std::string& refresh_token, const std::string& extra_ca_file) {
-    http::Request req;
-    req.method = "POST";
-    req.url = realm;
-    req.extra_ca_file = extra_ca_file;
+    net::Request req = endpoint_request("POST", realm);
     req.timeout_s = 60;
     req.headers = {"Content-Type: application/x-www-form-urlencoded", "Accept: application/json"};
-    req.body = "grant_type=refresh_token&client_id=gantry&refresh_token=" + http::form_escape(refresh_token) +
-               "&service=" + http::form_escape(service) + "&scope=" + http::form_escape(scope);
-    const std::string what = "exchanging the identity token at " + http::redact(realm);
-    auto resp = http::perform(req);
+    req.body = "grant_type=refresh_token&client_id=gantry&refresh_token=" + net::escape(refresh_token) +
+               "&service=" + net::escape(service) + "&scope=" + net::escape(scope);
+    const std::string what = "exchanging the identity token at " + net::redact_url(realm);
+    auto resp = net::fetch(req, net::settings_from_environment(extra_ca_file));
     if (!resp) return resp.error().wrap(what);
     if (resp->status == 401 || resp->status == 403)
         return make_error(what + ": refused (HTTP " + std::to_string(resp->status) + ")");

@@ -23,6 +23,23 @@ std::string env(const char* name) {
     return v != nullptr ? v : "";
 }
 
+net::Request endpoint_request(std::string method, std::string url) {
+    net::Request req;
+    req.method = std::move(method);
+    req.url = std::move(url);
+    req.timeout_s = 30;
+    req.connect_timeout_ms = 10000;
+    req.max_redirects = 0;
+    req.max_body = size_t{4} << 20;  // no credential answer is this big
+    return req;
+}
+
+net::TransportSettings aws_tls() {
+    net::TransportSettings tls = net::settings_from_environment();
+    if (std::string bundle = env("AWS_CA_BUNDLE"); !bundle.empty()) tls.ca_file = bundle;
+    return tls;
+}
+
 std::string home_dir() {
     std::string home = env("HOME");
     if (!home.empty()) return home;

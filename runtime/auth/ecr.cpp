@@ -11,7 +11,6 @@
 #include <string_view>
 #include <nlohmann/json.hpp>
 
-#include "auth/http_client.hpp"
 #include "auth/internal.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/fd.hpp"
@@ -100,7 +99,7 @@ std::optional<CachedToken> read_cache(const std::string& path) {
 }
 
 // ECR's JSON error answer: {"__type": "...#InvalidSignatureException", "message": "..."}.
-Error ecr_error(const EcrRegistry& reg, const http::Response& resp, const std::string& creds_source) {
+Error ecr_error(const EcrRegistry& reg, const net::Response& resp, const std::string& creds_source) {
     auto j = nlohmann::json::parse(resp.body, nullptr, false);
     std::string type, message;
     if (j.is_object()) {
@@ -109,7 +108,7 @@ Error ecr_error(const EcrRegistry& reg, const http::Response& resp, const std::s
     }
     if (auto hash = type.rfind('#'); hash != std::string::npos) type = type.substr(hash + 1);
     const std::string where =
-        "ECR GetAuthorizationToken at " + http::redact(reg.api_endpoint()) + " for " + reg.registry;
+        "ECR GetAuthorizationToken at " + net::redact_url(reg.api_endpoint()) + " for " + reg.registry;
     // Clock skew: AWS refuses signatures more than 5 minutes away from its clock. Its Date header
     // tells how far off we are.
     long skew = 0;
@@ -134,21 +133,23 @@ Error ecr_error(const EcrRegistry& reg, const http::Response& resp, const std::s
 
 Result<CachedToken> fetch_token(const EcrRegistry& reg) {
     std::string endpoint = reg.api_endpoint();
-    if (endpoint.rfind("https://", 0) != 0 && !http::is_local_http(endpoint))
-        return make_error("refusing the ECR endpoint " + http::redact(endpoint) +
+    if (endpoint.rfind("https://", 0) != 0 && !net::is_local_http(endpoint))
+        return make_error("refusing the ECR endpoint " + net::redact_url(endpoint) +
                           ": not https (plain HTTP only on loopback)");
     auto creds = aws_credentials(reg.region);
     if (!creds) return creds.error().wrap("native ECR for " + reg.registry);
     auto req = ecr_token_request(reg, creds->key, sigv4::amz_date_now());
-    http::Request hr;
-    hr.method = "POST";
-    hr.url = req.url;
+    net::Request hr = endpoint_request("POST", req.url);
     hr.body = req.body;
-    hr.ca_file = env("AWS_CA_BUNDLE");
-    for (const auto& [n, v] : req.headers) hr.headers.push_back(n + ": " + v);
-    log::debug("asking " + http::redact(endpoint) + " for an ECR token for " + reg.registry +
+    for (const auto& [n, v] : req.headers) {
+        if (lower(n) == "authorization")
+            hr.authorization = v;
+        else
+            hr.headers.push_back(n + ": " + v);
+    }
+    log::debug("asking " + net::redact_url(endpoint) + " for an ECR token for " + reg.registry +
                " (AWS credentials from " + creds->source + ")");
-    auto resp = http::perform(hr);
+    auto resp = net::fetch(hr, aws_tls());
     if (!resp) return resp.error().wrap("ECR GetAuthorizationToken for " + reg.registry);
     if (resp->status != 200) return ecr_error(reg, *resp, creds->source);
     std::time_t now = std::time(nullptr);
@@ -197,7 +198,7 @@ SignedHttpRequest ecr_token_request(const EcrRegistry& reg, const sigv4::Key& ke
     SignedHttpRequest out;
     out.url = reg.api_endpoint() + "/";
     out.body = "{}";
-    const std::string host = http::host_header(out.url);
+    const std::string host = net::host_header(out.url);
     sigv4::Request r;
     r.method = "POST";
     r.path = "/";

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gantry/fd.hpp"
+#include "net/http.hpp"
 
 namespace gantry::auth {
 
@@ -12,6 +13,13 @@ std::string env(const char* name);
 std::string home_dir();
 // `path` with the home directory written as "~", for messages.
 std::string display_path(const std::string& path);
+
+// A request to a token or credential endpoint (OAuth2, ECR, STS, the metadata and container
+// credentials endpoints): 30 s in all, 10 s to connect, its redirects returned rather than followed
+// (these endpoints do not redirect), answers up to 4 MiB.
+net::Request endpoint_request(std::string method, std::string url);
+// The TLS settings for the AWS endpoints: AWS_CA_BUNDLE, when set, replaces the CA store.
+net::TransportSettings aws_tls();
 
 // A credential source's file (Docker config.json / auth.json, Enroot .credentials, the AWS shared
 // files), read through read_config_file. A missing file is no source (nullopt, silently); one that

@@ -184,23 +184,23 @@ bool Authenticator::fall_back_locked(const ImageReference& ref) {
     return true;
 }
 
-Status Authenticator::fetch_token_locked(http::HttpConnection& conn, const ImageReference& ref,
+Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageReference& ref,
                                          const AuthChallenge& c) {
     auto realm_it = c.params.find("realm");
     if (realm_it == c.params.end() || realm_it->second.empty())
         return make_error(ref.registry + " asked for a Bearer token but named no realm to get it from");
     const std::string& realm = realm_it->second;
-    std::string origin = http::origin_of(realm);
+    std::string origin = net::origin_of(realm);
     if (origin.rfind("https://", 0) != 0) {
         // Plain HTTP where the registry itself may use it: a loopback or listed realm, or one on the
         // same host as a registry that is.
-        std::string realm_host = http::host_of(realm);
+        std::string realm_host = net::host_of(realm);
         std::string realm_hostport = origin.substr(origin.find("://") + 3);
         std::string registry_host = ref.registry.substr(0, ref.registry.rfind(':'));
         bool plain_ok = plain_http_ok_(realm_host) || plain_http_ok_(realm_hostport) ||
                         (realm_host == registry_host && plain_http_ok_(ref.registry));
         if (origin.rfind("http://", 0) != 0 || !plain_ok)
-            return make_error("refusing the token service " + http::redact_url(realm) + " of " + ref.registry +
+            return make_error("refusing the token service " + net::redact_url(realm) + " of " + ref.registry +
                               ": not an https URL (plain HTTP only on loopback or insecure_registries)");
     }
     const auto& creds = credentials_locked(ref);
@@ -217,17 +217,17 @@ Status Authenticator::fetch_token_locked(http::HttpConnection& conn, const Image
         return {};
     }
     std::string url = realm + (realm.find('?') == std::string::npos ? "?" : "&");
-    if (svc != c.params.end()) url += "service=" + http::escape(svc->second) + "&";
-    url += "scope=" + http::escape(scope_of(ref));
+    if (svc != c.params.end()) url += "service=" + net::escape(svc->second) + "&";
+    url += "scope=" + net::escape(scope_of(ref));
 
-    http::Request req;
+    net::Request req;
     req.url = url;
     req.timeout_s = 60;
     req.headers.push_back("Accept: application/json");
     if (creds) req.authorization = "Basic " + base64_encode(creds->username + ":" + creds->password);
     auto resp = conn.perform(req);
     const std::string what = "getting a token for " + ref.registry + "/" + ref.repository + " from " +
-                             http::redact_url(realm);
+                             net::redact_url(realm);
     if (!resp) return resp.error().wrap(what);
     if (resp->curl_code != 0) return make_error(what + ": " + resp->curl_error);
     if (resp->status == 401 || resp->status == 403) {
@@ -258,8 +258,8 @@ Status Authenticator::fetch_token_locked(http::HttpConnection& conn, const Image
     return {};
 }
 
-Status Authenticator::on_unauthorized(http::HttpConnection& conn, const ImageReference& ref,
-                                      const http::Response& response, const std::string& sent) {
+Status Authenticator::on_unauthorized(net::Connection& conn, const ImageReference& ref,
+                                      const net::Response& response, const std::string& sent) {
     auto challenges = parse_www_authenticate(response.header("www-authenticate"));
     const AuthChallenge* bearer = nullptr;
     const AuthChallenge* basic = nullptr;

@@ -12,7 +12,7 @@
 
 #include "gantry/auth.hpp"
 #include "gantry/registry.hpp"
-#include "registry/http.hpp"
+#include "net/http.hpp"
 
 namespace gantry {
 
@@ -30,7 +30,7 @@ public:
 
     // After a 401 to a request that carried `sent` (empty: anonymous): gets a token or credentials
     // so the request can be repeated, or says why that is impossible.
-    Status on_unauthorized(http::HttpConnection& conn, const ImageReference& ref, const http::Response& response,
+    Status on_unauthorized(net::Connection& conn, const ImageReference& ref, const net::Response& response,
                            const std::string& sent);
 
     // The error for a request that is still refused after authenticating.
@@ -46,7 +46,7 @@ private:
     };
 
     const std::optional<Credentials>& credentials_locked(const ImageReference& ref);
-    Status fetch_token_locked(http::HttpConnection& conn, const ImageReference& ref, const AuthChallenge& c);
+    Status fetch_token_locked(net::Connection& conn, const ImageReference& ref, const AuthChallenge& c);
     Error no_credentials(const ImageReference& ref) const;
     bool fall_back_locked(const ImageReference& ref);
     static std::string scope_of(const ImageReference& ref);

@@ -73,7 +73,7 @@ void BlobProgress::add(int64_t delta) {
     report(bytes.load());
 }
 
-Status RegistryClient::Impl::fetch_blob(http::HttpConnection& conn, const ImageReference& ref, const Descriptor& blob,
+Status RegistryClient::Impl::fetch_blob(net::Connection& conn, const ImageReference& ref, const Descriptor& blob,
                                         const std::string& dir, BlobProgress& progress,
                                         const std::atomic<bool>* stop) {
     const std::string what = "fetching blob " + blob.digest + " from " + ref.registry + "/" + ref.repository;
@@ -143,12 +143,12 @@ Status RegistryClient::Impl::fetch_blob(http::HttpConnection& conn, const ImageR
             const uint64_t start = offset;
             std::optional<Error> fatal;  // stops at once: no retry
             bool start_over = false;      // the server ignored or botched our Range: from byte 0 next time
-            http::Request req;
+            net::Request req;
             req.url = repository_url(ref) + "/blobs/" + blob.digest;
             if (start > 0) req.headers.push_back("Range: bytes=" + std::to_string(start) + "-");
             req.cancel = options.cancel;
             req.stop = stop;
-            req.sink = [&](const http::Response& head, const char* data, size_t n) -> bool {
+            req.sink = [&](const net::Response& head, const char* data, size_t n) -> bool {
                 if (data == nullptr) {
                     if (head.status == 206) {
                         auto from = content_range_start(head.header("content-range"));

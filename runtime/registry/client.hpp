@@ -12,7 +12,7 @@
 
 #include "gantry/registry.hpp"
 #include "registry/auth.hpp"
-#include "registry/http.hpp"
+#include "net/http.hpp"
 
 namespace gantry {
 
@@ -37,24 +37,24 @@ struct RegistryClient::Impl {
     Config config;
     RegistryOptions options;
     Status settings_status;  // a problem with the settings (e.g. unreadable CA bundle), reported per call
-    std::shared_ptr<http::Transport> transport;
+    std::shared_ptr<net::Transport> transport;
     Authenticator auth;
 
     // Connections are reused across calls (keep-alive, TLS sessions); each is used by one thread at a time.
     class Lease {
     public:
-        Lease(Impl& impl, std::unique_ptr<http::HttpConnection> c) : impl_(impl), c_(std::move(c)) {}
+        Lease(Impl& impl, std::unique_ptr<net::Connection> c) : impl_(impl), c_(std::move(c)) {}
         Lease(const Lease&) = delete;
         Lease& operator=(const Lease&) = delete;
         ~Lease() { impl_.give_back(std::move(c_)); }
-        http::HttpConnection& operator*() { return *c_; }
+        net::Connection& operator*() { return *c_; }
 
     private:
         Impl& impl_;
-        std::unique_ptr<http::HttpConnection> c_;
+        std::unique_ptr<net::Connection> c_;
     };
     Lease lease();
-    void give_back(std::unique_ptr<http::HttpConnection> c);
+    void give_back(std::unique_ptr<net::Connection> c);
 
     // True for loopback hosts and those listed in insecure_registries (host or host:port).
     [[nodiscard]] bool plain_http_ok(const std::string& host) const;
@@ -65,14 +65,14 @@ struct RegistryClient::Impl {
     // One request with authentication: anonymous (or with what is already known), then answering
     // 401 challenges at most twice. An error only when the request could not be made or is still
     // refused after authenticating; other answers come back as they are.
-    Result<http::Response> send(http::HttpConnection& conn, const ImageReference& ref, http::Request& req);
+    Result<net::Response> send(net::Connection& conn, const ImageReference& ref, net::Request& req);
 
     // `send` with retries (connection errors, 408, 429, 5xx) and backoff; for small bodies.
-    Result<http::Response> send_with_retry(http::HttpConnection& conn, const ImageReference& ref, http::Request& req,
+    Result<net::Response> send_with_retry(net::Connection& conn, const ImageReference& ref, net::Request& req,
                                            const std::string& what);
 
     // Waits before retry number `attempt` (1 = the first retry); false when cancelled meanwhile.
-    bool backoff(int attempt, const http::Response& last, const std::atomic<bool>* stop) const;
+    bool backoff(int attempt, const net::Response& last, const std::atomic<bool>* stop) const;
     [[nodiscard]] bool cancelled(const std::atomic<bool>* stop = nullptr) const;
 
     // GET one manifest by tag or digest, verified against `expect` (when pulling by digest) and the
@@ -81,19 +81,19 @@ struct RegistryClient::Impl {
                                            const std::string& expect);
 
     // Downloads one blob into dir/<hex> (blob_fetch.cpp).
-    Status fetch_blob(http::HttpConnection& conn, const ImageReference& ref, const Descriptor& blob,
+    Status fetch_blob(net::Connection& conn, const ImageReference& ref, const Descriptor& blob,
                       const std::string& dir, BlobProgress& progress, const std::atomic<bool>* stop);
 
     // Connection error or HTTP 408/429/5xx: worth another try.
-    static bool retryable(const http::Response& r);
+    static bool retryable(const net::Response& r);
     // "<what>: HTTP 404 BLOB_UNKNOWN (blob unknown to registry)" or "<what>: <curl message>".
-    static Error failure(const std::string& what, const http::Response& r);
+    static Error failure(const std::string& what, const net::Response& r);
 
 private:
     mutable std::mutex plain_mutex_;
     std::vector<std::string> plain_registries_;  // allowed plain HTTP and found without TLS
     std::mutex pool_mutex_;
-    std::vector<std::unique_ptr<http::HttpConnection>> idle_;
+    std::vector<std::unique_ptr<net::Connection>> idle_;
 };
 
 }  // namespace gantry

@@ -28,16 +28,6 @@ std::string env(const char* name) {
     return v != nullptr ? v : "";
 }
 
-http::TransportSettings transport_settings(const Config& config) {
-    http::TransportSettings s;
-    // libcurl does not read OpenSSL's variables itself; honour them as OpenSSL-based tools do.
-    s.ca_file = env("SSL_CERT_FILE");
-    s.ca_dir = env("SSL_CERT_DIR");
-    s.extra_ca_file = config.ca_bundle;
-    s.user_agent = std::string("gantry/") + kVersion;
-    return s;
-}
-
 Status check_readable(const std::string& path, const std::string& what) {
     if (path.empty()) return {};
     if (::access(path.c_str(), R_OK) != 0) return system_error("reading the CA bundle " + path + " (" + what + ")");
@@ -70,7 +60,7 @@ int default_max_connections() {
 RegistryClient::Impl::Impl(const Config& cfg, RegistryOptions opts)
     : config(cfg),
       options(std::move(opts)),
-      transport(http::make_transport(transport_settings(cfg))),
+      transport(net::make_transport(net::settings_from_environment(cfg.ca_bundle))),
       auth(options.credentials ? options.credentials : default_credential_lookup(), sources_for(options),
            [this](const std::string& host) { return plain_http_ok(host); }, config.ca_bundle,
            options.credentials ? CredentialLookup{} : default_credential_fallback()) {
@@ -86,10 +76,10 @@ RegistryClient::Impl::Lease RegistryClient::Impl::lease() {
         idle_.pop_back();
         return Lease(*this, std::move(c));
     }
-    return Lease(*this, std::make_unique<http::HttpConnection>(transport));
+    return Lease(*this, std::make_unique<net::Connection>(transport));
 }
 
-void RegistryClient::Impl::give_back(std::unique_ptr<http::HttpConnection> c) {
+void RegistryClient::Impl::give_back(std::unique_ptr<net::Connection> c) {
     std::lock_guard<std::mutex> lock(pool_mutex_);
     idle_.push_back(std::move(c));
 }
@@ -119,8 +109,8 @@ bool RegistryClient::Impl::cancelled(const std::atomic<bool>* stop) const {
     return (options.cancel != nullptr && options.cancel->load()) || (stop != nullptr && stop->load());
 }
 
-Result<http::Response> RegistryClient::Impl::send(http::HttpConnection& conn, const ImageReference& ref,
-                                                  http::Request& req) {
+Result<net::Response> RegistryClient::Impl::send(net::Connection& conn, const ImageReference& ref,
+                                                  net::Request& req) {
     // Every request to a registry passes here: an imported image's name is never sent anywhere, so
     // that no registry (nor a host called "local") can answer for an image someone imported.
     if (ref.names_imported_image())
@@ -150,7 +140,7 @@ Result<http::Response> RegistryClient::Impl::send(http::HttpConnection& conn, co
     }
 }
 
-bool RegistryClient::Impl::retryable(const http::Response& r) {
+bool RegistryClient::Impl::retryable(const net::Response& r) {
     if (r.cancelled || r.sink_aborted || r.body_too_large || r.headers_too_large) return false;
     if (r.curl_code != 0) {
         switch (r.curl_code) {
@@ -172,7 +162,7 @@ bool RegistryClient::Impl::retryable(const http::Response& r) {
     return r.status == 408 || r.status == 429 || r.status >= 500;
 }
 
-Error RegistryClient::Impl::failure(const std::string& what, const http::Response& r) {
+Error RegistryClient::Impl::failure(const std::string& what, const net::Response& r) {
     if (r.cancelled) return make_error(what + ": cancelled");
     if (r.curl_code != 0) return make_error(what + ": " + r.curl_error);
     std::string msg = what + ": HTTP " + std::to_string(r.status);
@@ -191,7 +181,7 @@ Error RegistryClient::Impl::failure(const std::string& what, const http::Respons
     return e;
 }
 
-bool RegistryClient::Impl::backoff(int attempt, const http::Response& last, const std::atomic<bool>* stop) const {
+bool RegistryClient::Impl::backoff(int attempt, const net::Response& last, const std::atomic<bool>* stop) const {
     double delay = options.retry_base_s * std::pow(2.0, attempt - 1);
     delay = std::min(delay, options.retry_max_s);
     // Spread retries of many clients (640 ranks) so they do not hit the registry in lockstep.
@@ -209,8 +199,8 @@ bool RegistryClient::Impl::backoff(int attempt, const http::Response& last, cons
     return !cancelled(stop);
 }
 
-Result<http::Response> RegistryClient::Impl::send_with_retry(http::HttpConnection& conn, const ImageReference& ref,
-                                                             http::Request& req, const std::string& what) {
+Result<net::Response> RegistryClient::Impl::send_with_retry(net::Connection& conn, const ImageReference& ref,
+                                                             net::Request& req, const std::string& what) {
     req.cancel = options.cancel;
     for (int attempt = 1;; ++attempt) {
         auto resp = send(conn, ref, req);
@@ -229,7 +219,7 @@ Result<FetchedManifest> RegistryClient::Impl::fetch_manifest(const ImageReferenc
     const std::string what = "fetching manifest " + ref.registry + "/" + ref.repository +
                              (starts_with(reference, "sha256:") ? "@" : ":") + reference;
     auto conn = impl.lease();
-    http::Request req;
+    net::Request req;
     req.url = impl.repository_url(ref) + "/manifests/" + reference;
     req.headers.push_back(std::string("Accept: ") + kManifestAccept);
     req.max_body = 4u << 20;  // the distribution spec's limit for manifests
@@ -273,7 +263,7 @@ Result<std::string> RegistryClient::resolve_digest(const ImageReference& ref, co
     // image the Docker-Content-Digest header is the whole answer.
     {
         auto conn = impl_->lease();
-        http::Request req;
+        net::Request req;
         req.method = "HEAD";
         req.url = impl_->repository_url(ref) + "/manifests/" + ref.manifest_ref();
         req.headers.push_back(std::string("Accept: ") + kManifestAccept);
@@ -334,7 +324,7 @@ Result<ResolvedImage> RegistryClient::resolve(const ImageReference& ref, const P
     if (image.config.size > kMaxConfig)
         return make_error(what + ": " + std::to_string(image.config.size) + " bytes is too large for an image config");
     auto conn = impl_->lease();
-    http::Request req;
+    net::Request req;
     req.url = impl_->repository_url(ref) + "/blobs/" + image.config.digest;
     req.max_body = static_cast<size_t>(image.config.size) + 1;
     req.timeout_s = 300;

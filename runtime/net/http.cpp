@@ -1,6 +1,6 @@
-// libcurl wrapper for the registry module: RAII for easy/share/URL handles, header capture,
-// manual redirect following that drops Authorization across origins, and cancellation.
-#include "registry/http.hpp"
+// Gantry's HTTP client over libcurl (see http.hpp): RAII for easy/share/URL handles, header capture
+// with a size limit, manual redirect following that drops Authorization across origins, cancellation.
+#include "net/http.hpp"
 
 #include <curl/curl.h>
 #include <openssl/err.h>
@@ -11,13 +11,19 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 
-#include "auth/http_client.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/version.hpp"
 
-namespace gantry::http {
+namespace gantry::net {
 namespace {
+
+std::string env(const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+}
 
 void global_init() {
     static std::once_flag once;
@@ -44,7 +50,59 @@ struct SlistDeleter {
 };
 using Slist = std::unique_ptr<curl_slist, SlistDeleter>;
 
+// The status and headers of the last response `easy` received so far (libcurl's header API: usable
+// after the transfer and from its write callback): names in lower case, a repeated name's values
+// joined with ", ". Interim (1xx) answers and earlier redirect hops are not included.
+void read_response(CURL* easy, long& status, std::map<std::string, std::string>& headers) {
+    status = 0;
+    curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+    headers.clear();
+    for (curl_header* h = nullptr; (h = curl_easy_nextheader(easy, CURLH_HEADER, -1, h)) != nullptr;) {
+        std::string name = lower(h->name);
+        std::string value = h->value;  // libcurl strips the blanks around it
+        auto [slot, fresh] = headers.emplace(std::move(name), value);
+        if (!fresh) slot->second += ", " + value;
+    }
+}
+
+// Counts an answer's header bytes (a CURLOPT_HEADERFUNCTION) and stops the transfer
+// (CURLE_WRITE_ERROR) past kMaxResponseHeaderBytes.
+struct HeaderCount {
+    size_t bytes = 0;
+    bool answer_ended = false;  // the blank line was seen: the next line starts another answer
+    bool too_large = false;
+};
+
+size_t count_header_bytes(char* data, size_t size, size_t n, void* user) {
+    auto* count = static_cast<HeaderCount*>(user);
+    const size_t len = size * n;
+    if (count->answer_ended) *count = HeaderCount{};
+    count->bytes += len;
+    if (count->bytes > kMaxResponseHeaderBytes) {
+        count->too_large = true;
+        return 0;  // anything but len stops the transfer
+    }
+    std::string_view line(data, len);
+    count->answer_ended = line == "\r\n" || line == "\n";
+    return len;
+}
+
+std::string response_headers_too_large() {
+    return "the server's response headers passed " + std::to_string(kMaxResponseHeaderBytes >> 10) +
+           " KiB and were not read further (a misbehaving server or proxy); check the URL and any proxy "
+           "(https_proxy) in between";
+}
+
 }  // namespace
+
+TransportSettings settings_from_environment(const std::string& extra_ca_file) {
+    TransportSettings s;
+    s.ca_file = env("SSL_CERT_FILE");
+    s.ca_dir = env("SSL_CERT_DIR");
+    s.extra_ca_file = extra_ca_file;
+    s.user_agent = std::string("gantry/") + kVersion;
+    return s;
+}
 
 std::string origin_of(const std::string& url) {
     UrlHandle u;
@@ -62,6 +120,26 @@ std::string host_of(const std::string& url) {
     std::string host = lower(u.get(CURLUPART_HOST));
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
     return host;
+}
+
+std::string host_header(const std::string& url) {
+    auto p = url.find("://");
+    if (p == std::string::npos) return {};
+    p += 3;
+    std::string hostport = url.substr(p, url.find_first_of("/?#", p) - p);
+    const bool https = url.rfind("https://", 0) == 0;
+    const std::string default_port = https ? ":443" : ":80";
+    if (hostport.size() > default_port.size() &&
+        hostport.compare(hostport.size() - default_port.size(), default_port.size(), default_port) == 0)
+        hostport.resize(hostport.size() - default_port.size());
+    return hostport;
+}
+
+bool is_local_http(const std::string& url) {
+    if (url.rfind("http://", 0) != 0) return false;
+    std::string h = host_of(url);
+    return h == "localhost" || h.rfind("127.", 0) == 0 || h == "::1" || h.rfind("169.254.", 0) == 0 ||
+           h.rfind("fd00:ec2:", 0) == 0;
 }
 
 std::string redact_url(const std::string& url) {
@@ -118,7 +196,7 @@ std::shared_ptr<Transport> make_transport(TransportSettings settings) {
     return std::make_shared<Transport>(std::move(settings));
 }
 
-struct HttpConnection::State {
+struct Connection::State {
     std::shared_ptr<Transport> transport;
     CURL* easy = nullptr;
     char errbuf[CURL_ERROR_SIZE] = {};
@@ -128,14 +206,14 @@ struct HttpConnection::State {
     Response* response = nullptr;
     bool started = false;  // the sink has been told the status
     bool have_headers = false;  // status and headers read from libcurl (first body byte, or the end)
-    auth::http::HeaderCount header_count;
+    HeaderCount header_count;
 
     static size_t on_body(char* data, size_t size, size_t n, void* user) {
         auto* st = static_cast<State*>(user);
         size_t len = size * n;
         Response& r = *st->response;
         if (!st->have_headers) {
-            auth::http::read_response(st->easy, r.status, r.headers);
+            read_response(st->easy, r.status, r.headers);
             st->have_headers = true;
         }
         bool success = r.status >= 200 && r.status < 300;
@@ -186,16 +264,16 @@ struct HttpConnection::State {
     }
 };
 
-HttpConnection::HttpConnection(std::shared_ptr<Transport> transport) : s_(std::make_unique<State>()) {
+Connection::Connection(std::shared_ptr<Transport> transport) : s_(std::make_unique<State>()) {
     s_->transport = std::move(transport);
     s_->easy = curl_easy_init();
 }
 
-HttpConnection::~HttpConnection() {
+Connection::~Connection() {
     if (s_->easy != nullptr) curl_easy_cleanup(s_->easy);
 }
 
-Result<Response> HttpConnection::perform(const Request& request) {
+Result<Response> Connection::perform(const Request& request) {
     if (s_->easy == nullptr) return make_error("libcurl could not create a handle");
     CURL* e = s_->easy;
     const TransportSettings& ts = s_->transport->settings();
@@ -219,7 +297,7 @@ Result<Response> HttpConnection::perform(const Request& request) {
         curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(e, CURLOPT_ERRORBUFFER, s_->errbuf);
         curl_easy_setopt(e, CURLOPT_USERAGENT, ts.user_agent.c_str());
-        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 30L);
+        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, request.connect_timeout_ms);
         // A connection that delivers under 1 KiB/s for 60 s is dead; the caller retries and resumes.
         curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
         curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, 60L);
@@ -239,13 +317,18 @@ Result<Response> HttpConnection::perform(const Request& request) {
         if (s_->transport->share() != nullptr) curl_easy_setopt(e, CURLOPT_SHARE, s_->transport->share());
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &State::on_body);
         curl_easy_setopt(e, CURLOPT_WRITEDATA, s_.get());
-        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &auth::http::count_header_bytes);
+        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &count_header_bytes);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, &s_->header_count);
         curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, &State::on_progress);
         curl_easy_setopt(e, CURLOPT_XFERINFODATA, s_.get());
+        const bool sends_body = request.method == "POST" || request.method == "PUT";
         if (request.method == "HEAD") {
             curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+        } else if (sends_body) {
+            curl_easy_setopt(e, CURLOPT_POSTFIELDS, request.body.c_str());
+            curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, static_cast<long>(request.body.size()));
+            if (request.method == "PUT") curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, "PUT");
         } else {
             curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
         }
@@ -259,6 +342,8 @@ Result<Response> HttpConnection::perform(const Request& request) {
             }
         };
         for (const auto& h : request.headers) add(h);
+        // libcurl adds "Expect: 100-continue" to larger POSTs; some endpoints dislike it.
+        if (sends_body) add("Expect:");
         if (send_auth) add("Authorization: " + request.authorization);
         curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers.get());
 
@@ -268,7 +353,7 @@ Result<Response> HttpConnection::perform(const Request& request) {
         for (curl_slist* n = headers.get(); n != nullptr; n = n->next)
             if (n->data != nullptr && std::strncmp(n->data, "Authorization:", 14) == 0)
                 OPENSSL_cleanse(n->data, std::strlen(n->data));
-        if (!s_->have_headers) auth::http::read_response(e, response.status, response.headers);
+        if (!s_->have_headers) read_response(e, response.status, response.headers);
         response.url = url;
         response.curl_code = rc;
         if (rc != CURLE_OK) {
@@ -283,7 +368,7 @@ Result<Response> HttpConnection::perform(const Request& request) {
             response.status = 0;
             response.headers.clear();
             response.body.clear();
-            response.curl_error = auth::http::response_headers_too_large();
+            response.curl_error = response_headers_too_large();
         }
         log::debug(request.method + " " + redact_url(url) + " -> " +
                    (rc == CURLE_OK ? "HTTP " + std::to_string(response.status) : response.curl_error));
@@ -291,11 +376,11 @@ Result<Response> HttpConnection::perform(const Request& request) {
 
         bool redirect = response.status == 301 || response.status == 302 || response.status == 303 ||
                         response.status == 307 || response.status == 308;
-        if (!redirect) return response;
+        if (!redirect || sends_body || request.max_redirects <= 0) return response;
         char* next = nullptr;
         curl_easy_getinfo(e, CURLINFO_REDIRECT_URL, &next);
         if (next == nullptr) return response;  // a 3xx without Location: the caller reports it
-        if (hop >= 10) return make_error("too many redirects, last to " + redact_url(next));
+        if (hop >= request.max_redirects) return make_error("too many redirects, last to " + redact_url(next));
         std::string target = next;
         std::string target_origin = origin_of(target);
         if (target_origin.empty()) return make_error("redirect to an unusable URL " + redact_url(target));
@@ -308,4 +393,13 @@ Result<Response> HttpConnection::perform(const Request& request) {
     }
 }
 
-}  // namespace gantry::http
+Result<Response> fetch(const Request& request, TransportSettings settings) {
+    Connection conn(make_transport(std::move(settings)));
+    auto resp = conn.perform(request);
+    const std::string what = request.method + " " + redact_url(request.url);
+    if (!resp) return resp.error().wrap(what);
+    if (resp->curl_code != 0) return make_error(what + ": " + resp->curl_error);
+    return resp;
+}
+
+}  // namespace gantry::net

@@ -1,3 +1,4 @@
+// NewBlockedThreads (include/gantry/threads.hpp): the plugin's watch on slurmstepd's new threads, read from /proc/self/task.
 #include "gantry/threads.hpp"
 
 #include <dirent.h>
