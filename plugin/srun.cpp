@@ -121,9 +121,6 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     if (digest) {
         const std::string pinned = *o.image + "@" + *digest;
         (void)::setenv(kResolvedVar, pinned.c_str(), 1);
-        // An srun that asks for its own allocation may wait in the queue: stage meanwhile (stage.cpp).
-        if (std::getenv("SLURM_JOB_ID") == nullptr && config.stage_at_submit != "no")
-            stage_for_allocation(settings, pinned);
         if (!named) watch_import(config, *digest, *o.image);
         return {};
     }

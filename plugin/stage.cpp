@@ -99,14 +99,4 @@ Status stage_at_submit(spank_t, const Settings& settings) {
     return {};
 }
 
-// srun that makes its own allocation, with the digest it resolved for the step (pinned: no second
-// registry request): the same background stage, so that an allocation that waits in the queue finds
-// the image stored. Best effort and silent: the nodes pull it anyway.
-void stage_for_allocation(const Settings& settings, const std::string& pinned) {
-    auto r = run_stage(settings, pinned);
-    if (!r || r->status != 0)
-        slurm_verbose("gantry: not staging %s at submit: %s", pinned.c_str(),
-                      r ? last_line(r->err).c_str() : r.error().message.c_str());
-}
-
 }  // namespace gantry::plugin

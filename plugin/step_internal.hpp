@@ -139,8 +139,6 @@ std::optional<std::string> image_resolved_by_srun(const std::vector<std::string>
 
 // --- stage.cpp: the digest sbatch/salloc resolved for `image` at submit, for an srun inside the job ---
 std::optional<std::string> image_staged_at_submit(const std::string& image);
-// srun making its own allocation: the background stage of IMAGE@DIGEST (srun's resolution).
-void stage_for_allocation(const Settings& settings, const std::string& pinned);
 
 // --- slurm_env.cpp: slurmstepd's own configuration and the paths it implies ---
 std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& env);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -88,8 +89,15 @@ int exec_pull(const StageArgs& a, const std::string& store, const std::string& d
     if (a.quiet) argv.emplace_back("--quiet");
     if (!digest.empty()) argv.insert(argv.end(), {"--tag-resolved-to", digest});
     argv.push_back(a.image);
-    if (a.deadline_opt->count() > 0)
+    if (a.deadline_opt->count() > 0) {
+        // An ignored or blocked SIGALRM (inherited from whoever started us) would end nothing.
+        ::signal(SIGALRM, SIG_DFL);
+        sigset_t alarm_only;
+        sigemptyset(&alarm_only);
+        sigaddset(&alarm_only, SIGALRM);
+        ::sigprocmask(SIG_UNBLOCK, &alarm_only, nullptr);
         ::alarm(static_cast<unsigned>(*parse_duration(a.deadline)));  // checked by cmd_stage
+    }
     std::vector<char*> raw;
     for (auto& s : argv) raw.push_back(s.data());
     raw.push_back(nullptr);

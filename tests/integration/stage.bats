@@ -45,7 +45,7 @@ stored() {
   gets=$(blob_gets "$name")   # tiny's layers are shared with other images: count from here on
   ! stored "$digest" || false
   # Every node busy: the job below waits in the queue until the blocker is cancelled.
-  nodes=$(sinfo -h -o %D | awk '{n += $1} END {print n}')
+  nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
   BLOCKER=$(as_user sbatch --parsable -N"$nodes" --exclusive -o /dev/null --wrap 'sleep 600')
   for ((i = 0; i < 100; i++)); do [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ] && break; sleep 0.1; done
   [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ]
