@@ -74,7 +74,7 @@ JOB
   [ "$(($(blob_gets "$name") - gets))" -eq "$nblobs" ]
 }
 
-@test "sbatch with a tag that does not exist fails at once, with Pyxis's words, and allocates no job id" {
+@test "sbatch with a tag that does not exist, or credentials the registry refuses, fails at once with Pyxis's words and allocates no job id" {
   before=$(gantry_next_job_id)
   [ -n "$before" ]
   run as_user timeout 60 sbatch -N1 --container-image="$REG#gantry-test/tiny:no-such-tag-$RANDOM" --wrap true
@@ -84,6 +84,17 @@ JOB
   echo "$output" | grep -q "^gantry: failed to import docker image: $REG#gantry-test/tiny:no-such-tag-[0-9]*: "
   [ "$(gantry_next_job_id)" = "$before" ]
   [ -z "$(squeue -h -u "$U")" ]
+  # Credentials the registry refuses (the harness's TLS registry, Basic auth): the same, at once.
+  gantry_plugin_conf "ca_bundle = $GANTRY_TEST_REGISTRY_CA"
+  mkdir -m 700 "$WORK/wrong" && chown "$U" "$WORK/wrong"
+  printf '{"auths":{"%s":{"auth":"%s"}}}\n' "$GANTRY_TEST_REGISTRY_TLS" "$(printf 'AWS:wrong-%s' "$RANDOM" | base64 -w0)" >"$WORK/wrong/config.json"
+  chown "$U" "$WORK/wrong/config.json"
+  run as_user timeout 60 env DOCKER_CONFIG="$WORK/wrong" sbatch -N1 --container-image="$GANTRY_TEST_REGISTRY_TLS#gantry-test/tiny" --wrap true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  [ "$status" -ne 124 ]
+  echo "$output" | grep -q "^gantry: failed to import docker image: $GANTRY_TEST_REGISTRY_TLS#gantry-test/tiny: "
+  [ "$(gantry_next_job_id)" = "$before" ]
   # stage_at_submit = no: sbatch asks nothing, and the job fails on its node instead.
   gantry_plugin_conf "stage_at_submit = no"
   run as_user timeout 60 sbatch --parsable -N1 -o /dev/null --container-image="$REG#gantry-test/tiny:no-such-tag-$RANDOM" --wrap true
