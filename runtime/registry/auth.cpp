@@ -154,9 +154,9 @@ std::string Authenticator::authorization(const ImageReference& ref) {
     return {};
 }
 
-// The registry's final word on this user's access (HTTP 401/403, in http_status): what a submission
-// that resolves the tag at submit reports at once (runtime/cli/stage.cpp), and a stored tag does not
-// change (runtime/store/pull.cpp, with_stored_tag_hint).
+// The registry's final word on the credentials it was given (HTTP 401/403, in http_status): what a
+// submission that resolves the tag at submit reports at once (runtime/cli/stage.cpp), and what a
+// stored tag does not change (runtime/store/pull.cpp, with_stored_tag_hint).
 namespace {
 Error refused(const std::string& message, int status = 401) {
     Error e = make_error(message);
@@ -165,8 +165,10 @@ Error refused(const std::string& message, int status = 401) {
 }
 }  // namespace
 
+// Not the registry's word on this user: the nodes may find credentials this host lacks (an instance
+// role of theirs), so a submission that found none leaves the pull to them.
 Error Authenticator::no_credentials(const ImageReference& ref) const {
-    return refused("no credentials found for " + ref.registry + "; tried " + sources_);
+    return make_error("no credentials found for " + ref.registry + "; tried " + sources_);
 }
 
 Error Authenticator::failure(const ImageReference& ref) {
