@@ -211,6 +211,17 @@ gantry_as_user() {
   ${GANTRY_SLURM_LOGIN_EXEC:-} runuser -u "$user" -- env -C "$dir" "$@"
 }
 
+# gantry_blob_gets NAME: GETs so far, in the open registry's access log, of the blobs (config and
+# layers) of gantry-test/NAME:latest's current manifest.
+gantry_blob_gets() {
+  local b n=0
+  for b in $(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$1/manifests/latest" |
+    jq -r '.config.digest, .layers[].digest'); do
+    n=$((n + $("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")))
+  done
+  echo "$n"
+}
+
 # gantry_next_job_id: the job id slurmctld gives next (it advances with every job, even one that fails),
 # to show that a submission was refused before the controller allocated a job.
 gantry_next_job_id() {

@@ -20,16 +20,6 @@ as_user() {
   gantry_as_user "$U" "$WORK" "$@"
 }
 
-# blob_gets NAME: blob GETs so far of gantry-test/NAME:latest's blobs (config and layers).
-blob_gets() {
-  local b n=0
-  for b in $(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$1/manifests/latest" |
-    jq -r '.config.digest, .layers[].digest'); do
-    n=$((n + $("$BATS_TEST_DIRNAME/../harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")))
-  done
-  echo "$n"
-}
-
 # stored DIGEST: whether the shared store lists DIGEST (as the test user sees it).
 stored() {
   as_user env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" "$GANTRY_TEST_GANTRY" images --format json |
@@ -42,7 +32,7 @@ stored() {
   digest=$(gantry_fresh_image "$WORK" "$name")
   nblobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$name/manifests/latest" |
     jq '[.config, .layers[]] | length')
-  gets=$(blob_gets "$name")   # tiny's layers are shared with other images: count from here on
+  gets=$(gantry_blob_gets "$name")   # tiny's layers are shared with other images: count from here on
   ! stored "$digest" || false
   # Every node busy: the job below waits in the queue until the blocker is cancelled.
   nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
@@ -63,15 +53,15 @@ JOB
   stored "$digest"
   [ "$(squeue -h -j "$JOB" -o %T)" = PENDING ]
   sleep 1   # the registry logs a request after answering it
-  echo "blob GETs at submit: $(($(blob_gets "$name") - gets)) for $nblobs blobs"
-  [ "$(($(blob_gets "$name") - gets))" -eq "$nblobs" ]
+  echo "blob GETs at submit: $(($(gantry_blob_gets "$name") - gets)) for $nblobs blobs"
+  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
   # The job runs the digest resolved at submit, from the store: no blob is fetched again.
   scancel "$BLOCKER"
   for ((i = 0; i < 600; i++)); do [ -z "$(squeue -h -j "$JOB")" ] && break; sleep 0.2; done
   cat "$WORK/job.out"
   [ "$(cat "$WORK/job.out")" = "ran $digest $name" ]
   sleep 1
-  [ "$(($(blob_gets "$name") - gets))" -eq "$nblobs" ]
+  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
 }
 
 @test "sbatch with a tag that does not exist, or credentials the registry refuses, fails at once with Pyxis's words and allocates no job id" {
