@@ -32,13 +32,16 @@ void tell_user(const std::string& line) {
     (void)!::write(STDERR_FILENO, text.data(), text.size());
 }
 
-// `gantry stage --at-submit IMAGE` as the submitting user (this process is theirs: sbatch, salloc or
-// srun), in their own environment (credentials, proxies, GANTRY_PULL_POLICY), under a deadline.
+// `gantry stage --at-submit IMAGE` as the submitting user (this process is theirs: sbatch or salloc),
+// in their own environment (credentials, proxies, GANTRY_PULL_POLICY), with the plugin's gantry.conf,
+// under a deadline.
 Result<ProcessOutcome> run_stage(const Settings& settings, const std::string& image) {
     ProcessRequest rq;
     rq.argv = {gantry_cli(settings), "stage", "--at-submit", image};
-    for (char** e = environ; *e != nullptr; ++e) rq.env.emplace_back(*e);
-    if (::access(settings.config.c_str(), F_OK) == 0) rq.env.push_back("GANTRY_CONFIG=" + settings.config);
+    const bool plugin_config = ::access(settings.config.c_str(), F_OK) == 0;
+    for (char** e = environ; *e != nullptr; ++e)
+        if (!plugin_config || !starts_with(*e, "GANTRY_CONFIG=")) rq.env.emplace_back(*e);
+    if (plugin_config) rq.env.push_back("GANTRY_CONFIG=" + settings.config);
     rq.stdout_cap = rq.stderr_cap = 16 * 1024;
     rq.timeout = kResolveDeadline;
     return spawn(rq);
