@@ -202,8 +202,8 @@ const Registration reg_stage(
       "Resolves IMAGE's tag with your credentials (a missing tag or refused credentials fail at once),\n"
       "then pulls that digest into the store, as gantry pull does, and prints '<digest> <path>'. With\n"
       "--background it prints the digest and returns while the pull goes on. For CI pipelines and job\n"
-      "scripts that want an image stored before the job that uses it starts; sbatch, salloc and srun\n"
-      "do this themselves at submit time (gantry.conf stage_at_submit). Exit status 3: the registry\n"
+      "scripts that want an image stored before the job that uses it starts; sbatch and salloc do\n"
+      "this themselves at submit time (gantry.conf stage_at_submit). Exit status 3: the registry\n"
       "could not be asked from this host."},
      define_stage});
 
