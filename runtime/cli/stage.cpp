@@ -137,6 +137,7 @@ int cmd_stage(const StageArgs& a) {
     // At submit, a job whose pull policy is `never` (GANTRY_PULL_POLICY in the submitting environment,
     // which the job inherits, else gantry.conf's) asks the registry nothing: neither does its submission.
     if (a.at_submit) {
+        if (config->stage_at_submit == "no") return 0;  // the plugin asks nothing then; nor does this
         auto policy = pull_policy(*config, std::nullopt);
         if (!policy || *policy == PullPolicy::never) return 0;
     }
