@@ -133,7 +133,8 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
             case S_CTX_ALLOCATOR:
                 gantry::plugin::check_environment_forms();
                 gantry::plugin::clear_resolved_image();
-                return 0;
+                // Already printed on the user's terminal (stage.cpp): sbatch adds its own line and stops.
+                return gantry::plugin::stage_at_submit(sp, g_settings) ? 0 : -1;
             case S_CTX_REMOTE:
                 gantry::plugin::apply_environment(sp);
                 // Failures are kept and reported by every task (slurm_spank_task_init), so the step

@@ -104,6 +104,14 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     // Imported names (local/NAME) are the store's alone, and a policy under which the nodes answer
     // from their store asks nothing here either.
     if (ref->names_imported_image() || !nodes_would_resolve(config)) return {};
+    // Inside a job that sbatch/salloc staged this image for (stage.cpp): the digest resolved at submit,
+    // which the store holds or is fetching, so that every step of the job runs what was staged.
+    if (auto staged = image_staged_at_submit(*o.image)) {
+        const std::string pinned = *o.image + "@" + *staged;
+        (void)::setenv(kResolvedVar, pinned.c_str(), 1);
+        if (!named) watch_import(config, *staged, *o.image);
+        return {};
+    }
     // srun waits for this: one quick try, with the user's own credentials (srun runs as the user), and
     // the nodes resolve the tag themselves, as without this, when it fails.
     RegistryOptions quick;

@@ -28,6 +28,12 @@ void stop_import_watch();
 // sbatch/salloc: a digest resolved for some earlier step (this shell runs inside one) is not handed to
 // the job's steps; each srun in the job resolves its own, and the batch step resolves on its node.
 void clear_resolved_image();
+// sbatch/salloc, after clear_resolved_image: resolves the job's image with the user's credentials and
+// starts its pull into the shared store in the background (`gantry stage --at-submit`, gantry.conf
+// stage_at_submit), so that it is stored when the nodes are allocated; hands the digest to the job's
+// steps. Fails (one line on the user's terminal, Pyxis's words) only when the registry says the image
+// cannot be had: no such tag, or credentials refused. Anything else is left to the nodes.
+Status stage_at_submit(spank_t sp, const Settings& settings);
 
 // slurmstepd (remote, in slurm_spank_init, before anything else): notes slurmstepd's own threads, so
 // that a pull can tell when Slurm asks to signal or end the step and stop (step.cpp, StepSignals).

@@ -52,6 +52,9 @@ inline constexpr const char* kDigestVar = "GANTRY_CONTAINER_IMAGE_DIGEST";
 // The step's image as srun resolved it once for the whole step, "IMAGE@DIGEST", handed to every node
 // in the job environment (srun.cpp: pin_image_digest, image_resolved_by_srun).
 inline constexpr const char* kResolvedVar = "GANTRY_RESOLVED_IMAGE";
+// The job's image as sbatch/salloc resolved and staged it at submit time, "IMAGE@DIGEST", in the job
+// environment, for the sruns inside the job (stage.cpp: stage_at_submit, image_staged_at_submit).
+inline constexpr const char* kStagedVar = "GANTRY_STAGED_IMAGE";
 
 // Slurm's requests to signal or end this step (scancel, srun's Ctrl-C or its forwarded signals, the
 // end of the job after a node failure or at its time limit) while the plugin still pulls the image in
@@ -140,6 +143,9 @@ Result<JobIdentity> identity(spank_t sp);
 
 // --- srun.cpp: the digest srun handed over for `image` (user input, used as IMAGE@DIGEST would be) ---
 std::optional<std::string> image_resolved_by_srun(const std::vector<std::string>& env, const std::string& image);
+
+// --- stage.cpp: the digest sbatch/salloc resolved for `image` at submit, for an srun inside the job ---
+std::optional<std::string> image_staged_at_submit(const std::string& image);
 
 // --- slurm_env.cpp: slurmstepd's own configuration and the paths it implies ---
 std::optional<std::string> pmix_client_tmpdir(const std::vector<std::string>& env);

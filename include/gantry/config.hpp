@@ -52,6 +52,12 @@ struct Config {
     // same digest start without asking again (include/gantry/authorization_cache.hpp); 0: ask on
     // every step.
     int authorization_cache_seconds = 60;
+    // sbatch/salloc/srun with --container-image (docs/user.md, "Staged while the job waits"): `auto`
+    // (the default) resolves the tag at submit (a missing tag or refused credentials fail the
+    // submission) and pulls the image into store_path in the background when store_path exists on the
+    // submitting host and the user may write it; `yes` also stages into the per-user store when
+    // store_path is unset; `no` does nothing at submit.
+    std::string stage_at_submit = "auto";
     // Node-local runtime state: container records, locks, mount points. Must not be shared storage.
     std::string runtime_path = "/run/gantry";
     // Node-local scratch for writable upper layers and the `extract` backend.

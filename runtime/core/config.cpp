@@ -173,6 +173,12 @@ const std::map<std::string, Setter>& setters() {
         {"batch_srun", bool_key(&Config::batch_srun)},
         {"private_images", bool_key(&Config::private_images)},
         {"authorization_cache_seconds", int_key(&Config::authorization_cache_seconds, 0, 24 * 3600)},
+        {"stage_at_submit",
+         [](Config& c, const std::string& v) -> Status {
+             GANTRY_TRY(one_of(v, {"auto", "yes", "no"}));
+             c.stage_at_submit = v;
+             return {};
+         }},
         {"pytorch", bool_key(&Config::pytorch)},
         {"container_writable", optional_bool_key(&Config::container_writable)},
         {"container_remap_root", optional_bool_key(&Config::container_remap_root)},

@@ -154,6 +154,19 @@ std::string Authenticator::authorization(const ImageReference& ref) {
     return {};
 }
 
+// The registry's final word on the credentials it was given (HTTP 401/403, in http_status): what a
+// submission that resolves the tag at submit reports at once (runtime/cli/stage.cpp), and what a
+// stored tag does not change (runtime/store/pull.cpp, with_stored_tag_hint).
+namespace {
+Error refused(const std::string& message, int status = 401) {
+    Error e = make_error(message);
+    e.http_status = status;
+    return e;
+}
+}  // namespace
+
+// Not the registry's word on this user: the nodes may find credentials this host lacks (an instance
+// role of theirs), so a submission that found none leaves the pull to them.
 Error Authenticator::no_credentials(const ImageReference& ref) const {
     return make_error("no credentials found for " + ref.registry + "; tried " + sources_);
 }
@@ -162,10 +175,10 @@ Error Authenticator::failure(const ImageReference& ref) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto& creds = credentials_locked(ref);
     if (!creds) return no_credentials(ref);
-    auto refused = fell_back_.find(ref.user + "@" + ref.registry);
-    return make_error("authentication to " + ref.registry + " failed (tried: " +
-                      (refused != fell_back_.end() && !refused->second.empty() ? refused->second + ", then " : "") +
-                      creds->source + ")");
+    auto tried = fell_back_.find(ref.user + "@" + ref.registry);
+    return refused("authentication to " + ref.registry + " failed (tried: " +
+                   (tried != fell_back_.end() && !tried->second.empty() ? tried->second + ", then " : "") +
+                   creds->source + ")");
 }
 
 // Credentials that were refused give way, once, to the fallback's: a `docker login` token for ECR in
@@ -232,7 +245,7 @@ Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageRefer
     if (resp->curl_code != 0) return make_error(what + ": " + resp->curl_error);
     if (resp->status == 401 || resp->status == 403) {
         if (!creds) return no_credentials(ref);
-        return make_error("authentication to " + ref.registry + " failed (tried: " + creds->source + ")");
+        return refused("authentication to " + ref.registry + " failed (tried: " + creds->source + ")", resp->status);
     }
     if (resp->status != 200) return make_error(what + ": HTTP " + std::to_string(resp->status));
     auto j = nlohmann::json::parse(resp->body, nullptr, false);
@@ -288,10 +301,10 @@ Status Authenticator::on_unauthorized(net::Connection& conn, const ImageReferenc
         if (state.scheme == RegistryState::Scheme::basic && !sent.empty()) {
             if (fall_back_locked(ref)) return {};
             const auto& now = credentials_locked(ref);
-            auto refused = fell_back_.find(ref.user + "@" + ref.registry);
-            bool other = refused != fell_back_.end() && now && refused->second != now->source;
-            return make_error("authentication to " + ref.registry + " failed (tried: " +
-                              (other ? refused->second + ", then " : "") + (now ? now->source : creds->source) + ")");
+            auto tried = fell_back_.find(ref.user + "@" + ref.registry);
+            bool other = tried != fell_back_.end() && now && tried->second != now->source;
+            return refused("authentication to " + ref.registry + " failed (tried: " +
+                           (other ? tried->second + ", then " : "") + (now ? now->source : creds->source) + ")");
         }
         state.scheme = RegistryState::Scheme::basic;
         return {};

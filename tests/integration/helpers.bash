@@ -211,6 +211,23 @@ gantry_as_user() {
   ${GANTRY_SLURM_LOGIN_EXEC:-} runuser -u "$user" -- env -C "$dir" "$@"
 }
 
+# gantry_blob_gets NAME: GETs so far, in the open registry's access log, of the blobs (config and
+# layers) of gantry-test/NAME:latest's current manifest.
+gantry_blob_gets() {
+  local b n=0
+  for b in $(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$1/manifests/latest" |
+    jq -r '.config.digest, .layers[].digest'); do
+    n=$((n + $("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")))
+  done
+  echo "$n"
+}
+
+# gantry_next_job_id: the job id slurmctld gives next (it advances with every job, even one that fails),
+# to show that a submission was refused before the controller allocated a job.
+gantry_next_job_id() {
+  scontrol show config | awk -F' *= *' '$1 == "NEXT_JOB_ID" {print $2}'
+}
+
 # gantry_plugin_conf [LINE...]: writes the gantry.conf the plugin reads in the harness (the shared store
 # in the FSx stand-in, and REG as an insecure registry: gantry allows plain HTTP only to registries
 # listed there), plus the given lines; creates the store.

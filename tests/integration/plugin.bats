@@ -266,18 +266,13 @@ JOB
   ! grep -q '^squashfs-root/proc/.' "$WORK/ro.list" || false
 }
 
-# next_job_id: the job id slurmctld gives next (it advances with every job, even one that fails).
-next_job_id() {
-  scontrol show config | awk -F' *= *' '$1 == "NEXT_JOB_ID" {print $2}'
-}
-
 # refused_quickly MESSAGE SRUN-ARGS...: srun stops while it parses its options, before it asks for
 # a job (the controller's next job id has not moved: no timing, which a loaded CI machine stretches),
 # prints MESSAGE on one line, and every node stays idle.
 refused_quickly() {
   local message=$1 before
   shift
-  before=$(next_job_id)
+  before=$(gantry_next_job_id)
   [ -n "$before" ]
   run as_user timeout 30 srun -n1 "$@" true
   echo "srun $* -> status $status"
@@ -285,7 +280,7 @@ refused_quickly() {
   [ "$status" -ne 0 ]
   [ "$status" -ne 124 ]
   echo "$output" | grep -qF -- "$message"
-  [ "$(next_job_id)" = "$before" ]
+  [ "$(gantry_next_job_id)" = "$before" ]
   [ -z "$(squeue -h -u "$U")" ]
   [ "$(sinfo -h -o '%t' | sort -u)" = "idle" ]
 }

@@ -24,16 +24,6 @@ manifests() {
   grep -cE "\"(GET|HEAD) /v2/gantry-test/$1/manifests/[^ \"]+ HTTP/[0-9.]+\"" "$GANTRY_TEST_REGISTRY_HTTP_LOG" || true
 }
 
-# blob_gets NAME: blob GETs of NAME's current manifest's blobs (config and layers) so far.
-blob_gets() {
-  local b n=0
-  for b in $(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$1/manifests/latest" |
-    jq -r '.config.digest, .layers[].digest'); do
-    n=$((n + $("$BATS_TEST_DIRNAME/../harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")))
-  done
-  echo "$n"
-}
-
 # step NAME: a 3-node step of gantry-test/NAME:latest printing each node's name and digest; its output
 # in $output, and the manifest requests it made in $asked.
 step() {
@@ -54,12 +44,12 @@ step() {
   nblobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$name/manifests/latest" |
     jq '[.config, .layers[]] | length')
   # tiny's layers are shared with other images of the registry: count from here on.
-  gets=$(blob_gets "$name")
+  gets=$(gantry_blob_gets "$name")
   step "$name"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -c "^ran .* $digest$")" -eq 3 ]
-  echo "blob GETs: $(($(blob_gets "$name") - gets)) for $nblobs blobs"
-  [ "$(($(blob_gets "$name") - gets))" -eq "$nblobs" ]
+  echo "blob GETs: $(($(gantry_blob_gets "$name") - gets)) for $nblobs blobs"
+  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
   # Cold: srun's HEAD of the tag, then the producer's HEAD and GET of the manifest by digest; the
   # other nodes wait for the producer under the digest's lock and ask nothing (per node, it was 5).
   [ "$asked" -le 3 ]
@@ -69,7 +59,7 @@ step() {
     [ "$(echo "$output" | grep -c "^ran .* $digest$")" -eq 3 ]
     [ "$asked" -eq 1 ]
   done
-  [ "$(($(blob_gets "$name") - gets))" -eq "$nblobs" ]
+  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
   # srun asks nothing for a pinned digest, nor under GANTRY_PULL_POLICY=missing (the nodes answer from
   # the store), and a stale GANTRY_RESOLVED_IMAGE in srun's environment never reaches the nodes.
   before=$(manifests "$name")

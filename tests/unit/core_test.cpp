@@ -70,6 +70,20 @@ TEST_CASE("gantry.conf: values, comments and defaults") {
     CHECK_FALSE(gantry::parse_config("check_timeout_seconds = 0\n", "c").ok());  // no wait without an end
 }
 
+TEST_CASE("gantry.conf: stage_at_submit is auto by default, and one of auto, yes, no") {
+    auto c = gantry::parse_config("", "c");
+    REQUIRE(c.ok());
+    CHECK(c->stage_at_submit == "auto");
+    for (const char* v : {"auto", "yes", "no"}) {
+        auto set = gantry::parse_config(std::string("stage_at_submit = ") + v + "\n", "c");
+        REQUIRE(set.ok());
+        CHECK(set->stage_at_submit == v);
+    }
+    auto bad = gantry::parse_config("stage_at_submit = sometimes\n", "c");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().message.find("stage_at_submit") != std::string::npos);
+}
+
 TEST_CASE("gantry.conf: errors name file, line and key") {
     auto unknown = gantry::parse_config("store_path=/x\nstorepath=/y\n", "/etc/gantry/gantry.conf");
     REQUIRE_FALSE(unknown.ok());
