@@ -104,6 +104,9 @@ __attribute__((constructor)) static void flood(void) {
   for (int i = 0; i < 1024; i++) if (write(1, buf, sizeof buf) < 0) break;
   _exit(0);
 }'
+  # An image the store lacks, so that the node pulls (a stored one's warm step runs no pull).
+  name="flood-$RANDOM$RANDOM"
+  gantry_fresh_image "$WORK" "$name" >/dev/null
   # The peak resident size of the node's slurmstepd processes while the step runs.
   ( peak=0; for i in $(seq 300); do
       for r in $(ps -C slurmstepd -o rss= 2>/dev/null); do [ "$r" -gt "$peak" ] && peak=$r; done
@@ -111,7 +114,7 @@ __attribute__((constructor)) static void flood(void) {
     done ) 3>&- &
   sampler=$!
   t0=$(date +%s)
-  run as "$U" timeout 120 env LD_PRELOAD="$WORK/flood.so" srun -N1 -n1 --container-image="$TINY" true
+  run as "$U" timeout 120 env LD_PRELOAD="$WORK/flood.so" srun -N1 -n1 --container-image="$REG#gantry-test/$name" true
   t1=$(date +%s)
   kill "$sampler" 2>/dev/null || true
   echo "${output:0:2000}"
