@@ -209,6 +209,34 @@ Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id,
     return pull_outcome(*r, report, image, "");
 }
 
+std::optional<AcquiredImage> acquire_stored_as_user(const Settings& settings, const Config& config,
+                                                    const JobIdentity& id, const std::string& store_root,
+                                                    const std::string& image, const std::string& resolved, bool whole) {
+    // The registry vouches for every use of a private_images store's image: always a pull there.
+    if (config.private_images) return std::nullopt;
+    const auto ref = parse_reference(image);
+    if (!ref) return std::nullopt;
+    const std::string digest = resolved.empty() ? ref->digest : resolved;
+    if (digest.empty()) return std::nullopt;  // a tag srun did not resolve: the pull resolves it
+    // The same decision a pull of the pinned digest makes (runtime/store/pull.cpp, stored_digest): the
+    // store's own copy, by the owner rule of the user's helper (root's, store_owner's or the user's own
+    // files, on descriptors it checked); never the registry for a digest, whatever the pull policy.
+    auto acquired = acquire_image_as(ProcessIdentity{id.uid, id.gid, id.groups},
+                                     helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH), store_root,
+                                     digest, std::chrono::seconds(config.check_timeout_seconds),
+                                     [] { return state().signals && state().signals->pending(); },
+                                     resolved.empty() ? "" : image);
+    if (!acquired) {
+        log::debug("no stored image " + digest + " to use without a pull: " + acquired.error().message);
+        return std::nullopt;
+    }
+    // A layered copy serves only a step whose pull would take layers (gantry pull: layered_images, a
+    // backend that stacks); the others get the whole file a pull makes from the layers.
+    const bool takes_layers = !whole && config.layered_images && config.mount_backend != "extract";
+    if (!acquired->reported || (acquired->layered && !takes_layers)) return std::nullopt;
+    return std::move(*acquired);
+}
+
 // Pulls into a trusted store (owned by root or gantry.conf's store_owner, not writable by the job
 // user): its images may be kernel-mounted, so what the plugin serves must not depend on anything the
 // job user controls, and root must not parse registry bytes. Two halves:

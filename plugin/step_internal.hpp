@@ -17,6 +17,7 @@ extern "C" {
 #include <string>
 #include <vector>
 
+#include "gantry/acquire.hpp"
 #include "gantry/config.hpp"
 #include "gantry/devices.hpp"
 #include "gantry/fd.hpp"
@@ -165,6 +166,14 @@ Result<std::string> job_store_path(const Config& config, uid_t uid);
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
                                 const std::string& image, const std::string& resolved, std::vector<std::string> env,
                                 bool whole);
+// A digest-pinned image (the user's IMAGE@DIGEST, or srun's resolution: `resolved`) that the store the
+// job user pulls into already holds in a form the step runs: acquired by the user's helper
+// (acquire_image_as), which also reports its config, so that no `gantry pull` runs. nullopt whenever a
+// pull must decide (a tag, private_images, not stored, stored only as layers for a step that needs the
+// whole image, a helper that did not report): then the caller pulls as before.
+std::optional<AcquiredImage> acquire_stored_as_user(const Settings& settings, const Config& config,
+                                                    const JobIdentity& id, const std::string& store_root,
+                                                    const std::string& image, const std::string& resolved, bool whole);
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
                                            std::string image, const std::string& resolved,
                                            std::vector<std::string> env, bool whole);

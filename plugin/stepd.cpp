@@ -245,7 +245,20 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // backend can stack layers (a node without usable fuse falls back to extract, which cannot),
         // so the pull gives the step a whole image rather than layers it cannot run.
         bool whole = !can_stack_layers(st.config, MountBackend::auto_, two_halves);  // auto: gantry.conf's
-        auto pulled = [&] {
+        // A pinned digest the user's store holds: their helper acquires it and reports its config, and
+        // no pull runs (acquire_stored_as_user).
+        std::optional<AcquiredImage> stored;
+        if (!two_halves) {
+            trace::Phase phase("acquire_stored_as_user");
+            stored = acquire_stored_as_user(settings, st.config, *id, *store_root, image, resolved, whole);
+        }
+        auto pulled = [&]() -> Result<PullReport> {
+            if (stored) {
+                PullReport report;
+                report.digest = stored->digest;
+                report.config_json = stored->metadata.config_json;
+                return report;
+            }
             trace::Phase phase(two_halves ? "pull (trusted store)" : "pull (as the user)");
             return two_halves ? pull_into_trusted_store(settings, st.config, *id, image, resolved, env, whole)
                               : pull_as_user(settings, *id, *store_root, image, resolved, env, whole);
@@ -283,11 +296,12 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             // user's own helper acquires the image with the user's rights and hands its descriptors
             // over (acquire_image_as); everything after uses those, never the report's file names.
             trace::Phase phase("acquire_image_as");
-            auto acquired = acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
-                                             helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
-                                             *store_root, pulled->digest,
-                                             std::chrono::seconds(st.config.check_timeout_seconds),
-                                             [] { return state().signals && state().signals->pending(); });
+            auto acquired = stored ? Result<AcquiredImage>(std::move(*stored))
+                                   : acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
+                                                      helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
+                                                      *store_root, pulled->digest,
+                                                      std::chrono::seconds(st.config.check_timeout_seconds),
+                                                      [] { return state().signals && state().signals->pending(); });
             if (!acquired) return acquired.error().wrap(import_failed(image));
             auto paths = acquired->paths();
             spec.image_path = paths.back();

@@ -32,6 +32,9 @@ struct AcquiredImage {
     // The store's in-use lease (ImageStore::open_in_use), so gc leaves the image alone while it is used;
     // empty when this account could not take one (gc then may remove the names, never our open files).
     UniqueFd in_use;
+    // acquire_image_as only: whether the helper also reported the image's config (metadata.config_json,
+    // the user's word, as a pull's report is); a helper from before it did says nothing.
+    bool reported = false;
 
     // "/proc/self/fd/N" of each file, bottom first, for the code that takes a path: it names this
     // descriptor in this process and in every child given it under the same number.
@@ -54,11 +57,16 @@ Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& 
 // containers, served as the user, ever read them). No lease: the user's store is the user's to collect.
 // The answer is waited for at most `limit` (gantry.conf's check_timeout_seconds) and not past
 // `should_stop` (the step's stop request); then the helper is killed and reaped by pidfd.
+// The helper also marks the image used, records `resolved_tag` (srun's resolution of the user's tag,
+// when given) as a pull of the digest would, and reports the image's config from the store's record:
+// metadata.config_json with `reported` set, so that a pinned digest the store holds needs no pull.
 Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
                                        const std::string& store_root, const std::string& digest,
-                                       std::chrono::milliseconds limit, const std::function<bool()>& should_stop);
-// gantry-holder --acquire STORE DIGEST: the helper's side, answering on descriptor `channel`.
-int send_acquired_image(int channel, const std::string& store_root, const std::string& digest);
+                                       std::chrono::milliseconds limit, const std::function<bool()>& should_stop,
+                                       const std::string& resolved_tag = "");
+// gantry-holder --acquire STORE DIGEST [TAG]: the helper's side, answering on descriptor `channel`.
+int send_acquired_image(int channel, const std::string& store_root, const std::string& digest,
+                        const std::string& resolved_tag = "");
 
 // "/proc/self/fd/N".
 std::string descriptor_path(int fd);

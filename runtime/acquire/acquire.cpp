@@ -40,6 +40,8 @@
 #include "gantry/digest.hpp"
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
+#include "gantry/pull_report.hpp"
+#include "gantry/reference.hpp"
 
 namespace gantry {
 
@@ -114,7 +116,8 @@ Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& 
     return out;
 }
 
-int send_acquired_image(int channel, const std::string& store_root, const std::string& digest) {
+int send_acquired_image(int channel, const std::string& store_root, const std::string& digest,
+                        const std::string& resolved_tag) {
     auto answer = [&](const std::string& line, const std::vector<int>& fds) {
         msghdr msg{};
         iovec iov{const_cast<char*>(line.data()), line.size()};
@@ -140,14 +143,30 @@ int send_acquired_image(int channel, const std::string& store_root, const std::s
         answer("error " + acquired.error().message + "\n", {});
         return 1;
     }
+    // What a pull of the pinned digest would have done besides (runtime/store/pull.cpp): mark the image
+    // used (gc is least-recently-used first) and record the tag srun resolved as this user's resolution
+    // of it. Both best effort, as there, and both as the user: their own records in their own store.
+    store->touch(digest);
+    if (!resolved_tag.empty())
+        if (auto tag = parse_reference(resolved_tag)) (void)store->record_tag(*tag, digest);
     std::vector<int> fds;
     for (const auto& f : acquired->files) fds.push_back(f.get());
-    return answer(std::string(acquired->layered ? "layered " : "whole ") + std::to_string(fds.size()) + "\n", fds);
+    if (answer(std::string(acquired->layered ? "layered " : "whole ") + std::to_string(fds.size()) + "\n", fds) != 0)
+        return 1;
+    // Then the image's config as the store records it, in a pull's report (include/gantry/pull_report.hpp),
+    // up to the end of the stream: what a pull would have reported for the digest, so that a stored image
+    // needs no pull at all (acquire_image_as).
+    PullReport report;
+    report.digest = digest;
+    report.config_json = acquired->metadata.config_json;
+    const std::string text = encode_pull_report(report);
+    return write_all(channel, text, "the image's report") ? 0 : 1;
 }
 
 Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
                                        const std::string& store_root, const std::string& digest,
-                                       std::chrono::milliseconds limit, const std::function<bool()>& should_stop) {
+                                       std::chrono::milliseconds limit, const std::function<bool()>& should_stop,
+                                       const std::string& resolved_tag) {
     GANTRY_TRY(validate_digest(digest));
     const std::string what = "opening image " + digest + " in " + store_root + " as uid " + std::to_string(who.uid);
     int sv[2];
@@ -155,6 +174,7 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
     UniqueFd ours(sv[0]), theirs(sv[1]);
     ProcessRequest rq;
     rq.argv = {holder, "--acquire", store_root, digest};
+    if (!resolved_tag.empty()) rq.argv.push_back(resolved_tag);
     rq.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     rq.identity = who;  // the store is the user's: only the user's rights open anything in it
     rq.inputs = {{theirs.get(), 3}};
@@ -211,6 +231,24 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
     }
     std::string reply(text, static_cast<size_t>(n));
     if (reply.rfind("error ", 0) == 0) return make_error(reply.substr(6, reply.find('\n') - 6));
+    // The first line answers; what follows it, to the end of the stream, is the image's config in a
+    // pull report (send_acquired_image): read with the deadline above and a size cap, parsed by the
+    // same decoder as a pull's report (the user's word either way), and kept only for this digest.
+    std::string rest;
+    if (const auto eol = reply.find('\n'); eol != std::string::npos) {
+        rest = reply.substr(eol + 1);
+        reply.resize(eol + 1);
+    }
+    for (char buf[16384];;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        pollfd p{ours.get(), POLLIN, 0};
+        if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+        ssize_t got = ::read(ours.get(), buf, sizeof buf);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        rest.append(buf, static_cast<size_t>(got));
+        if (rest.size() > kMaxPullReportBytes) break;
+    }
     if ((msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 || received.empty())
         return make_error(what + ": the helper " + holder + " sent no usable answer");
     AcquiredImage out;
@@ -227,6 +265,11 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
         UniqueFd high(::fcntl(fd.get(), F_DUPFD_CLOEXEC, kFirstImageDescriptor));
         if (!high) return system_error(what);
         out.files.push_back(std::move(high));
+    }
+    if (auto report = decode_pull_report(rest); report && report->error == PullErrorKind::none && report->digest == digest) {
+        out.metadata.manifest_digest = digest;
+        out.metadata.config_json = std::move(report->config_json);
+        out.reported = true;
     }
     return out;
 }

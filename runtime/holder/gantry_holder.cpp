@@ -23,8 +23,8 @@ int main(int argc, char** argv) {
         return gantry::run_image_server(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7],
                                         std::vector<std::string>(argv + 8, argv + argc));
     // And acquiring a stored image with the user's rights for root (acquire_image_as; descriptor 3).
-    if (argc == 4 && std::strcmp(argv[1], "--acquire") == 0 && ::fcntl(3, F_GETFD) >= 0)
-        return gantry::send_acquired_image(3, argv[2], argv[3]);
+    if ((argc == 4 || argc == 5) && std::strcmp(argv[1], "--acquire") == 0 && ::fcntl(3, F_GETFD) >= 0)
+        return gantry::send_acquired_image(3, argv[2], argv[3], argc == 5 ? argv[4] : "");
     if (::fcntl(3, F_GETFD) < 0) {
         std::fputs("gantry: gantry-holder is started by gantry and the Slurm plugin, not by hand\n", stderr);
         return 2;

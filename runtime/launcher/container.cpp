@@ -433,8 +433,10 @@ Result<Container> Container::create(const ContainerSpec& spec) {
         return make_error("the image " + spec.image_path + " is stored as layers, which the extract backend cannot "
                           "stack; use the kernel or fuse backend, or store it whole (gantry.conf layered_images = no)");
     s.backend = *backend;
-    // Every privileged start also releases the node-wide image mounts idle for too long.
-    if (launcher::running_as_real_root()) {
+    // Every privileged start of a kernel-backed container also releases the node-wide image mounts idle
+    // for too long (as its stop and the job epilog do). A fuse or extract start adds no such mount and
+    // leaves the sweep to those: it is not on every open-store step's path (issue #36).
+    if (launcher::running_as_real_root() && s.backend == MountBackend::kernel) {
         trace::Phase p("release_idle_mounts");
         (void)release_idle_mounts(spec.config);
     }

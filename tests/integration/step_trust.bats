@@ -104,6 +104,9 @@ __attribute__((constructor)) static void flood(void) {
   for (int i = 0; i < 1024; i++) if (write(1, buf, sizeof buf) < 0) break;
   _exit(0);
 }'
+  # An image the store lacks, so that the node pulls (a stored one's warm step runs no pull).
+  name="flood-$RANDOM$RANDOM"
+  gantry_fresh_image "$WORK" "$name" >/dev/null
   # The peak resident size of the node's slurmstepd processes while the step runs.
   ( peak=0; for i in $(seq 300); do
       for r in $(ps -C slurmstepd -o rss= 2>/dev/null); do [ "$r" -gt "$peak" ] && peak=$r; done
@@ -111,7 +114,7 @@ __attribute__((constructor)) static void flood(void) {
     done ) 3>&- &
   sampler=$!
   t0=$(date +%s)
-  run as "$U" timeout 120 env LD_PRELOAD="$WORK/flood.so" srun -N1 -n1 --container-image="$TINY" true
+  run as "$U" timeout 120 env LD_PRELOAD="$WORK/flood.so" srun -N1 -n1 --container-image="$REG#gantry-test/$name" true
   t1=$(date +%s)
   kill "$sampler" 2>/dev/null || true
   echo "${output:0:2000}"
@@ -304,4 +307,34 @@ else:
   echo "$output"
   [ "$status" -ne 0 ]
   echo "$output" | grep -q "source path does not exist"
+}
+
+@test "a warm step of a stored image runs no gantry pull: the user's helper acquires the pinned digest and reports its config (trace=)" {
+  gantry_plugin_conf
+  install -m 0666 /dev/null "$WORK/trace"
+  sed -i "s|^required .*spank_gantry.so.*|& trace=$WORK/trace|" "$PLUGSTACK"
+  # Cold: the node pulls (nothing stored), then acquires.
+  name="nopull-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name")
+  as "$U" srun -N1 -n1 --container-image="$REG#gantry-test/$name" true
+  grep -q ' gantry pull +$' "$WORK/trace"
+  # Warm, srun's digest and the user's own IMAGE@DIGEST: one helper, no pull; the image's config (its
+  # Env) came in the helper's report.
+  for image in "$TINY" "$TINY" "$REG#gantry-test/$name@$digest"; do
+    : >"$WORK/trace"
+    run as "$U" srun -N1 -n1 --container-image="$image" sh -c 'echo "tiny=$GANTRY_TINY digest=$GANTRY_CONTAINER_IMAGE_DIGEST"'
+    echo "$output"
+    cat "$WORK/trace"
+    [ "$status" -eq 0 ]
+    echo "$output" | grep -q "^tiny=1 digest=sha256:"
+    grep -q ' start gantry-holder --acquire$' "$WORK/trace"
+    [ "$(grep -c ' start gantry-holder --acquire$' "$WORK/trace")" -eq 1 ]
+    ! grep -q ' gantry pull +$' "$WORK/trace" || false
+  done
+  echo "$output" | grep -q "digest=$digest$"
+  # private_images: the registry vouches for every use, so the node's pull runs again.
+  gantry_plugin_conf "private_images = yes"
+  : >"$WORK/trace"
+  as "$U" srun -N1 -n1 --container-image="$TINY" true || true
+  grep -q ' gantry pull +$' "$WORK/trace"
 }
