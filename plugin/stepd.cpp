@@ -257,6 +257,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                 PullReport report;
                 report.digest = stored->digest;
                 report.config_json = stored->metadata.config_json;
+                report.outcome = "stored";  // a hit, for start-up telemetry
                 return report;
             }
             trace::Phase phase(two_halves ? "pull (trusted store)" : "pull (as the user)");

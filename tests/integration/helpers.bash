@@ -211,12 +211,17 @@ gantry_as_user() {
   ${GANTRY_SLURM_LOGIN_EXEC:-} runuser -u "$user" -- env -C "$dir" "$@"
 }
 
-# gantry_blob_gets NAME: GETs so far, in the open registry's access log, of the blobs (config and
-# layers) of gantry-test/NAME:latest's current manifest.
+# gantry_blob_digests NAME: the blobs (config and layers) of gantry-test/NAME:latest's current manifest
+# in the open registry, one per line.
+gantry_blob_digests() {
+  curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$1/manifests/latest" |
+    jq -r '.config.digest, .layers[].digest'
+}
+
+# gantry_blob_gets NAME: GETs so far, in the open registry's access log, of those blobs.
 gantry_blob_gets() {
   local b n=0
-  for b in $(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$1/manifests/latest" |
-    jq -r '.config.digest, .layers[].digest'); do
+  for b in $(gantry_blob_digests "$1"); do
     n=$((n + $("$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_TEST_REGISTRY_HTTP_LOG" "$b")))
   done
   echo "$n"

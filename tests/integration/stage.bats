@@ -30,8 +30,7 @@ stored() {
   gantry_plugin_conf "layered_images = no"
   name="staged-$RANDOM$RANDOM"
   digest=$(gantry_fresh_image "$WORK" "$name")
-  nblobs=$(curl -fsS -H "Accept: $GANTRY_MANIFEST_ACCEPT" "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/$name/manifests/latest" |
-    jq '[.config, .layers[]] | length')
+  nblobs=$(gantry_blob_digests "$name" | wc -l)
   gets=$(gantry_blob_gets "$name")   # tiny's layers are shared with other images: count from here on
   ! stored "$digest" || false
   # Every node busy: the job below waits in the queue until the blocker is cancelled.

@@ -384,7 +384,7 @@ TEST_CASE("trusted store: owned by root or the configured store_owner, writable 
 
 TEST_CASE("pull report: what the plugin reads back from gantry pull --report-fd", "[store][report]") {
     PullReport ok{"sha256:" + std::string(64, 'a'), "/fsx/gantry/images/" + std::string(64, 'a') + ".sqsh",
-                  {}, R"({"config":{"Env":["PATH=/bin"]}})", PullErrorKind::none, {}};
+                  {}, R"({"config":{"Env":["PATH=/bin"]}})", PullErrorKind::none, {}, "pulled"};
     auto back = decode_pull_report(encode_pull_report(ok));
     REQUIRE(back);
     CHECK(back->digest == ok.digest);
@@ -392,13 +392,14 @@ TEST_CASE("pull report: what the plugin reads back from gantry pull --report-fd"
     CHECK(back->layer_paths.empty());
     CHECK(back->config_json == ok.config_json);
     CHECK(back->error == PullErrorKind::none);
+    CHECK(back->outcome == "pulled");
     // A layered image: its layers' files, bottom first; a report without the field has none.
     ok.layer_paths = {"/fsx/gantry/images/layer-a.sqsh", "/fsx/gantry/images/layer-b.sqsh"};
     back = decode_pull_report(encode_pull_report(ok));
     REQUIRE(back);
     CHECK(back->layer_paths == ok.layer_paths);
 
-    PullReport failed{{}, {}, {}, {}, PullErrorKind::pull, "failed to import docker image x: 401"};
+    PullReport failed{{}, {}, {}, {}, PullErrorKind::pull, "failed to import docker image x: 401", {}};
     back = decode_pull_report(encode_pull_report(failed));
     REQUIRE(back);
     CHECK(back->error == PullErrorKind::pull);
