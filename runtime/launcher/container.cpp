@@ -118,7 +118,10 @@ Status write_state(const std::string& path, const ContainerState& st) {
         {"home", st.defaults.home},
         {"remap_root", st.defaults.remap_root},
     };
-    std::string tmp = path + ".tmp";
+    // A name of this process's own: where emulated nodes share one runtime_path (the test harness),
+    // two slurmstepds publish the same step's state at once, and a shared ".tmp" was renamed away
+    // under the second (ENOENT).
+    std::string tmp = path + ".tmp." + std::to_string(::getpid());
     {
         std::ofstream f(tmp);
         f << j.dump(2) << "\n";
