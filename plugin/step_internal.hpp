@@ -56,6 +56,11 @@ inline constexpr const char* kResolvedVar = "GANTRY_RESOLVED_IMAGE";
 // The job's image as sbatch/salloc resolved and staged it at submit time, "IMAGE@DIGEST", in the job
 // environment, for the sruns inside the job (stage.cpp: stage_at_submit, image_staged_at_submit).
 inline constexpr const char* kStagedVar = "GANTRY_STAGED_IMAGE";
+// The trace phases that bring a step's image to the node (stepd.cpp, do_prepare). Start-up telemetry
+// (telemetry.cpp) takes the "pull" phase from where the one that ran ended, so both name them here.
+inline constexpr const char* kPhasePullAsUser = "pull (as the user)";
+inline constexpr const char* kPhasePullTrusted = "pull (trusted store)";
+inline constexpr const char* kPhaseAcquireStored = "acquire_stored_as_user";
 
 // Slurm's requests to signal or end this step (scancel, srun's Ctrl-C or its forwarded signals, the
 // end of the job after a node failure or at its time limit) while the plugin still pulls the image in

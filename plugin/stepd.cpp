@@ -249,7 +249,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // no pull runs (acquire_stored_as_user).
         std::optional<AcquiredImage> stored;
         if (!two_halves) {
-            trace::Phase phase("acquire_stored_as_user");
+            trace::Phase phase(kPhaseAcquireStored);
             stored = acquire_stored_as_user(settings, st.config, *id, *store_root, image, resolved, whole);
         }
         auto pulled = [&]() -> Result<PullReport> {
@@ -260,7 +260,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                 report.outcome = "stored";  // a hit, for start-up telemetry
                 return report;
             }
-            trace::Phase phase(two_halves ? "pull (trusted store)" : "pull (as the user)");
+            trace::Phase phase(two_halves ? kPhasePullTrusted : kPhasePullAsUser);
             return two_halves ? pull_into_trusted_store(settings, st.config, *id, image, resolved, env, whole)
                               : pull_as_user(settings, *id, *store_root, image, resolved, env, whole);
         }();

@@ -147,10 +147,10 @@ void start_record_armed(spank_t sp) {
     r.digest = st.digest;
     r.outcome = telemetry::parse_outcome(w.outcome);
     r.start_unix_ms = telemetry::unix_ns_of(*begun) / 1000000;
-    std::optional<int64_t> pulled = telemetry::last_point("pull (as the user) -");
-    if (!pulled) pulled = telemetry::last_point("pull (trusted store) -");
-    // A stored, pinned image runs no pull: the user's helper acquired it (stepd.cpp).
-    if (!pulled) pulled = telemetry::last_point("acquire_stored_as_user -");
+    // The end of whichever ran: a pull, or (a stored, pinned image) the user's helper acquiring it.
+    std::optional<int64_t> pulled;
+    for (const char* phase : {kPhasePullAsUser, kPhasePullTrusted, kPhaseAcquireStored})
+        if (!pulled) pulled = telemetry::last_point(std::string(phase) + " -");
     r.pull_ms = ms(begun, pulled);
     r.mount_ms = ms(pulled ? pulled : begun, w.ready_ns);
     if (auto times = find_env(env, kSrunTimesVar)) {
