@@ -84,7 +84,7 @@ struct EnrootImageSettings {
 // blank and `mkdir` lines first, then `cd "DIR" && ...` (DIR absolute, without '"', '$', '`' or '\');
 // then, in the `if [ $# -gt 0 ]` block, `exec 'WORD'... "$@"` and in its else branch
 // `exec 'WORD'...` (single-quoted words as bash's ${x@Q} writes them, '\'' for a quote). Anything else
-// (a hand-written rc) leaves the field empty: the script itself is never run.
+// (a hand-written rc, or one with a NUL byte) leaves the field empty: the script itself is never run.
 EnrootImageSettings parse_enroot_rc(std::string_view rc);
 
 // An Enroot-made image's settings, read from the squashfs file without mounting it, by

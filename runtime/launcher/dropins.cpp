@@ -283,6 +283,9 @@ std::optional<std::vector<std::string>> quoted_words(std::string_view s) {
 
 EnrootImageSettings parse_enroot_rc(std::string_view rc) {
     EnrootImageSettings out;
+    // Enroot never writes a NUL byte; a file with one is hand-made and left alone like any other. (A NUL
+    // inside a quoted word would also split the helper's NUL-separated reply into entries of its own.)
+    if (rc.find('\0') != std::string_view::npos) return out;
     bool cd_seen = false, with_args_seen = false;
     std::istringstream in{std::string(rc)};
     for (std::string raw; std::getline(in, raw);) {

@@ -26,7 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
     case 4: {
         auto rc = parse_enroot_rc(text);
-        FUZZ_CHECK(rc.workdir.empty() || (rc.workdir[0] == '/' && rc.workdir.find_first_of("\"$`\\\n") == std::string::npos));
+        // `cd "DIR"` gives DIR without '"', '$', '`' or '\'; `cd 'DIR'` (gantry export's ${DIR@Q}) may hold
+        // them literally. Either way: absolute, one line, and no NUL (the helper's reply separator).
+        FUZZ_CHECK(rc.workdir.empty() || (rc.workdir[0] == '/' && rc.workdir.find_first_of(std::string_view("\n\0", 2)) == std::string::npos));
+        for (const auto& w : rc.entrypoint) FUZZ_CHECK(w.find('\0') == std::string::npos);
+        for (const auto& w : rc.cmd) FUZZ_CHECK(w.find('\0') == std::string::npos);
         break;
     }
     default:

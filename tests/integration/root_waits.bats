@@ -253,7 +253,8 @@ for f in sys.argv[1:]:
 
 # answers_alike FUNCTION: FUNCTION PATH is run as the attacker with a path below a directory only root
 # may search, once naming a file there and once a missing one; exit status and output (the name
-# replaced) must be the same. Prints both; sets ANSWER_STATUS and ANSWER.
+# replaced) must be the same, as a set of lines: srun's own lines and slurmstepd's reach the terminal
+# in either order. Prints both; sets ANSWER_STATUS and ANSWER.
 answers_alike() {
   mkdir -m 0700 "$WORK/secret"
   mkdir -p "$WORK/secret/there/spool" && touch "$WORK/secret/there/slurm.conf"
@@ -262,7 +263,7 @@ answers_alike() {
   run "$1" "$WORK/secret/missing"
   local s2=$status o2=${output//missing/NAME}
   printf 'root-only (%s):\n%s\nmissing (%s):\n%s\n' "$s1" "$o1" "$s2" "$o2"
-  [ "$s1" = "$s2" ] && [ "$o1" = "$o2" ]
+  [ "$s1" = "$s2" ] && [ "$(sort <<<"$o1")" = "$(sort <<<"$o2")" ]
   ANSWER_STATUS=$s1 ANSWER=$o1
 }
 

@@ -803,6 +803,12 @@ TEST_CASE("Enroot /etc/rc: working directory, entrypoint and command as enroot i
     CHECK(parse_enroot_rc("cd 'rel' || exit 1\n").workdir.empty());
     CHECK(parse_enroot_rc("cd '/a'$x || exit 1\n").workdir.empty());
     CHECK(parse_enroot_rc("cd '/open || exit 1\n").workdir.empty());
+    // Quoted, $ and " are plain characters (the fuzz target's find); a NUL byte anywhere: hand-made, left alone.
+    CHECK(parse_enroot_rc("cd '/a$b\"c' || exit 1\n").workdir == "/a$b\"c");
+    using namespace std::string_view_literals;
+    auto nul = parse_enroot_rc("cd '/a\0x' || exit 1\nexec 'e\0LD_PRELOAD=/x' \"$@\"\n"sv);
+    CHECK(nul.workdir.empty());
+    CHECK(nul.entrypoint.empty());
     auto dollar = parse_enroot_rc("exec $'a\\tb' \"$@\"\nexec $'a\\tb' 'c'\n");
     CHECK(dollar.entrypoint.empty());
     CHECK(dollar.cmd.empty());
