@@ -404,3 +404,32 @@ gantry_open_fuse() {
 gantry_restore_fuse() {
   chmod "$GANTRY_FUSE_MODE" /dev/fuse
 }
+
+# fake_ib_devices: the seed guides' jobs bind /dev/infiniband; the harness has no EFA, so uverbs nodes
+# made with mknod (the real major, 231) stand in, in the host's /dev, which every emulated node (and
+# the Slurm roots, through their rbind of /dev) sees. So does every other harness on the machine (a
+# second checkout's suite): the stand-ins are made and removed under one lock, held until
+# fake_ib_devices_done, so that another suite's test waits instead of removing the directory under a
+# running job (a job's bind then failed with "source path does not exist"). A /dev/infiniband that
+# was there before is left as it is.
+fake_ib_devices() {
+  exec {FAKE_IB_LOCK}>/run/lock/gantry-test-fake-ib.lock
+  flock -w 600 "$FAKE_IB_LOCK"
+  FAKE_IB_MADE=0
+  if [ ! -e /dev/infiniband ]; then
+    mkdir /dev/infiniband && mknod /dev/infiniband/uverbs0 c 231 192 && mknod /dev/infiniband/uverbs1 c 231 193
+    chmod 666 /dev/infiniband/uverbs*
+    FAKE_IB_MADE=1
+  fi
+}
+
+# fake_ib_devices_done: removes what fake_ib_devices made and lets the next suite have the lock.
+# Safe to call twice (a test's own call, then its teardown's).
+fake_ib_devices_done() {
+  if [ "${FAKE_IB_MADE:-0}" -eq 1 ]; then rm -rf /dev/infiniband; fi
+  FAKE_IB_MADE=0
+  if [ -n "${FAKE_IB_LOCK:-}" ]; then
+    exec {FAKE_IB_LOCK}>&-
+    FAKE_IB_LOCK=
+  fi
+}

@@ -9,6 +9,7 @@ setup() {
 }
 
 teardown() {
+  fake_ib_devices_done
   rm -rf "$WORK"
 }
 
@@ -417,12 +418,7 @@ JOB
 
 @test "field-guide job: 2 nodes, #SBATCH options, MASTER_ADDR from scontrol, /dev/infiniband and shared mounts" {
   # The harness has no EFA: uverbs nodes made with mknod (real major 231) stand in for them.
-  made_ib=0
-  if [ ! -e /dev/infiniband ]; then
-    mkdir /dev/infiniband && mknod /dev/infiniband/uverbs0 c 231 192 && mknod /dev/infiniband/uverbs1 c 231 193
-    chmod 666 /dev/infiniband/uverbs*
-    made_ib=1
-  fi
+  fake_ib_devices
   cat > "$WORK/train-distributed.sbatch" <<JOB
 #!/bin/bash
 #SBATCH --job-name=train
@@ -439,7 +435,7 @@ srun --container-image=$REG/gantry-test/debian \\
 JOB
   chown "$U" "$WORK/train-distributed.sbatch"
   run as_user sbatch --wait "$WORK/train-distributed.sbatch"
-  [ $made_ib -eq 0 ] || rm -rf /dev/infiniband
+  fake_ib_devices_done
   echo "$output"; cat "$WORK/train.out" || true
   [ "$status" -eq 0 ]
   [ "$(ls "$WORK"/rank-* | wc -l)" -eq 8 ]

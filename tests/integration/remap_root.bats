@@ -58,6 +58,10 @@ teardown_file() {
   rm -rf "$REPO"
 }
 
+teardown() {
+  fake_ib_devices_done  # a test that failed while it held the EFA stand-ins
+}
+
 grun() { runuser -u "$U" -- "$GANTRY" run "$@"; }
 
 # apt-get with the bound file: repository as its only source (the test sandbox has no network).
@@ -152,11 +156,7 @@ SH
   mksquashfs "$tree" "$fsx/containers/images/pytorch-training.sqsh" -comp lz4 -noappend -quiet -no-progress
   rm -rf "$tree"
   chmod -R a+rX "$fsx" && chmod 1777 "$fsx/out" && chown "$U" "$fsx"  # the job writes its output there
-  made_ib=0
-  if [ ! -e /dev/infiniband ]; then
-    mkdir /dev/infiniband && mknod /dev/infiniband/uverbs0 c 231 192 && chmod 666 /dev/infiniband/uverbs0
-    made_ib=1
-  fi
+  fake_ib_devices
   gantry_plugin_conf
   # The job as the guide writes it; only the paths (and the apt-get) are the harness's.
   cat >"$fsx/train-distributed.sbatch" <<JOB
@@ -193,7 +193,7 @@ srun --container-image=\${CONTAINER_IMAGE} \\
 JOB
   chown "$U" "$fsx/train-distributed.sbatch"
   run runuser -u "$U" -- sbatch --wait "$fsx/train-distributed.sbatch"
-  [ $made_ib -eq 0 ] || rm -rf /dev/infiniband
+  fake_ib_devices_done
   echo "$output"; cat "$fsx/train.out" || true; cat "$fsx"/out/rank-* || true
   [ "$status" -eq 0 ]
   master=$(sed -n 's/.* master=\([^ ]*\):29500 .*/\1/p' "$fsx/out/rank-0")
