@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
@@ -64,8 +65,8 @@ Result<ExtraNamespaces> parse_unshare(std::string_view list) {
 
 std::string runtime_dir(const Config& config) {
     if (::geteuid() == 0) return config.runtime_path;
-    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-    if (xdg != nullptr && *xdg == '/' && ::access(xdg, W_OK) == 0) return std::string(xdg) + "/gantry";
+    const std::string& xdg = environment().xdg_runtime_dir.value;
+    if (!xdg.empty() && xdg[0] == '/' && ::access(xdg.c_str(), W_OK) == 0) return xdg + "/gantry";
     return "/tmp/gantry-" + std::to_string(::geteuid());
 }
 
@@ -284,8 +285,8 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     ProcessRequest run;
     run.argv = {rq.spec.holder_program};
     // Root's holder finds its helpers (squashfuse_ll, unsquashfs) in the system directories only.
-    const char* path = std::getenv("PATH");
-    run.env = {std::string("PATH=") + (root_for_user || path == nullptr ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path)};
+    const EnvironmentVariable& path = environment().path;
+    run.env = {std::string("PATH=") + (root_for_user || !path.set ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path.value)};
     run.inputs = {{theirs.get(), 3}};
     // The image's acquired files (acquire_image): the holder, its FUSE server or the loop device use
     // these descriptors, never the store's names, which another user may have renamed over by now.

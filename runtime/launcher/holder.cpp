@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "gantry/environment.hpp"
 #include "gantry/trace.hpp"
 #include "internal.hpp"
 
@@ -219,7 +220,8 @@ Result<std::string> read_request(int channel) {
 [[noreturn]] void run_container_holder(int channel) {
     ::fcntl(channel, F_SETFD, FD_CLOEXEC);  // the fuse daemon and ldconfig must not inherit it
     // The creator's trace descriptor (start_holder, only when it traces): kept from exec'd programs too.
-    if (const char* fd = std::getenv(launcher::kTraceFdVariable); fd != nullptr && std::atoi(fd) == launcher::kTraceFd &&
+    // (GANTRY_TRACE_FD, launcher::kTraceFdVariable: read in environment.cpp with the rest.)
+    if (const auto& fd = environment().gantry_trace_fd; fd.set && std::atoi(fd.value.c_str()) == launcher::kTraceFd &&
         ::fcntl(launcher::kTraceFd, F_SETFD, FD_CLOEXEC) == 0)
         trace::enable(launcher::kTraceFd);
     trace::point("holder main");

@@ -2,6 +2,7 @@
 // entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, the
 // plan of a read-only container's top-level entries, the fake-root system call filter, and the
 // Enroot-format drop-ins and image environment.
+#include "gantry/environment.hpp"
 #include "gantry/launcher.hpp"
 
 #include <fcntl.h>
@@ -951,6 +952,7 @@ TEST_CASE("a job's image servers: recorded, then ended with the job only while t
     const char* old_xdg = std::getenv("XDG_RUNTIME_DIR");
     std::string saved_xdg = old_xdg != nullptr ? old_xdg : "";
     if (::geteuid() != 0) ::setenv("XDG_RUNTIME_DIR", dir.c_str(), 1);
+    reread_environment();  // the library reads the environment once (environment.hpp)
     std::string rdir = runtime_dir(config);
     ::mkdir(rdir.c_str(), 0700);
     auto spawn_sleeper = [] {
@@ -1005,6 +1007,7 @@ TEST_CASE("a job's image servers: recorded, then ended with the job only while t
     }
     if (old_xdg != nullptr) ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
     else ::unsetenv("XDG_RUNTIME_DIR");
+    reread_environment();
     std::string rm = "rm -rf '" + dir + "'";
     CHECK(std::system(rm.c_str()) == 0);
 }
