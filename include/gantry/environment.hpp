@@ -12,7 +12,7 @@
 //     slurmstepd, may have changed its environment between callbacks: srun sets the job's SLURM_*
 //     variables once it has an allocation), and in unit tests after setenv.
 // A snapshot once handed out is never freed, so a reference held across a re-read stays valid (and
-// other threads reading it meanwhile are safe); there are a handful per process.
+// other threads reading it meanwhile are safe); a re-read that finds nothing changed keeps the current one.
 //
 // Not read here, on purpose:
 //   - the job's environment in slurmstepd (spank_getenv / the step's env array: slurmstepd's own

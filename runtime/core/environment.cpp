@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -92,6 +93,14 @@ Environment read_environment() {
     return env;
 }
 
+bool same(const Environment& a, const Environment& b) {
+    for (const auto& n : kNamed) {
+        const EnvironmentVariable &x = a.*n.field, &y = b.*n.field;
+        if (x.set != y.set || x.value != y.value) return false;
+    }
+    return a.container_forms == b.container_forms && a.inherited_options == b.inherited_options;
+}
+
 std::mutex g_reread;
 std::atomic<const Environment*> g_current{nullptr};
 
@@ -107,7 +116,11 @@ const Environment& reread_environment() {
     // Earlier snapshots stay alive (never freed, not even at exit: a static destructor must not pull
     // one from under a late reader such as a logging call).
     static auto* snapshots = new std::vector<std::unique_ptr<const Environment>>;
-    snapshots->push_back(std::make_unique<const Environment>(read_environment()));
+    Environment now = read_environment();
+    // Unchanged (the usual case at a SPANK callback's entry): the current snapshot stays, so that a
+    // long-lived host process does not collect copies.
+    if (!snapshots->empty() && same(*snapshots->back(), now)) return *snapshots->back();
+    snapshots->push_back(std::make_unique<const Environment>(std::move(now)));
     g_current.store(snapshots->back().get(), std::memory_order_release);
     return *snapshots->back();
 }

@@ -691,6 +691,7 @@ TEST_CASE("environment: read once, read again on request; set and unset keep the
     CHECK(after.gantry_pull_group.value == "second");
     CHECK(before.gantry_pull_group.value == "first");
     CHECK(&environment() == &after);
+    CHECK(&reread_environment() == &after);  // nothing changed: no new snapshot
 
     // Set to the empty string is not unset (PATH, SLURM_CONF and the plugin's hand-over care).
     set_environment_variable("GANTRY_STORE", "");
