@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "options.hpp"
 #include "options_internal.hpp"
@@ -99,9 +100,10 @@ void check_environment_forms() {
         if (o.*opt.slot) continue;  // the command line wins; its value was checked when parsed
         auto form = env_form_from(
             [](const std::string& var) -> std::optional<std::string> {
-                const char* v = std::getenv(var.c_str());
-                if (v == nullptr) return std::nullopt;
-                return std::string(v);
+                const auto& forms = environment().container_forms;
+                auto v = forms.find(var);
+                if (v == forms.end()) return std::nullopt;
+                return v->second;
             },
             opt.suffix);
         if (!form) continue;

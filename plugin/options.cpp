@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 
 namespace gantry::plugin {
@@ -68,11 +69,12 @@ bool has_empty_element(std::string_view list) {
 int set_string(std::optional<std::string>& slot, const char* option, const char* value) {
     std::string v = value != nullptr ? value : "";
     if (slot && *slot != v) {
-        std::string inherited_var = std::string("SLURM_SPANK__SLURM_SPANK_OPTION_gantry_") + option;
+        std::string inherited_var = std::string(kInheritedOptionPrefix) + option;
         for (char& c : inherited_var)
             if (c == '-') c = '_';
-        const char* inherited = std::getenv(inherited_var.c_str());
-        if (inherited != nullptr && *slot == inherited) {
+        const auto& inherited_options = environment().inherited_options;
+        auto inherited = inherited_options.find(inherited_var);
+        if (inherited != inherited_options.end() && *slot == inherited->second) {
             slot = v;
             return 0;
         }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/environment.hpp"
 #include "gantry/strings.hpp"
 #include "step_internal.hpp"
 
@@ -93,7 +94,7 @@ std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
         out.push_back(file.substr(0, slash));
     };
     std::string conf = find_env(env, "SLURM_CONF").value_or("");
-    if (conf.empty() && std::getenv("SLURM_CONF") != nullptr) conf = std::getenv("SLURM_CONF");
+    if (conf.empty() && environment().slurm_conf.set) conf = environment().slurm_conf.value;
     add_parent(conf.empty() ? "/etc/slurm/slurm.conf" : conf);
     std::string socket = "/run/munge/munge.socket.2";
     auto slurm = stepd_slurm_conf();

@@ -11,6 +11,7 @@ extern "C" {
 #include <exception>
 #include <string>
 
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/trace.hpp"
 #include "gantry/version.hpp"
@@ -68,6 +69,10 @@ constexpr int kBuiltRelease = SLURM_VERSION_NUMBER >> 8;
 template <typename F>
 int guarded(const char* hook, F&& f) {
     try {
+        // The host process (srun, sbatch, salloc, slurmstepd) may have changed its own environment since
+        // the last callback (srun exports the job's SLURM_* variables once it has an allocation): the
+        // library's view of it (include/gantry/environment.hpp) is read afresh for each callback.
+        gantry::reread_environment();
         return f();
     } catch (const std::exception& e) {
         slurm_error("gantry: internal error in %s: %s", hook, e.what());

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/import_watch.hpp"
 #include "gantry/pull.hpp"
@@ -44,8 +45,8 @@ void watch_import(const Config& config, const std::string& digest, const std::st
 // comes from srun's own environment (GANTRY_PULL_POLICY), which is the job's: the nodes' pulls see the
 // same one.
 bool nodes_would_resolve(const Config& config) {
-    const char* env = std::getenv("GANTRY_PULL_POLICY");
-    auto policy = parse_pull_policy(env != nullptr && *env != '\0' ? env : config.pull_policy);
+    const std::string& env = environment().gantry_pull_policy.value;
+    auto policy = parse_pull_policy(!env.empty() ? env : config.pull_policy);
     if (!policy) return false;  // the nodes report the bad policy, in their own words
     const bool registry_authorizes = config.private_images || (!config.store_owner.empty() && !config.store_path.empty());
     return *policy == PullPolicy::always || (*policy == PullPolicy::missing && registry_authorizes);
@@ -80,13 +81,13 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     // which left every node resolving the tag again (81 manifest requests per 80-node step).
     // The variables say what this srun resolved, or nothing: a value inherited from elsewhere (an outer
     // step's tasks, the user's shell) never reaches the nodes from here.
-    (void)::unsetenv(kResolvedVar);
-    (void)::unsetenv(kSrunDirVar);
+    unset_environment_variable(kResolvedVar);
+    unset_environment_variable(kSrunDirVar);
     if (o.image && is_local_image_path(*o.image) && (*o.image)[0] == '.') {
         // A relative squashfs path is srun's directory's (the step's, unless --chdir): the nodes
         // learn which directory that is from here (stepd.cpp); srun's own PWD may be stale.
         std::string cwd(PATH_MAX, '\0');
-        if (::getcwd(cwd.data(), cwd.size()) != nullptr) (void)::setenv(kSrunDirVar, cwd.c_str(), 1);
+        if (::getcwd(cwd.data(), cwd.size()) != nullptr) set_environment_variable(kSrunDirVar, cwd.c_str());
     }
     if (!o.image || is_local_image_path(*o.image)) return {};
     // With --container-name, an existing container may make the image irrelevant (it is not imported
@@ -108,7 +109,7 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     // which the store holds or is fetching, so that every step of the job runs what was staged.
     if (auto staged = image_staged_at_submit(*o.image)) {
         const std::string pinned = *o.image + "@" + *staged;
-        (void)::setenv(kResolvedVar, pinned.c_str(), 1);
+        set_environment_variable(kResolvedVar, pinned);
         if (!named) watch_import(config, *staged, *o.image);
         return {};
     }
@@ -120,7 +121,7 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     auto digest = client.resolve_digest(*ref, Platform::host());
     if (digest) {
         const std::string pinned = *o.image + "@" + *digest;
-        (void)::setenv(kResolvedVar, pinned.c_str(), 1);
+        set_environment_variable(kResolvedVar, pinned);
         if (!named) watch_import(config, *digest, *o.image);
         return {};
     }
@@ -137,6 +138,6 @@ Status pin_image_digest(spank_t, const Settings& settings) {
 
 void stop_import_watch() { g_import_watch.reset(); }
 
-void clear_resolved_image() { (void)::unsetenv(kResolvedVar); }
+void clear_resolved_image() { unset_environment_variable(kResolvedVar); }
 
 }  // namespace gantry::plugin

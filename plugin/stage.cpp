@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/strings.hpp"
@@ -53,10 +54,9 @@ Result<ProcessOutcome> run_stage(const Settings& settings, const std::string& im
 // the digest, for an srun inside the job asking for exactly that image. Trust: the variable is user
 // input and is used only as IMAGE@DIGEST written by the user would be (see image_resolved_by_srun).
 std::optional<std::string> image_staged_at_submit(const std::string& image) {
-    const char* in_job = std::getenv("SLURM_JOB_ID");
-    const char* value = std::getenv(kStagedVar);
-    if (in_job == nullptr || *in_job == '\0' || value == nullptr) return std::nullopt;
-    const std::string staged = value;
+    const Environment& env = environment();
+    if (env.slurm_job_id.empty() || !env.gantry_staged_image.set) return std::nullopt;
+    const std::string& staged = env.gantry_staged_image.value;
     if (staged.size() <= image.size() + 1 || !starts_with(staged, image + "@")) return std::nullopt;
     std::string digest = staged.substr(image.size() + 1);
     if (!validate_digest(digest)) return std::nullopt;
@@ -65,7 +65,7 @@ std::optional<std::string> image_staged_at_submit(const std::string& image) {
 
 Status stage_at_submit(spank_t, const Settings& settings) {
     // Only what this submission resolved reaches the job from here, never a value of the shell's.
-    (void)::unsetenv(kStagedVar);
+    unset_environment_variable(kStagedVar);
     const JobOptions& o = options();
     if (!o.image || is_local_image_path(*o.image)) return {};
     Config config = load_plugin_config(settings);
@@ -85,8 +85,8 @@ Status stage_at_submit(spank_t, const Settings& settings) {
         // sruns as the submission's (GANTRY_STAGED_IMAGE, srun.cpp): the job runs what was staged.
         const std::string pinned = *o.image + "@" + digest;
         if (ref && ref->digest.empty()) {
-            (void)::setenv(kResolvedVar, pinned.c_str(), 1);
-            (void)::setenv(kStagedVar, pinned.c_str(), 1);
+            set_environment_variable(kResolvedVar, pinned);
+            set_environment_variable(kStagedVar, pinned);
         }
         if (!said.empty()) slurm_verbose("%s", said.c_str());
         return {};

@@ -15,6 +15,7 @@ extern "C" {
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gantry/acquire.hpp"
@@ -56,6 +57,10 @@ inline constexpr const char* kResolvedVar = "GANTRY_RESOLVED_IMAGE";
 // The job's image as sbatch/salloc resolved and staged it at submit time, "IMAGE@DIGEST", in the job
 // environment, for the sruns inside the job (stage.cpp: stage_at_submit, image_staged_at_submit).
 inline constexpr const char* kStagedVar = "GANTRY_STAGED_IMAGE";
+// Read back in srun's process from gantry::environment() (include/gantry/environment.hpp), whose fields
+// bear these names.
+static_assert(std::string_view(kResolvedVar) == "GANTRY_RESOLVED_IMAGE" &&
+              std::string_view(kStagedVar) == "GANTRY_STAGED_IMAGE");
 // The trace phases that bring a step's image to the node (stepd.cpp, do_prepare). Start-up telemetry
 // (telemetry.cpp) takes the "pull" phase from where the one that ran ended, so both name them here.
 inline constexpr const char* kPhasePullAsUser = "pull (as the user)";

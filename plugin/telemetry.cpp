@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "gantry/environment.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/log.hpp"
 #include "gantry/telemetry.hpp"
@@ -110,15 +111,15 @@ void record_start_points() {
 }
 
 void hand_srun_times() {
-    (void)::unsetenv(kSrunTimesVar);
+    unset_environment_variable(kSrunTimesVar);
     auto start = telemetry::first_point("srun init");
     if (!start) return;
     std::string value = std::to_string(telemetry::unix_ns_of(*start));
     auto from = telemetry::first_point("srun pin_image_digest +");
     auto to = telemetry::last_point("srun pin_image_digest -");
     // Only when srun did resolve a tag for the step (kResolvedVar): otherwise the nodes resolve it, in their pull.
-    if (from && to && *to >= *from && std::getenv(kResolvedVar) != nullptr) value += " " + std::to_string(*to - *from);
-    (void)::setenv(kSrunTimesVar, value.c_str(), 1);
+    if (from && to && *to >= *from && environment().gantry_resolved_image.set) value += " " + std::to_string(*to - *from);
+    set_environment_variable(kSrunTimesVar, value);
 }
 
 void note_image_outcome(const std::string& outcome) {

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "auth/internal.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/log.hpp"
@@ -31,16 +32,17 @@ std::string trim(std::string s) {
     return s.substr(b);
 }
 
-std::string aws_file(const char* var, const char* name) {
-    std::string p = env(var);
+std::string aws_file(const EnvironmentVariable& var, const char* name) {
+    std::string p = var.value;
     if (!p.empty()) return p;
     std::string home = home_dir();
     return home.empty() ? std::string() : home + "/.aws/" + name;
 }
 
 std::string sts_endpoint(const std::string& region) {
-    for (const char* var : {"GANTRY_STS_ENDPOINT", "AWS_ENDPOINT_URL_STS", "AWS_ENDPOINT_URL"}) {
-        std::string v = env(var);
+    const Environment& env = environment();
+    for (const auto* var : {&env.gantry_sts_endpoint, &env.aws_endpoint_url_sts, &env.aws_endpoint_url}) {
+        std::string v = var->value;
         if (!v.empty()) return v;
     }
     std::string r = region.empty() ? "us-east-1" : region;
@@ -354,27 +356,28 @@ IniFile parse_aws_ini(std::string_view text, bool config_file) {
 
 Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
     std::vector<std::string> tried;
-    std::string region = env("AWS_REGION");
-    if (region.empty()) region = env("AWS_DEFAULT_REGION");
+    const Environment& env = environment();
+    std::string region = env.aws_region.value;
+    if (region.empty()) region = env.aws_default_region.value;
     if (region.empty()) region = ecr_region;
 
     // 1. Environment.
-    if (!env("AWS_ACCESS_KEY_ID").empty() && !env("AWS_SECRET_ACCESS_KEY").empty()) {
+    if (!env.aws_access_key_id.value.empty() && !env.aws_secret_access_key.value.empty()) {
         AwsCredentials c;
-        c.key = {env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")};
+        c.key = {env.aws_access_key_id.value, env.aws_secret_access_key.value, env.aws_session_token.value};
         c.source = "environment (AWS_ACCESS_KEY_ID)";
         return c;
     }
     tried.push_back("environment (AWS_ACCESS_KEY_ID unset)");
 
     // 2. Shared files, profile AWS_PROFILE (or default).
-    std::string profile = env("AWS_PROFILE");
-    if (profile.empty()) profile = env("AWS_DEFAULT_PROFILE");
+    std::string profile = env.aws_profile.value;
+    if (profile.empty()) profile = env.aws_default_profile.value;
     const bool explicit_profile = !profile.empty();
     if (profile.empty()) profile = "default";
     SharedFiles files;
-    files.cred_path = aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
-    files.conf_path = aws_file("AWS_CONFIG_FILE", "config");
+    files.cred_path = aws_file(env.aws_shared_credentials_file, "credentials");
+    files.conf_path = aws_file(env.aws_config_file, "config");
     files.creds = parse_aws_ini(read_source_file(files.cred_path, display_path(files.cred_path)).value_or(""), false);
     files.conf = parse_aws_ini(read_source_file(files.conf_path, display_path(files.conf_path)).value_or(""), true);
     const std::string& cred_path = files.cred_path;
@@ -390,17 +393,17 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
     tried.push_back(what + " (" + display_path(cred_path) + ", " + display_path(conf_path) + ": no keys)");
 
     // 3. Web identity token file.
-    if (!env("AWS_WEB_IDENTITY_TOKEN_FILE").empty() && !env("AWS_ROLE_ARN").empty())
-        return web_identity(env("AWS_WEB_IDENTITY_TOKEN_FILE"), env("AWS_ROLE_ARN"), env("AWS_ROLE_SESSION_NAME"),
+    if (!env.aws_web_identity_token_file.value.empty() && !env.aws_role_arn.value.empty())
+        return web_identity(env.aws_web_identity_token_file.value, env.aws_role_arn.value, env.aws_role_session_name.value,
                             region, "web identity token file");
     tried.push_back("web identity (AWS_WEB_IDENTITY_TOKEN_FILE unset)");
 
     // 4. Container credentials endpoint.
     std::string url;
-    if (!env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").empty())
-        url = "http://169.254.170.2" + env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
-    else if (!env("AWS_CONTAINER_CREDENTIALS_FULL_URI").empty())
-        url = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+    if (!env.aws_container_credentials_relative_uri.value.empty())
+        url = "http://169.254.170.2" + env.aws_container_credentials_relative_uri.value;
+    else if (!env.aws_container_credentials_full_uri.value.empty())
+        url = env.aws_container_credentials_full_uri.value;
     if (!url.empty()) {
         const std::string src = "container credentials endpoint " + net::redact_url(url);
         // Plain HTTP only to the link-local ECS/EKS agents or loopback, as the SDKs require.
@@ -409,9 +412,9 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
         net::Request req = endpoint_request("GET", url);
         req.timeout_s = 5;
         req.connect_timeout_ms = 2000;
-        std::string token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN");
-        if (!env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").empty()) {
-            const std::string file = env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
+        std::string token = env.aws_container_authorization_token.value;
+        if (!env.aws_container_authorization_token_file.value.empty()) {
+            const std::string file = env.aws_container_authorization_token_file.value;
             auto t = read_config_file(file, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE " + file);
             if (!t) return t.error().wrap(src);
             token = trim(*t);
@@ -425,10 +428,10 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
     tried.push_back("container credentials endpoint (AWS_CONTAINER_CREDENTIALS_*_URI unset)");
 
     // 5. EC2 instance metadata, IMDSv2 only: a session token from PUT, then the role's credentials.
-    if (lower(env("AWS_EC2_METADATA_DISABLED")) == "true") {
+    if (lower(env.aws_ec2_metadata_disabled.value) == "true") {
         tried.push_back("EC2 instance metadata (AWS_EC2_METADATA_DISABLED)");
     } else {
-        std::string base = env("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+        std::string base = env.aws_ec2_metadata_service_endpoint.value;
         if (base.empty()) base = "http://169.254.169.254";
         while (!base.empty() && base.back() == '/') base.pop_back();
         const std::string src = "EC2 instance metadata (IMDSv2 at " + base + ")";

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "auth/internal.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
@@ -17,11 +18,6 @@
 
 namespace gantry {
 namespace auth {
-
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr ? v : "";
-}
 
 net::Request endpoint_request(std::string method, std::string url) {
     net::Request req;
@@ -36,12 +32,12 @@ net::Request endpoint_request(std::string method, std::string url) {
 
 net::TransportSettings aws_tls() {
     net::TransportSettings tls = net::settings_from_environment();
-    if (std::string bundle = env("AWS_CA_BUNDLE"); !bundle.empty()) tls.ca_file = bundle;
+    if (std::string bundle = environment().aws_ca_bundle.value; !bundle.empty()) tls.ca_file = bundle;
     return tls;
 }
 
 std::string home_dir() {
-    std::string home = env("HOME");
+    std::string home = environment().home.value;
     if (!home.empty()) return home;
     struct passwd* pw = ::getpwuid(::geteuid());
     return pw != nullptr && pw->pw_dir != nullptr ? pw->pw_dir : "";
@@ -225,13 +221,13 @@ std::optional<Credentials> lookup_file(const std::string& path, const std::strin
 }
 
 std::vector<std::string> containers_auth_paths() {
-    std::string file = env("REGISTRY_AUTH_FILE");
+    std::string file = environment().registry_auth_file.value;
     if (!file.empty()) return {file};
     std::vector<std::string> out;
-    std::string run = env("XDG_RUNTIME_DIR");
+    std::string run = environment().xdg_runtime_dir.value;
     if (run.empty()) run = "/run/user/" + std::to_string(::geteuid());
     out.push_back(run + "/containers/auth.json");
-    std::string cfg = env("XDG_CONFIG_HOME");
+    std::string cfg = environment().xdg_config_home.value;
     if (cfg.empty() && !home_dir().empty()) cfg = home_dir() + "/.config";
     if (!cfg.empty()) out.push_back(cfg + "/containers/auth.json");
     return out;
@@ -272,16 +268,14 @@ Result<std::optional<Credentials>> credential_helper_get(const std::string& help
 
 }  // namespace auth
 
-using auth::env;
-
 std::string docker_config_source() {
-    std::string dir = env("DOCKER_CONFIG");
+    std::string dir = environment().docker_config.value;
     if (!dir.empty()) return dir + "/config.json";
     return "~/.docker/config.json";
 }
 
 std::optional<Credentials> docker_config_credentials(const ImageReference& ref) {
-    std::string dir = env("DOCKER_CONFIG");
+    std::string dir = environment().docker_config.value;
     if (dir.empty()) {
         std::string home = auth::home_dir();
         if (home.empty()) return std::nullopt;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "auth/internal.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/files.hpp"
@@ -70,8 +71,8 @@ std::map<std::string, CachedToken> g_tokens;  // in-process cache, by cache key
 
 // Who asks and how: a different profile, key or role may see a different registry policy.
 std::string cache_key(const EcrRegistry& reg) {
-    return reg.ecr_host + "\n" + reg.api_endpoint() + "\n" + env("AWS_PROFILE") + "\n" + env("AWS_ACCESS_KEY_ID") +
-           "\n" + env("AWS_ROLE_ARN") + "\n" + std::to_string(::geteuid());
+    return reg.ecr_host + "\n" + reg.api_endpoint() + "\n" + environment().aws_profile.value + "\n" + environment().aws_access_key_id.value +
+           "\n" + environment().aws_role_arn.value + "\n" + std::to_string(::geteuid());
 }
 
 std::string json_of(const CachedToken& t) {
@@ -166,8 +167,9 @@ Result<CachedToken> fetch_token(const EcrRegistry& reg) {
 }  // namespace
 
 std::string EcrRegistry::api_endpoint() const {
-    for (const char* var : {"GANTRY_ECR_ENDPOINT", "AWS_ENDPOINT_URL_ECR", "AWS_ENDPOINT_URL"}) {
-        std::string v = env(var);
+    const Environment& env = environment();
+    for (const auto* var : {&env.gantry_ecr_endpoint, &env.aws_endpoint_url_ecr, &env.aws_endpoint_url}) {
+        std::string v = var->value;
         while (!v.empty() && v.back() == '/') v.pop_back();
         if (!v.empty()) return v;
     }
@@ -178,7 +180,7 @@ std::string EcrRegistry::api_endpoint() const {
 std::optional<EcrRegistry> parse_ecr_registry(const std::string& registry) {
     const std::string host = lower(registry);
     // Test-only: "HOST[:PORT]=<ECR host>[,...]" makes a local registry stand in for an ECR one.
-    for (const auto& item : split_list(env("GANTRY_TEST_ECR_REGISTRIES"), ',')) {
+    for (const auto& item : split_list(environment().gantry_test_ecr_registries.value, ',')) {
         auto eq = item.find('=');
         if (eq == std::string::npos || lower(item.substr(0, eq)) != host) continue;
         auto r = parse_host(lower(item.substr(eq + 1)));

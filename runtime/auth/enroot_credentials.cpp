@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "auth/internal.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
@@ -42,9 +43,9 @@ bool is_hub(const std::string& h) {
 }
 
 std::string config_dir() {
-    std::string dir = env("ENROOT_CONFIG_PATH");
+    std::string dir = environment().enroot_config_path.value;
     if (!dir.empty()) return dir;
-    std::string xdg = env("XDG_CONFIG_HOME");
+    std::string xdg = environment().xdg_config_home.value;
     if (!xdg.empty()) return xdg + "/enroot";
     std::string home = home_dir();
     return home.empty() ? std::string() : home + "/.config/enroot";

@@ -9,7 +9,6 @@
 
 namespace gantry::auth {
 
-std::string env(const char* name);
 std::string home_dir();
 // `path` with the home directory written as "~", for messages.
 std::string display_path(const std::string& path);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/spawn.hpp"
@@ -19,8 +20,9 @@ extern char** environ;
 namespace gantry::auth {
 
 double helper_timeout_s() {
-    const char* v = std::getenv("GANTRY_CREDENTIAL_TIMEOUT");
-    if (v != nullptr && *v != '\0') {
+    const std::string& text = environment().gantry_credential_timeout.value;
+    if (!text.empty()) {
+        const char* v = text.c_str();
         char* end = nullptr;
         double d = std::strtod(v, &end);
         if (end != v && *end == '\0' && d > 0 && d < 3600) return d;

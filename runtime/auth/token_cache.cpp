@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "auth/internal.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
@@ -20,7 +21,7 @@
 namespace gantry::auth {
 
 std::string token_cache_dir() {
-    std::string base = env("XDG_CACHE_HOME");
+    std::string base = environment().xdg_cache_home.value;
     if (base.empty()) {
         std::string home = home_dir();
         if (home.empty()) return {};

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull.hpp"
@@ -57,7 +58,7 @@ Result<PullPolicy> pull_policy(const Config& config, const std::optional<std::st
         if (!p) return p.error().wrap("--pull");
         return p;
     }
-    if (const char* env = std::getenv("GANTRY_PULL_POLICY"); env != nullptr && *env != '\0') {
+    if (const std::string& env = environment().gantry_pull_policy.value; !env.empty()) {
         auto p = parse_pull_policy(env);
         if (!p) return p.error().wrap("GANTRY_PULL_POLICY");
         return p;

@@ -29,6 +29,7 @@
 
 #include "command.hpp"
 #include "common.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/devices.hpp"
 #include "gantry/launcher.hpp"
@@ -420,7 +421,7 @@ Check fabric(const std::string& image) {
 }
 
 int doctor_verb(const std::optional<std::string>& plugstack, const std::optional<std::string>& image) {
-    const char* slurm_conf_env = std::getenv("SLURM_CONF");
+    const EnvironmentVariable& slurm_conf_env = environment().slurm_conf;
     auto config = load_config();
     if (!config) return fail(config.error());
 
@@ -435,7 +436,7 @@ int doctor_verb(const std::optional<std::string>& plugstack, const std::optional
         gpus(*config),
         efa(*config),
         memlock(*config),
-        plugin(plugstack.value_or(""), slurm_conf_env ? std::optional<std::string>(slurm_conf_env) : std::nullopt,
+        plugin(plugstack.value_or(""), slurm_conf_env.set ? std::optional<std::string>(slurm_conf_env.value) : std::nullopt,
                slurm)};
     checks.push_back(slurm_version(slurm));
     if (image) checks.push_back(fabric(*image));

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/import.hpp"
 #include "gantry/launcher.hpp"
@@ -153,10 +154,10 @@ ParsedOptions parse_options(const std::vector<std::string>& words, size_t from, 
 
 // ENROOT_DATA_PATH, else Enroot's default ($XDG_DATA_HOME/enroot, ~/.local/share/enroot).
 std::string data_path() {
-    if (const char* p = std::getenv("ENROOT_DATA_PATH"); p != nullptr && *p != '\0') return p;
-    if (const char* x = std::getenv("XDG_DATA_HOME"); x != nullptr && *x == '/') return std::string(x) + "/enroot";
-    const char* home = std::getenv("HOME");
-    return std::string(home != nullptr ? home : "") + "/.local/share/enroot";
+    const Environment& env = environment();
+    if (!env.enroot_data_path.empty()) return env.enroot_data_path.value;
+    if (!env.xdg_data_home.empty() && env.xdg_data_home.value[0] == '/') return env.xdg_data_home.value + "/enroot";
+    return env.home.value + "/.local/share/enroot";
 }
 
 // Names Enroot and the launcher both accept (the launcher's rule: letters, digits, _ - .).
@@ -207,6 +208,8 @@ bool truthy(const char* v) {
     std::string s(v);
     return s == "y" || s == "yes" || s == "true" || s == "1";
 }
+
+bool force_override() { return truthy(environment().enroot_force_override.value.c_str()); }
 
 // The names in a directory; none when it cannot be read (no such directory yet).
 std::vector<std::string> names_in(const std::string& path) {
@@ -350,7 +353,7 @@ int enroot_create(const std::vector<std::string>& words) {
     if (::stat(file.c_str(), &st) != 0) return enroot_error(std::string(std::strerror(errno)) + ": " + file);
     if (!S_ISREG(st.st_mode)) return enroot_error("Invalid image: " + file + " is not a file");
     std::string dest = created_path(name);
-    bool force = p.has("force") || truthy(std::getenv("ENROOT_FORCE_OVERRIDE"));
+    bool force = p.has("force") || force_override();
     if (exists(dest) && !force) return enroot_error("Container already exists: " + name);
     if (auto made = make_directories(data_path(), 0700); !made) return enroot_error(made.error().message);
     std::string tmp = dest + ".link." + std::to_string(::getpid());
@@ -367,10 +370,9 @@ int enroot_create(const std::vector<std::string>& words) {
 }
 
 // Whether ENROOT_ROOTFS_WRITABLE-style settings are on (Enroot accepts y, yes, true, 1).
-std::optional<bool> env_switch(const char* name) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return std::nullopt;
-    return truthy(v);
+std::optional<bool> env_switch(const EnvironmentVariable& v) {
+    if (v.empty()) return std::nullopt;
+    return truthy(v.value.c_str());
 }
 
 // start: `gantry run` of the created container's file (or the file given), named NAME.PID so that
@@ -402,9 +404,9 @@ EnrootOutcome enroot_start(const std::vector<std::string>& words) {
     }
     // Enroot's /etc/rc runs the command through the image's entrypoint: so does start.
     std::vector<std::string> run = {"run", "--entrypoint"};
-    if (p.has("rw") || env_switch("ENROOT_ROOTFS_WRITABLE").value_or(false)) run.emplace_back("--writable");
-    if (p.has("root") || env_switch("ENROOT_REMAP_ROOT").value_or(false)) run.emplace_back("--remap-root");
-    if (auto home = env_switch("ENROOT_MOUNT_HOME")) run.emplace_back(*home ? "--mount-home" : "--no-mount-home");
+    if (p.has("rw") || env_switch(environment().enroot_rootfs_writable).value_or(false)) run.emplace_back("--writable");
+    if (p.has("root") || env_switch(environment().enroot_remap_root).value_or(false)) run.emplace_back("--remap-root");
+    if (auto home = env_switch(environment().enroot_mount_home)) run.emplace_back(*home ? "--mount-home" : "--no-mount-home");
     for (const auto& m : p.all("mount")) run.insert(run.end(), {"--mount", m});
     for (const auto& e : p.all("env")) run.insert(run.end(), {"--env", e});
     if (valid_container_name(name)) run.insert(run.end(), {"--name", name + "." + std::to_string(::getpid())});
@@ -535,7 +537,7 @@ int enroot_remove(const std::vector<std::string>& words) {
     auto p = parse_options(words, 1, {{'f', "force", false}});
     if (!p.error.empty()) return enroot_error(p.error);
     if (p.operands.empty()) return enroot_error("Invalid argument: remove needs a container name");
-    bool force = p.has("force") || truthy(std::getenv("ENROOT_FORCE_OVERRIDE"));
+    bool force = p.has("force") || force_override();
     auto config = load_config();
     int status = 0;
     for (const auto& name : p.operands) {
@@ -607,7 +609,7 @@ int enroot_export(const std::vector<std::string>& words) {
     std::string from = created_path(name);
     if (!valid_container_name(name) || !exists(from)) return enroot_error("No such container: " + name);
     std::string output = p.has("output") ? p.last("output") : name + ".sqsh";
-    bool force = p.has("force") || truthy(std::getenv("ENROOT_FORCE_OVERRIDE"));
+    bool force = p.has("force") || force_override();
     if (exists(output) && !force) return enroot_error("File already exists: " + output);
     if (auto copied = copy_file(from, output); !copied) return enroot_error(copied.error().message);
     return 0;

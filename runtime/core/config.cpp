@@ -1,4 +1,5 @@
 // Parser for gantry.conf (see include/gantry/config.hpp for the format).
+#include "gantry/environment.hpp"
 #include "gantry/config.hpp"
 
 #include <pwd.h>
@@ -301,8 +302,8 @@ std::optional<unsigned> store_owner_uid(const Config& config) {
 }
 
 Result<Config> load_default_config() {
-    const char* env = std::getenv("GANTRY_CONFIG");
-    if (env != nullptr && *env != '\0') return load_config(env, false);
+    const std::string& env = environment().gantry_config.value;
+    if (!env.empty()) return load_config(env, false);
     return load_config("/etc/gantry/gantry.conf", true);
 }
 

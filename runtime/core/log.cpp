@@ -1,4 +1,5 @@
 // Diagnostics sink shared by the CLI and the plugin.
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 
 #include <cstdio>
@@ -11,8 +12,8 @@ namespace {
 std::mutex g_mutex;
 
 Level initial_level() {
-    const char* d = std::getenv("GANTRY_DEBUG");
-    return (d != nullptr && *d != '\0' && *d != '0') ? Level::debug : Level::info;
+    const std::string& d = environment().gantry_debug.value;
+    return (!d.empty() && d[0] != '0') ? Level::debug : Level::info;
 }
 
 Level g_level = initial_level();

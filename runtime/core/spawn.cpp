@@ -1,5 +1,6 @@
 // spawn(): fork + exec of a helper with an explicit identity, environment and descriptors, and capped
 // capture of everything it writes (see include/gantry/spawn.hpp).
+#include "gantry/environment.hpp"
 #include "gantry/spawn.hpp"
 
 #include <fcntl.h>
@@ -195,8 +196,7 @@ std::string stop_reason(const ProcessRequest& rq, const ProcessOutcome& outcome,
 std::string find_program(const std::string& name) {
     if (name.find('/') != std::string::npos) return name;
     std::vector<std::string> dirs;
-    const char* path = std::getenv("PATH");
-    std::string list = path != nullptr ? path : "";
+    const std::string& list = environment().path.value;
     for (size_t start = 0; start <= list.size();) {
         size_t end = list.find(':', start);
         if (end == std::string::npos) end = list.size();

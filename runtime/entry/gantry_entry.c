@@ -13,6 +13,10 @@
  *   GANTRY_ENTRY_ARG_<i>  entrypoint word i, from 0
  *   GANTRY_ENTRY_FD       the descriptor this program was started through, closed here
  *   GANTRY_ENTRY_LOG      when "1", the command line is printed to stderr first
+ * These are read with getenv here, not through gantry::environment() (include/gantry/environment.hpp,
+ * the runtime's one reader): this is a small static C program that links nothing of the C++ runtime,
+ * the variables are meant for it alone, and it removes them before the exec, so that they reach neither
+ * the entrypoint nor the task.
  */
 #define _GNU_SOURCE
 #include <errno.h>

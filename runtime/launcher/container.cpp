@@ -22,11 +22,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
 #include "gantry/trace.hpp"
 #include "gantry/workdir.hpp"
+#include "holder_reply.hpp"
 #include "internal.hpp"
 
 namespace gantry {
@@ -64,8 +66,8 @@ Result<ExtraNamespaces> parse_unshare(std::string_view list) {
 
 std::string runtime_dir(const Config& config) {
     if (::geteuid() == 0) return config.runtime_path;
-    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-    if (xdg != nullptr && *xdg == '/' && ::access(xdg, W_OK) == 0) return std::string(xdg) + "/gantry";
+    const std::string& xdg = environment().xdg_runtime_dir.value;
+    if (!xdg.empty() && xdg[0] == '/' && ::access(xdg.c_str(), W_OK) == 0) return xdg + "/gantry";
     return "/tmp/gantry-" + std::to_string(::geteuid());
 }
 
@@ -268,11 +270,11 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
 }
 
 // Execs the gantry-holder program with the set-up on a socket (its descriptor 3), answers its request
-// for id maps when root starts it for a user, and returns its last report ("ok PID START" or
-// "error ..."). The holder gets no descriptor of ours but that socket, and stdout/stderr only when an
-// ordinary user starts an attached one (a detached holder must not keep the caller's output open;
+// for id maps when root starts it for a user, and returns its last report (launcher::HolderReply, ready;
+// failed becomes the error). The holder gets no descriptor of ours but that socket, and stdout/stderr
+// only when an ordinary user starts an attached one (a detached holder must not keep the caller's output open;
 // root's output may be slurmd's log): its errors come back through the socket.
-Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
+Result<launcher::HolderReply> start_holder(const ContainerSpec& spec, const Setup& s) {
     bool root_for_user = ::geteuid() == 0 && s.id.uid != 0;
     launcher::HolderRequest rq{spec, s.id, s.backend, s.staging, s.image_dir, s.workdir, s.home, ::getpid(), root_for_user};
     if (rq.spec.holder_program.empty()) rq.spec.holder_program = default_holder_program();
@@ -284,8 +286,8 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
     ProcessRequest run;
     run.argv = {rq.spec.holder_program};
     // Root's holder finds its helpers (squashfuse_ll, unsquashfs) in the system directories only.
-    const char* path = std::getenv("PATH");
-    run.env = {std::string("PATH=") + (root_for_user || path == nullptr ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path)};
+    const EnvironmentVariable& path = environment().path;
+    run.env = {std::string("PATH=") + (root_for_user || !path.set ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path.value)};
     run.inputs = {{theirs.get(), 3}};
     // The image's acquired files (acquire_image): the holder, its FUSE server or the loop device use
     // these descriptors, never the store's names, which another user may have renamed over by now.
@@ -325,7 +327,7 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
         }
         if (child > 0) ::waitpid(child, nullptr, 0);
     });
-    // The kernel tells us who sent each message (SO_PASSCRED, set before the holder can say anything): a "userns PID" request is believed only
+    // The kernel tells us who sent each message (SO_PASSCRED, set before the holder can say anything): a userns request (HolderReply) is believed only
     // from PID itself, so a detached holder (no child of ours) cannot name another process.
     int one = 1;
     if (root_for_user && ::setsockopt(ours.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0)
@@ -381,12 +383,15 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
                 sender = cred.pid;
             }
         reply.append(chunk, static_cast<size_t>(n));
-        if (reply.size() > 65536) break;
+        if (reply.size() > launcher::kMaxHolderReplyBytes) break;
         // The holder made its user namespace: as root, write its maps (write_id_maps says why that is
         // safe) and let it go on; it is still waiting on the socket.
         auto nl = reply.find('\n');
-        if (root_for_user && starts_with(reply, "userns ") && nl != std::string::npos) {
-            pid_t holder = static_cast<pid_t>(std::strtol(reply.c_str() + 7, nullptr, 10));
+        auto asked = root_for_user && nl != std::string::npos
+                         ? launcher::holder_reply_from_line(std::string_view(reply).substr(0, nl))
+                         : Result<launcher::HolderReply>(make_error("no request"));
+        if (asked && asked->kind == launcher::HolderReply::Kind::userns) {
+            pid_t holder = asked->pid;
             reply.erase(0, nl + 1);
             // Only our own holder: the process that sent this (the kernel's word), and our child when
             // attached; pinned by a pidfd from here on.
@@ -398,7 +403,9 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
                 kill_child();
                 return maps.error().wrap("setting up the container's user namespace");
             }
-            if (::send(ours.get(), "go\n", 3, MSG_NOSIGNAL) != 3) break;
+            if (::send(ours.get(), launcher::kHolderGo.data(), launcher::kHolderGo.size(), MSG_NOSIGNAL) !=
+                static_cast<ssize_t>(launcher::kHolderGo.size()))
+                break;
         }
     }
     if (!gave_up.empty()) {
@@ -406,14 +413,15 @@ Result<std::string> start_holder(const ContainerSpec& spec, const Setup& s) {
         kill_child();  // the Defer above reaps it
         return make_error("setting up the container: " + gave_up);
     }
-    reply = trim(reply);
-    if (starts_with(reply, "ok ")) {
+    // The last report: the first line left (the holder says nothing after it).
+    auto report = launcher::holder_reply_from_line(std::string_view(reply).substr(0, reply.find('\n')));
+    if (report && report->kind == launcher::HolderReply::Kind::ready) {
         child = -1;  // attached: our child for as long as it runs (Container::stop reaps it)
-        return reply;
+        return *report;
     }
     ours.reset();
     kill_child();
-    if (starts_with(reply, "error ")) return make_error(reply.substr(6));
+    if (report && report->kind == launcher::HolderReply::Kind::failed) return make_error(report->message);
     return make_error("container set-up failed (the holder exited without a report)");
 }
 
@@ -484,11 +492,11 @@ Result<Container> Container::create(const ContainerSpec& spec) {
         return start_holder(spec, s);
     }();
     if (!started) return started.error();
-    std::string reply = std::move(*started);
     Container c;
-    std::istringstream in(reply.substr(3));
-    in >> c.state_.holder_pid >> c.state_.holder_start_time;
-    if (!(in >> c.state_.server_pid >> c.state_.server_start_time)) c.state_.server_pid = -1;  // no shared server
+    c.state_.holder_pid = started->pid;
+    c.state_.holder_start_time = started->start_time;
+    c.state_.server_pid = started->server_pid;  // -1: no shared server
+    c.state_.server_start_time = started->server_start_time;
     c.state_.name = spec.name;
     c.state_.uid = s.id.uid;
     c.state_.unshare = spec.unshare;

@@ -1,6 +1,6 @@
 // The holder: the gantry-holder program that Container::create execs. It reads its set-up from the
 // creator's socket (descriptor 3), builds the container (the launch sequence, set_up_container),
-// reports "ok PID START_TIME" or "error MESSAGE", then keeps the namespaces alive until SIGTERM (or
+// reports ready or failed (launcher::HolderReply, one JSON line), then keeps the namespaces alive until SIGTERM (or
 // its creator's death when attached), reaping the fuse daemon.
 //
 // A fresh exec, not a fork of the creator: in the plugin the creator is root's multi-threaded
@@ -19,7 +19,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "gantry/environment.hpp"
 #include "gantry/trace.hpp"
+#include "holder_reply.hpp"
 #include "internal.hpp"
 
 #ifndef GANTRY_HOLDER_INSTALL_PATH
@@ -111,9 +113,16 @@ Status set_up_container(Setup& s) {
 
 namespace {
 
-void send_line(int fd, const std::string& line) {
-    std::string l = line + "\n";
-    (void)!::send(fd, l.data(), l.size(), MSG_NOSIGNAL);
+void send_reply(int fd, const launcher::HolderReply& reply) {
+    std::string line = launcher::holder_reply_to_line(reply);
+    (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+}
+
+void send_failure(int fd, const std::string& message) {
+    launcher::HolderReply failed;
+    failed.kind = launcher::HolderReply::Kind::failed;
+    failed.message = message;
+    send_reply(fd, failed);
 }
 
 [[noreturn]] void holder_main(Setup& s, int channel, pid_t parent) {
@@ -141,16 +150,22 @@ void send_line(int fd, const std::string& line) {
     for (const auto& file : launcher::image_files(*s.spec))
         if (int fd = descriptor_of_path(file); fd > STDERR_FILENO && fd != channel) ::close(fd);
     if (!st) {
-        send_line(channel, "error " + st.error().message);
+        send_failure(channel, st.error().message);
         if (s.fuse_daemon > 0) ::kill(s.fuse_daemon, SIGKILL);
         for (pid_t d : s.layer_daemons) ::kill(d, SIGKILL);
         if (s.scratch_dir) launcher::remove_tree(s.scratch_dir.get(), s.scratch_name);
         if (s.rw_scratch_dir) launcher::remove_tree(s.rw_scratch_dir.get(), s.rw_scratch_name);
         ::_exit(1);
     }
-    std::string ok = "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid()));
-    if (s.server_pid > 0) ok += " " + std::to_string(s.server_pid) + " " + std::to_string(s.server_start_time);
-    send_line(channel, ok);
+    launcher::HolderReply ready;
+    ready.kind = launcher::HolderReply::Kind::ready;
+    ready.pid = ::getpid();
+    ready.start_time = launcher::process_start_time(::getpid());
+    if (s.server_pid > 0) {
+        ready.server_pid = s.server_pid;
+        ready.server_start_time = s.server_start_time;
+    }
+    send_reply(channel, ready);
     ::close(channel);
     while (true) {
         siginfo_t info{};
@@ -219,14 +234,15 @@ Result<std::string> read_request(int channel) {
 [[noreturn]] void run_container_holder(int channel) {
     ::fcntl(channel, F_SETFD, FD_CLOEXEC);  // the fuse daemon and ldconfig must not inherit it
     // The creator's trace descriptor (start_holder, only when it traces): kept from exec'd programs too.
-    if (const char* fd = std::getenv(launcher::kTraceFdVariable); fd != nullptr && std::atoi(fd) == launcher::kTraceFd &&
+    // (GANTRY_TRACE_FD, launcher::kTraceFdVariable: read in environment.cpp with the rest.)
+    if (const auto& fd = environment().gantry_trace_fd; fd.set && std::atoi(fd.value.c_str()) == launcher::kTraceFd &&
         ::fcntl(launcher::kTraceFd, F_SETFD, FD_CLOEXEC) == 0)
         trace::enable(launcher::kTraceFd);
     trace::point("holder main");
     auto doc = read_request(channel);
     auto rq = doc ? launcher::holder_request_from_json(*doc) : Result<launcher::HolderRequest>(doc.error());
     if (!rq) {
-        send_line(channel, "error gantry-holder: " + rq.error().message);
+        send_failure(channel, "gantry-holder: " + rq.error().message);
         ::_exit(1);
     }
     // The image's files were passed without close-on-exec; nothing but the programs we start on

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 
+#include "holder_reply.hpp"
 #include "internal.hpp"
 
 namespace gantry::launcher {
@@ -65,7 +66,10 @@ Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, in
         return system_error("creating the container namespaces");
     }
     if (creator >= 0) {
-        std::string ask = "userns " + std::to_string(::getpid()) + "\n";
+        launcher::HolderReply userns;
+        userns.kind = launcher::HolderReply::Kind::userns;
+        userns.pid = ::getpid();
+        std::string ask = launcher::holder_reply_to_line(userns);
         if (::send(creator, ask.data(), ask.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(ask.size()))
             return system_error("asking the creator for the id maps");
         char reply[3] = {};
@@ -76,7 +80,7 @@ Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, in
             if (n <= 0) break;
             got += static_cast<size_t>(n);
         }
-        if (got != sizeof reply || std::string(reply, 3) != "go\n")
+        if (got != sizeof reply || std::string_view(reply, 3) != launcher::kHolderGo)
             return make_error("the creator did not write the container's id maps");
         return {};
     }

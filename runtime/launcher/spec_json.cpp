@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gantry/launcher.hpp"
+#include "holder_reply.hpp"
 #include "internal.hpp"
 
 namespace gantry {
@@ -60,6 +61,38 @@ namespace launcher {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Identity, uid, gid, name, home, inner_uid, inner_gid, group_name)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderRequest, spec, id, backend, staging, image_dir, workdir, home, parent,
                                    creator_writes_maps)
+
+NLOHMANN_JSON_SERIALIZE_ENUM(HolderReply::Kind, {{HolderReply::Kind::userns, "userns"},
+                                                 {HolderReply::Kind::ready, "ready"},
+                                                 {HolderReply::Kind::failed, "failed"}})
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderReply, kind, pid, start_time, server_pid, server_start_time, message)
+
+std::string holder_reply_to_line(const HolderReply& reply) {
+    // The error handler replaces bytes that are not UTF-8 (a path in a message) instead of throwing.
+    return nlohmann::json(reply).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+Result<HolderReply> holder_reply_from_line(std::string_view line) {
+    if (line.size() > kMaxHolderReplyBytes)
+        return make_error("holder reply of " + std::to_string(line.size()) + " bytes (at most " +
+                          std::to_string(kMaxHolderReplyBytes) + ")");
+    if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+    if (line.find('\n') != std::string_view::npos) return make_error("a holder reply is one line");
+    try {
+        auto j = nlohmann::json::parse(line);
+        // A kind the enum does not name decodes as its first value (nlohmann's rule): refuse it here.
+        if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string() ||
+            (j["kind"] != "userns" && j["kind"] != "ready" && j["kind"] != "failed"))
+            return make_error("reading the holder's reply: no known kind");
+        auto r = j.get<HolderReply>();
+        // (A userns pid is checked by the creator against the sender the kernel names.)
+        if (r.kind == HolderReply::Kind::ready && r.pid <= 1)
+            return make_error("reading the holder's reply: pid " + std::to_string(r.pid));
+        return r;
+    } catch (const std::exception& e) {
+        return make_error(std::string("reading the holder's reply: ") + e.what());
+    }
+}
 
 std::string holder_request_to_json(const HolderRequest& request) {
     return nlohmann::json(request).dump();

@@ -13,17 +13,13 @@
 #include <string>
 #include <string_view>
 
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
 #include "gantry/version.hpp"
 
 namespace gantry::net {
 namespace {
-
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr ? v : "";
-}
 
 void global_init() {
     static std::once_flag once;
@@ -97,8 +93,8 @@ std::string response_headers_too_large() {
 
 TransportSettings settings_from_environment(const std::string& extra_ca_file) {
     TransportSettings s;
-    s.ca_file = env("SSL_CERT_FILE");
-    s.ca_dir = env("SSL_CERT_DIR");
+    s.ca_file = environment().ssl_cert_file.value;
+    s.ca_dir = environment().ssl_cert_dir.value;
     s.extra_ca_file = extra_ca_file;
     s.user_agent = std::string("gantry/") + kVersion;
     return s;

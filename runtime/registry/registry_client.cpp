@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
@@ -22,11 +23,6 @@
 
 namespace gantry {
 namespace {
-
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr ? v : "";
-}
 
 Status check_readable(const std::string& path, const std::string& what) {
     if (path.empty()) return {};
@@ -65,7 +61,7 @@ RegistryClient::Impl::Impl(const Config& cfg, RegistryOptions opts)
            [this](const std::string& host) { return plain_http_ok(host); }, config.ca_bundle,
            options.credentials ? CredentialLookup{} : default_credential_fallback()) {
     if (auto st = check_readable(config.ca_bundle, "ca_bundle in gantry.conf"); !st) settings_status = st;
-    if (auto st = check_readable(env("SSL_CERT_FILE"), "SSL_CERT_FILE"); !st) settings_status = st;
+    if (auto st = check_readable(environment().ssl_cert_file.value, "SSL_CERT_FILE"); !st) settings_status = st;
     if (options.max_attempts < 1) options.max_attempts = 1;
 }
 

@@ -1,5 +1,6 @@
 // The pull pipeline (see include/gantry/pull.hpp). Downloads run on the registry client's workers;
 // this thread converts, starting with the top layer as soon as its blob is verified.
+#include "gantry/environment.hpp"
 #include "gantry/pull.hpp"
 
 #include <sys/stat.h>
@@ -272,8 +273,7 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     // budget, for a step that has failed already. A producer killed outright leaves no note, so a
     // waiter still takes over its work. Other steps and jobs (other users, other credentials) never
     // adopt the note and try for themselves.
-    const char* group_env = std::getenv("GANTRY_PULL_GROUP");
-    const std::string group = group_env != nullptr ? group_env : "";
+    const std::string group = environment().gantry_pull_group.value;
     // A pinned manifest digest's lock is held already (above); flock would make a second one wait on it.
     const bool have_lock = pinned_lock && digest == ref.digest;
     const int64_t waiting_since = have_lock ? pinned_since : static_cast<int64_t>(std::time(nullptr));

@@ -5,6 +5,7 @@
 // and its subdirectories are opened once (subdirectories with O_NOFOLLOW), and every file inside is
 // opened, created, renamed and removed relative to those descriptors, never through a symlink, and
 // read with a size cap (docs/store.md, "Trust model").
+#include "gantry/environment.hpp"
 #include "gantry/store.hpp"
 
 #include <fcntl.h>
@@ -224,16 +225,15 @@ bool is_hex_digest(const std::string& name) {
 
 std::string ImageStore::resolve_path(const Config& config, const std::string& cli_value) {
     if (!cli_value.empty()) return cli_value;
-    if (const char* env = std::getenv("GANTRY_STORE"); env != nullptr && *env != '\0') return env;
+    const Environment& env = environment();
+    if (!env.gantry_store.empty()) return env.gantry_store.value;
     if (!config.store_path.empty()) return config.store_path;
-    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/')
-        return std::string(xdg) + "/gantry";
+    if (!env.xdg_cache_home.empty() && env.xdg_cache_home.value[0] == '/') return env.xdg_cache_home.value + "/gantry";
     // No fallback to a shared directory (/tmp/.cache/gantry): another user could create it first and
     // own every image this account pulls into it. open() turns the empty path into an error naming
     // the settings that choose a store.
-    const char* home = std::getenv("HOME");
-    if (home == nullptr || *home != '/') return {};
-    return std::string(home) + "/.cache/gantry";
+    if (env.home.empty() || env.home.value[0] != '/') return {};
+    return env.home.value + "/.cache/gantry";
 }
 
 Result<ImageStore> ImageStore::open(const std::string& root, bool create, const Config& config,

@@ -78,7 +78,7 @@ EOF
   cat "$WORK/helper.log"
   [ "$(awk '{ print $1 }' "$WORK/helper.log" | sort -u)" = "$(id -u "$U")" ]
   awk '{ print $3 }' "$WORK/helper.log" | grep -qx "$TREG"
-  if [ "$GANTRY_TEST_MODE" = multi ]; then awk '{ print $2 }' "$WORK/helper.log" | grep -q '^gnode'; fi
+  if [ "$GANTRY_TEST_MODE" = multi ]; then awk '{ print $2 }' "$WORK/helper.log" | grep -q "^${GANTRY_SLURM_NODE_PREFIX:-gnode}"; fi
   # The registry saw authenticated requests from the node; the secret reached neither the job's
   # environment nor its output.
   grep -q 'GET /v2/gantry-test/tiny/blobs/.*" 200 ' "$WORK/registry/registry.log" ||

@@ -3,6 +3,7 @@
 // files), credential helpers run as real executables, the Enroot $(command) policy, the helper
 // timeout, ECR host recognition and request signing. The hidden "[.driver]" case prints a signed ECR
 // request for tests/integration/auth.bats to check against botocore.
+#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 
 #include <sys/stat.h>
@@ -35,6 +36,7 @@ public:
             ::setenv(name.c_str(), value, 1);
         else
             ::unsetenv(name.c_str());
+        gantry::reread_environment();  // the library reads the environment once (environment.hpp)
     }
     void set(const std::string& name, const std::string& value) { set(name, value.c_str()); }
     ~EnvGuard() {
@@ -44,6 +46,7 @@ public:
             else
                 ::unsetenv(n.c_str());
         }
+        gantry::reread_environment();
     }
 
 private:

@@ -19,6 +19,7 @@
 
 #include "gantry/config.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
@@ -670,4 +671,55 @@ TEST_CASE("telemetry: p50/p99 by nearest rank, stragglers over 2x the median", "
     for (int i = 0; i < 5; ++i) fast.push_back(sample_record("f" + std::to_string(i), 100));
     fast.push_back(sample_record("f-slow", 300));
     CHECK(summarize(fast).front().stragglers.empty());
+}
+
+// The one reader of the process environment (include/gantry/environment.hpp).
+TEST_CASE("environment: read once, read again on request; set and unset keep the snapshot current") {
+    using namespace gantry;
+    ::setenv("GANTRY_PULL_GROUP", "first", 1);
+    ::unsetenv("GANTRY_STORE");
+    const Environment& before = reread_environment();
+    CHECK(before.gantry_pull_group.set);
+    CHECK(before.gantry_pull_group.value == "first");
+    CHECK_FALSE(before.gantry_store.set);
+
+    // Read once: a change behind the library's back is not seen until the next read ...
+    ::setenv("GANTRY_PULL_GROUP", "second", 1);
+    CHECK(environment().gantry_pull_group.value == "first");
+    // ... and a snapshot handed out earlier stays valid and unchanged after it.
+    const Environment& after = reread_environment();
+    CHECK(after.gantry_pull_group.value == "second");
+    CHECK(before.gantry_pull_group.value == "first");
+    CHECK(&environment() == &after);
+    CHECK(&reread_environment() == &after);  // nothing changed: no new snapshot
+
+    // Set to the empty string is not unset (PATH, SLURM_CONF and the plugin's hand-over care).
+    set_environment_variable("GANTRY_STORE", "");
+    CHECK(environment().gantry_store.set);
+    CHECK(environment().gantry_store.empty());
+    set_environment_variable("GANTRY_RESOLVED_IMAGE", "img@sha256:00");
+    CHECK(environment().gantry_resolved_image.value == "img@sha256:00");
+    CHECK(std::string(std::getenv("GANTRY_RESOLVED_IMAGE")) == "img@sha256:00");  // the process's too
+    unset_environment_variable("GANTRY_RESOLVED_IMAGE");
+    CHECK_FALSE(environment().gantry_resolved_image.set);
+    CHECK(std::getenv("GANTRY_RESOLVED_IMAGE") == nullptr);
+    unset_environment_variable("GANTRY_STORE");
+    unset_environment_variable("GANTRY_PULL_GROUP");
+}
+
+TEST_CASE("environment: the options' environment forms and inherited options are read by prefix") {
+    using namespace gantry;
+    ::setenv("PYXIS_CONTAINER_IMAGE", "ubuntu", 1);
+    ::setenv("GANTRY_CONTAINER_MOUNTS", "", 1);
+    ::setenv("SLURM_SPANK__SLURM_SPANK_OPTION_gantry_container_image", "alpine", 1);
+    ::setenv("NOT_PYXIS_CONTAINER_IMAGE", "x", 1);
+    const Environment& env = reread_environment();
+    CHECK(env.container_forms.at("PYXIS_CONTAINER_IMAGE") == "ubuntu");
+    CHECK(env.container_forms.at("GANTRY_CONTAINER_MOUNTS").empty());
+    CHECK(env.container_forms.count("NOT_PYXIS_CONTAINER_IMAGE") == 0);
+    CHECK(env.inherited_options.at("SLURM_SPANK__SLURM_SPANK_OPTION_gantry_container_image") == "alpine");
+    for (const char* n : {"PYXIS_CONTAINER_IMAGE", "GANTRY_CONTAINER_MOUNTS",
+                          "SLURM_SPANK__SLURM_SPANK_OPTION_gantry_container_image", "NOT_PYXIS_CONTAINER_IMAGE"})
+        ::unsetenv(n);
+    CHECK(reread_environment().container_forms.count("PYXIS_CONTAINER_IMAGE") == 0);
 }

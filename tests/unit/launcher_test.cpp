@@ -2,6 +2,7 @@
 // entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, the
 // plan of a read-only container's top-level entries, the fake-root system call filter, and the
 // Enroot-format drop-ins and image environment.
+#include "gantry/environment.hpp"
 #include "gantry/launcher.hpp"
 
 #include <fcntl.h>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../../runtime/launcher/holder_reply.hpp"
 #include "../../runtime/launcher/internal.hpp"
 #include "gantry/dropins.hpp"
 #include "gantry/mounts.hpp"
@@ -942,6 +944,64 @@ TEST_CASE("container spec: JSON round trip keeps every field; bad and oversized 
     CHECK(rq_back->creator_writes_maps);
 }
 
+TEST_CASE("holder replies: one typed JSON line each way, strict on the way in") {
+    using launcher::HolderReply;
+    HolderReply ready;
+    ready.kind = HolderReply::Kind::ready;
+    ready.pid = 4321;
+    ready.start_time = 123456789012ULL;
+    ready.server_pid = 99;
+    ready.server_start_time = 42;
+    std::string line = launcher::holder_reply_to_line(ready);
+    CHECK(line.back() == '\n');
+    CHECK(std::count(line.begin(), line.end(), '\n') == 1);
+    auto back = launcher::holder_reply_from_line(line);
+    REQUIRE(back.ok());
+    CHECK(back->kind == HolderReply::Kind::ready);
+    CHECK(back->pid == 4321);
+    CHECK(back->start_time == 123456789012ULL);
+    CHECK(back->server_pid == 99);
+    CHECK(back->server_start_time == 42);
+
+    // A failure's message may hold newlines and bytes that are not UTF-8: still one line.
+    HolderReply failed;
+    failed.kind = HolderReply::Kind::failed;
+    failed.message = "mounting /fsx:\nNo such file or directory \xff";
+    line = launcher::holder_reply_to_line(failed);
+    CHECK(std::count(line.begin(), line.end(), '\n') == 1);
+    auto failed_back = launcher::holder_reply_from_line(line);
+    REQUIRE(failed_back.ok());
+    CHECK(failed_back->kind == HolderReply::Kind::failed);
+    CHECK(failed_back->message.rfind("mounting /fsx:\nNo such file or directory ", 0) == 0);
+
+    HolderReply userns;
+    userns.kind = HolderReply::Kind::userns;
+    userns.pid = 777;
+    auto userns_back = launcher::holder_reply_from_line(launcher::holder_reply_to_line(userns));
+    REQUIRE(userns_back.ok());
+    CHECK(userns_back->kind == HolderReply::Kind::userns);
+    CHECK(userns_back->pid == 777);
+
+    // Refused: the old text replies, an unknown kind, a missing or mistyped field, a pid that names
+    // no holder, two lines, and more than a creator reads.
+    std::string good = launcher::holder_reply_to_line(ready);
+    CHECK_FALSE(launcher::holder_reply_from_line("ok 4321 1234").ok());
+    CHECK_FALSE(launcher::holder_reply_from_line("userns 777").ok());
+    CHECK_FALSE(launcher::holder_reply_from_line("").ok());
+    std::string unknown = good;
+    unknown.replace(unknown.find("\"ready\""), 7, "\"other\"");
+    CHECK_FALSE(launcher::holder_reply_from_line(unknown).ok());
+    std::string mistyped = good;
+    mistyped.replace(mistyped.find("\"pid\":4321"), 10, "\"pid\":\"4321\"");
+    CHECK_FALSE(launcher::holder_reply_from_line(mistyped).ok());
+    CHECK_FALSE(launcher::holder_reply_from_line(R"({"kind":"ready","pid":4321})").ok());
+    HolderReply no_pid = ready;
+    no_pid.pid = 1;
+    CHECK_FALSE(launcher::holder_reply_from_line(launcher::holder_reply_to_line(no_pid)).ok());
+    CHECK_FALSE(launcher::holder_reply_from_line(good + good).ok());
+    CHECK_FALSE(launcher::holder_reply_from_line(std::string(launcher::kMaxHolderReplyBytes + 1, ' ')).ok());
+}
+
 TEST_CASE("a job's image servers: recorded, then ended with the job only while they are the recorded processes") {
     char tmpl[] = "/tmp/gantry-test-servers-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
@@ -951,6 +1011,7 @@ TEST_CASE("a job's image servers: recorded, then ended with the job only while t
     const char* old_xdg = std::getenv("XDG_RUNTIME_DIR");
     std::string saved_xdg = old_xdg != nullptr ? old_xdg : "";
     if (::geteuid() != 0) ::setenv("XDG_RUNTIME_DIR", dir.c_str(), 1);
+    reread_environment();  // the library reads the environment once (environment.hpp)
     std::string rdir = runtime_dir(config);
     ::mkdir(rdir.c_str(), 0700);
     auto spawn_sleeper = [] {
@@ -1005,6 +1066,7 @@ TEST_CASE("a job's image servers: recorded, then ended with the job only while t
     }
     if (old_xdg != nullptr) ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
     else ::unsetenv("XDG_RUNTIME_DIR");
+    reread_environment();
     std::string rm = "rm -rf '" + dir + "'";
     CHECK(std::system(rm.c_str()) == 0);
 }

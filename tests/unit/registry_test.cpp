@@ -1,6 +1,7 @@
 // Unit tests of the registry client's building blocks: WWW-Authenticate parsing, manifest and index
 // parsing, platform parsing and selection, media-type fallback, schema1 rejection. The hidden
 // "[.driver]" case lets tests/integration/registry_client.bats drive the real client from a script.
+#include "gantry/environment.hpp"
 #include "gantry/registry.hpp"
 
 #include <sys/stat.h>
@@ -261,6 +262,7 @@ TEST_CASE("docker config.json credentials", "[registry][credentials]") {
     const char* old = std::getenv("DOCKER_CONFIG");
     std::string saved = old != nullptr ? old : "";
     setenv("DOCKER_CONFIG", dir.c_str(), 1);
+    reread_environment();  // the library reads the environment once (environment.hpp)
     ImageReference ref;
     ref.registry = "127.0.0.1:5000";
     ref.repository = "a/b";
@@ -287,6 +289,7 @@ TEST_CASE("docker config.json credentials", "[registry][credentials]") {
     CHECK_FALSE(docker_config_credentials(ref).has_value());
 
     if (old != nullptr) setenv("DOCKER_CONFIG", saved.c_str(), 1); else unsetenv("DOCKER_CONFIG");
+    reread_environment();
     std::remove((dir + "/config.json").c_str());
     rmdir(dir.c_str());
 }

@@ -3,6 +3,7 @@
 // and the trust model: what a hostile user of a shared store can plant (symlinks, FIFOs, huge files,
 // images and lock files of their own) never makes the store follow, hang, overwrite or use it.
 // Tests tagged [root] need root (chown, mount) and run as their own ctest, unit.store.root.
+#include "gantry/environment.hpp"
 #include "gantry/store.hpp"
 
 #include <fcntl.h>
@@ -324,12 +325,15 @@ TEST_CASE("store path precedence: option, GANTRY_STORE, gantry.conf, XDG cache")
     Config cfg;
     cfg.store_path = "/fsx/gantry";
     ::setenv("GANTRY_STORE", "/env/store", 1);
+    reread_environment();  // the library reads the environment once (environment.hpp)
     CHECK(ImageStore::resolve_path(cfg, "/cli/store") == "/cli/store");
     CHECK(ImageStore::resolve_path(cfg, "") == "/env/store");
     ::unsetenv("GANTRY_STORE");
+    reread_environment();
     CHECK(ImageStore::resolve_path(cfg, "") == "/fsx/gantry");
     cfg.store_path.clear();
     ::setenv("XDG_CACHE_HOME", "/xdg", 1);
+    reread_environment();
     CHECK(ImageStore::resolve_path(cfg, "") == "/xdg/gantry");
     CHECK_FALSE(ImageStore::open("relative/path", true).ok());
 }
@@ -341,8 +345,10 @@ TEST_CASE("no HOME: no store path, and open names the settings instead of using 
     const char* saved = std::getenv("HOME");
     std::string home = saved != nullptr ? saved : "";
     ::unsetenv("HOME");
+    reread_environment();  // the library reads the environment once (environment.hpp)
     CHECK(ImageStore::resolve_path(cfg, "").empty());
     ::setenv("HOME", "relative", 1);
+    reread_environment();
     CHECK(ImageStore::resolve_path(cfg, "").empty());
     auto opened = ImageStore::open(ImageStore::resolve_path(cfg, ""), true, cfg);
     REQUIRE_FALSE(opened.ok());
@@ -350,6 +356,7 @@ TEST_CASE("no HOME: no store path, and open names the settings instead of using 
     CHECK(opened.error().message.find("--store") != std::string::npos);
     if (saved != nullptr) ::setenv("HOME", home.c_str(), 1);
     else ::unsetenv("HOME");
+    reread_environment();
 }
 
 TEST_CASE("trusted store: owned by root or the configured store_owner, writable by nobody else", "[root]") {
