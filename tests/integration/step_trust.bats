@@ -335,6 +335,15 @@ else:
     ! grep -q ' gantry pull +$' "$WORK/trace" || false
   done
   echo "$output" | grep -q "digest=$digest$"
+  # A step that fails after the holder acquired (a bind source that does not exist, found before the
+  # set-up is sent): the waiting holder is killed and reaped with it, none is left behind.
+  : >"$WORK/trace"
+  run as "$U" srun -N1 -n1 --container-mounts="$WORK/missing:/mnt/x" --container-image="$TINY" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "source path does not exist"
+  grep -q ' start gantry-holder --acquire-and-hold$' "$WORK/trace"
+  ! pgrep -u "$U" -f 'gantry-holder --acquire-and-hold' || false
   # A named container (it may outlive the step, detached) still gets the image from the user's helper,
   # then its holder: both run, and the container works.
   : >"$WORK/trace"
