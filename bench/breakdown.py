@@ -58,8 +58,10 @@ def phases_of(path):
         out["[t] prepare_step done -> last task exec"] = (task - prep1) / 1e6
     if None not in (task, srun1):
         out["[t] last task exec -> srun exits"] = (srun1 - task) / 1e6
-    # The holder's exec: its start by the creator to its first point.
-    start, main = first("start gantry-holder"), first("holder main")
+    # The holder's exec: its start by the creator (plainly, or to acquire the image first: --acquire-and-hold)
+    # to its first point.
+    starts = [t for t in (first("start gantry-holder"), first("start gantry-holder --acquire-and-hold")) if t is not None]
+    start, main = (min(starts) if starts else None), first("holder main")
     if None not in (start, main):
         out["gantry-holder exec (start -> main)"] = (main - start) / 1e6
     return out

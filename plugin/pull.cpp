@@ -209,9 +209,10 @@ Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id,
     return pull_outcome(*r, report, image, "");
 }
 
-std::optional<AcquiredImage> acquire_stored_as_user(const Settings& settings, const Config& config,
-                                                    const JobIdentity& id, const std::string& store_root,
-                                                    const std::string& image, const std::string& resolved, bool whole) {
+std::optional<HolderWithImage> acquire_stored_as_user(const Settings& settings, const Config& config,
+                                                      const JobIdentity& id, const std::string& store_root,
+                                                      const std::string& image, const std::string& resolved, bool whole,
+                                                      bool in_holder) {
     // The registry vouches for every use of a private_images store's image: always a pull there.
     if (config.private_images) return std::nullopt;
     const auto ref = parse_reference(image);
@@ -221,19 +222,29 @@ std::optional<AcquiredImage> acquire_stored_as_user(const Settings& settings, co
     // The same decision a pull of the pinned digest makes (runtime/store/pull.cpp, stored_digest): the
     // store's own copy, by the owner rule of the user's helper (root's, store_owner's or the user's own
     // files, on descriptors it checked); never the registry for a digest, whatever the pull policy.
-    auto acquired = acquire_image_as(ProcessIdentity{id.uid, id.gid, id.groups},
-                                     helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH), store_root,
-                                     digest, std::chrono::seconds(config.check_timeout_seconds),
-                                     [] { return state().signals && state().signals->pending(); },
-                                     resolved.empty() ? "" : image);
+    const std::string holder = helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH);
+    const std::string tag = resolved.empty() ? "" : image;
+    const auto limit = std::chrono::seconds(config.check_timeout_seconds);
+    auto stop = [] { return state().signals && state().signals->pending(); };
+    // Only root starts a holder for a job user (a root job's container is set up as root throughout).
+    in_holder = in_holder && id.uid != 0 && ::geteuid() == 0;
+    auto acquired = in_holder ? start_holder_acquiring(holder, HolderAcquisition{store_root, digest, id.uid, id.gid, tag},
+                                                       limit, stop)
+                              : [&]() -> Result<HolderWithImage> {
+                                    auto image = acquire_image_as(ProcessIdentity{id.uid, id.gid, id.groups}, holder,
+                                                                  store_root, digest, limit, stop, tag);
+                                    if (!image) return image.error();
+                                    return HolderWithImage{nullptr, std::move(*image)};
+                                }();
     if (!acquired) {
         log::debug("no stored image " + digest + " to use without a pull: " + acquired.error().message);
         return std::nullopt;
     }
     // A layered copy serves only a step whose pull would take layers (gantry pull: layered_images, a
-    // backend that stacks); the others get the whole file a pull makes from the layers.
+    // backend that stacks); the others get the whole file a pull makes from the layers. (A holder
+    // started for it goes with `acquired`: killed and reaped.)
     const bool takes_layers = !whole && config.layered_images && config.mount_backend != "extract";
-    if (!acquired->reported || (acquired->layered && !takes_layers)) return std::nullopt;
+    if (!acquired->image.reported || (acquired->image.layered && !takes_layers)) return std::nullopt;
     return std::move(*acquired);
 }
 

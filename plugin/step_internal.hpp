@@ -181,9 +181,13 @@ Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id,
 // (acquire_image_as), which also reports its config, so that no `gantry pull` runs. nullopt whenever a
 // pull must decide (a tag, private_images, not stored, stored only as layers for a step that needs the
 // whole image, a helper that did not report): then the caller pulls as before.
-std::optional<AcquiredImage> acquire_stored_as_user(const Settings& settings, const Config& config,
-                                                    const JobIdentity& id, const std::string& store_root,
-                                                    const std::string& image, const std::string& resolved, bool whole);
+// `in_holder` (an attached container's step): not a helper but the container holder itself acquires
+// the image, as the user, before it takes the namespaces (start_holder_acquiring), and waits for its
+// set-up in the result's `holder` (ContainerSpec::started_holder): one exec fewer per warm step.
+std::optional<HolderWithImage> acquire_stored_as_user(const Settings& settings, const Config& config,
+                                                      const JobIdentity& id, const std::string& store_root,
+                                                      const std::string& image, const std::string& resolved, bool whole,
+                                                      bool in_holder);
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
                                            std::string image, const std::string& resolved,
                                            std::vector<std::string> env, bool whole);

@@ -245,18 +245,20 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // backend can stack layers (a node without usable fuse falls back to extract, which cannot),
         // so the pull gives the step a whole image rather than layers it cannot run.
         bool whole = !can_stack_layers(st.config, MountBackend::auto_, two_halves);  // auto: gantry.conf's
-        // A pinned digest the user's store holds: their helper acquires it and reports its config, and
-        // no pull runs (acquire_stored_as_user).
-        std::optional<AcquiredImage> stored;
+        // A pinned digest the user's store holds: acquired as the user, who reports its config, and no
+        // pull runs (acquire_stored_as_user). For the step's own (attached) container the holder itself
+        // does that, as the user, before it takes the namespaces: one exec per warm step, not two.
+        std::optional<HolderWithImage> stored;
         if (!two_halves) {
             trace::Phase phase(kPhaseAcquireStored);
-            stored = acquire_stored_as_user(settings, st.config, *id, *store_root, image, resolved, whole);
+            stored = acquire_stored_as_user(settings, st.config, *id, *store_root, image, resolved, whole,
+                                            name.empty());
         }
         auto pulled = [&]() -> Result<PullReport> {
             if (stored) {
                 PullReport report;
-                report.digest = stored->digest;
-                report.config_json = stored->metadata.config_json;
+                report.digest = stored->image.digest;
+                report.config_json = stored->image.metadata.config_json;
                 report.outcome = "stored";  // a hit, for start-up telemetry
                 return report;
             }
@@ -297,7 +299,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             // user's own helper acquires the image with the user's rights and hands its descriptors
             // over (acquire_image_as); everything after uses those, never the report's file names.
             trace::Phase phase("acquire_image_as");
-            auto acquired = stored ? Result<AcquiredImage>(std::move(*stored))
+            if (stored) spec.started_holder = std::move(stored->holder);
+            auto acquired = stored ? Result<AcquiredImage>(std::move(stored->image))
                                    : acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
                                                       helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
                                                       *store_root, pulled->digest,

@@ -64,9 +64,18 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
                                        const std::string& store_root, const std::string& digest,
                                        std::chrono::milliseconds limit, const std::function<bool()>& should_stop,
                                        const std::string& resolved_tag = "");
-// gantry-holder --acquire STORE DIGEST [TAG]: the helper's side, answering on descriptor `channel`.
+// The answer of a helper or holder that ran acquire_image for us (send_acquired_image) on `channel`:
+// the descriptors (renumbered from kFirstImageDescriptor up, close-on-exec) and the reported config.
+// Waits at most until `deadline` and not past `should_stop`; `what` and `sender` word the errors.
+Result<AcquiredImage> receive_acquired_image(int channel, const std::string& digest,
+                                             std::chrono::steady_clock::time_point deadline,
+                                             const std::function<bool()>& should_stop, const std::string& what,
+                                             const std::string& sender);
+// gantry-holder --acquire STORE DIGEST [TAG]: the helper's side, answering on descriptor `channel`
+// (also the container holder's first answer when it acquires the image itself: it then keeps what it
+// sent in `keep`).
 int send_acquired_image(int channel, const std::string& store_root, const std::string& digest,
-                        const std::string& resolved_tag = "");
+                        const std::string& resolved_tag = "", AcquiredImage* keep = nullptr);
 
 // "/proc/self/fd/N".
 std::string descriptor_path(int fd);

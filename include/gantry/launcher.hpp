@@ -13,10 +13,13 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "gantry/acquire.hpp"
 #include "gantry/config.hpp"
 #include "gantry/devices.hpp"
 #include "gantry/fd.hpp"
@@ -53,6 +56,20 @@ struct ProcessDefaults {
     std::vector<std::string> env_values;  // --env NAME=VALUE ("NAME=VALUE" entries): set over everything
     std::string image_workdir;            // the image's WorkingDir ("/" without one): where a later
                                           // step that joins without its own workdir starts, as in Pyxis
+};
+
+// A container holder that root started for a job user before the container's spec was known, and
+// that acquired the image itself, as that user, before anything else (start_holder_acquiring). It waits
+// on `channel` for its set-up; Container::create sends it there instead of starting another holder.
+// Dropped unused, it is killed and reaped (within 5 s).
+struct StartedHolder {
+    pid_t pid = -1;  // our unreaped child, pinned by `pidfd`
+    UniqueFd pidfd;
+    UniqueFd channel;  // the holder's descriptor 3 is the other end; SO_PASSCRED is set on this one
+    StartedHolder() = default;
+    StartedHolder(const StartedHolder&) = delete;
+    StartedHolder& operator=(const StartedHolder&) = delete;
+    ~StartedHolder();
 };
 
 // Everything `Container::create` needs.
@@ -99,6 +116,10 @@ struct ContainerSpec {
     // The step's stop request (scancel, its time limit; the plugin's StepSignals): every wait of the
     // creator on something the user influences ends when it says so. Not part of the JSON document.
     std::function<bool()> should_stop;
+    // A holder already started, which acquired this spec's image itself (start_holder_acquiring): root
+    // for a job user, attached containers only. Used once; without it (or once used) a holder is
+    // started afresh and given the image's descriptors. Not part of the JSON document.
+    std::shared_ptr<StartedHolder> started_holder;
 };
 
 // ContainerSpec as a JSON document and back: how the creator hands it to the gantry-holder program.
@@ -122,9 +143,34 @@ std::string default_imagefs_program();
 // rights; an error goes to stderr. Returns the exit status. Root's Container::create runs it as the user.
 int check_container_paths(int fd);
 
+// What a holder started by start_holder_acquiring acquires first, as `uid`:`gid`.
+struct HolderAcquisition {
+    std::string store_root;
+    std::string digest;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    std::string resolved_tag;  // srun's resolution of the user's tag, recorded as a pull would
+};
+
 // The body of the gantry-holder program: reads the set-up from descriptor `channel` (a socket to its
 // creator), builds the container, reports, then holds the namespaces until told to stop. Never returns.
-[[noreturn]] void run_container_holder(int channel);
+// With `acquisition` (gantry-holder --acquire-and-hold), it first becomes the job user for good and
+// acquires the image with that user's rights (send_acquired_image), then waits for the set-up.
+[[noreturn]] void run_container_holder(int channel, const HolderAcquisition* acquisition = nullptr);
+
+// Root for a job user (the plugin, a warm step of a store the user can write): starts the container
+// holder at once, as `gantry-holder --acquire-and-hold`, which switches to the user (uid, primary gid:
+// the identity it sets the container up with) and opens the stored image as acquire_image_as's helper
+// does, with that user's rights, on checked descriptors; it sends them and the image's config, as the
+// helper would, and keeps its own copies for the container. One exec instead of two (the helper's and
+// the holder's). The answer is waited for at most `limit` and not past `should_stop`; on any failure
+// the holder is killed and reaped, and the caller may still take the other way (a pull, the helper).
+struct HolderWithImage {
+    std::shared_ptr<StartedHolder> holder;
+    AcquiredImage image;
+};
+Result<HolderWithImage> start_holder_acquiring(const std::string& holder_program, const HolderAcquisition& acquisition,
+                                               std::chrono::milliseconds limit, const std::function<bool()>& should_stop);
 
 // gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER POLL_US [LAYER...]:
 // the fuse backend's shared image server (runtime/launcher/image_server.cpp), with its report socket

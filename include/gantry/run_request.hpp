@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,8 @@ struct RunRequest {
     bool single_task = false;
     // ContainerSpec::should_stop.
     std::function<bool()> should_stop;
+    // ContainerSpec::started_holder: the plugin's holder that acquired the image itself.
+    std::shared_ptr<StartedHolder> started_holder;
 };
 
 struct PreparedSpec {

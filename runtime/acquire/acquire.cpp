@@ -117,7 +117,7 @@ Result<AcquiredImage> acquire_image(const ImageStore& store, const std::string& 
 }
 
 int send_acquired_image(int channel, const std::string& store_root, const std::string& digest,
-                        const std::string& resolved_tag) {
+                        const std::string& resolved_tag, AcquiredImage* keep) {
     auto answer = [&](const std::string& line, const std::vector<int>& fds) {
         msghdr msg{};
         iovec iov{const_cast<char*>(line.data()), line.size()};
@@ -153,14 +153,16 @@ int send_acquired_image(int channel, const std::string& store_root, const std::s
     for (const auto& f : acquired->files) fds.push_back(f.get());
     if (answer(std::string(acquired->layered ? "layered " : "whole ") + std::to_string(fds.size()) + "\n", fds) != 0)
         return 1;
-    // Then the image's config as the store records it, in a pull's report (include/gantry/pull_report.hpp),
-    // up to the end of the stream: what a pull would have reported for the digest, so that a stored image
-    // needs no pull at all (acquire_image_as).
+    // Then the image's config as the store records it, in a pull's report (include/gantry/pull_report.hpp)
+    // after a line with its size (the holder's channel stays open after it): what a pull would have
+    // reported for the digest, so that a stored image needs no pull at all (acquire_image_as).
     PullReport report;
     report.digest = digest;
     report.config_json = acquired->metadata.config_json;
     const std::string text = encode_pull_report(report);
-    return write_all(channel, text, "the image's report") ? 0 : 1;
+    if (!write_all(channel, std::to_string(text.size()) + "\n" + text, "the image's report")) return 1;
+    if (keep != nullptr) *keep = std::move(*acquired);
+    return 0;
 }
 
 Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::string& holder,
@@ -194,16 +196,24 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
         }
         ::waitpid(*pid, nullptr, 0);
     });
-    // Every wait has an end: the answer comes within `limit` and before the step's stop request, or
-    // the helper is killed (reap above).
-    const auto deadline = std::chrono::steady_clock::now() + limit;
+    return receive_acquired_image(ours.get(), digest, std::chrono::steady_clock::now() + limit, should_stop, what,
+                                  "the helper " + holder);
+}
+
+Result<AcquiredImage> receive_acquired_image(int channel, const std::string& digest,
+                                             std::chrono::steady_clock::time_point deadline,
+                                             const std::function<bool()>& should_stop, const std::string& what,
+                                             const std::string& sender) {
+    // Every wait has an end: the answer comes by `deadline` and before the step's stop request, or
+    // the caller kills the sender.
+    const auto limit_s = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now()).count();
     while (true) {
         if (should_stop && should_stop()) return make_error(what + ": the step is being stopped");
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
         if (left <= 0)
-            return make_error(what + ": no answer within " + std::to_string(limit.count() / 1000) +
+            return make_error(what + ": no answer within " + std::to_string(limit_s) +
                               " s (check_timeout_seconds in gantry.conf; is the store on a stalled file system?)");
-        struct pollfd p {ours.get(), POLLIN, 0};
+        struct pollfd p {channel, POLLIN, 0};
         if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 200))) > 0) break;
     }
     char text[4096] = {};
@@ -215,7 +225,7 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
     msg.msg_control = control.data();
     msg.msg_controllen = control.size();
     ssize_t n;
-    do n = ::recvmsg(ours.get(), &msg, MSG_CMSG_CLOEXEC);
+    do n = ::recvmsg(channel, &msg, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
     if (n < 0) return system_error(what);
     // Every descriptor that arrived is ours to close, whatever the text says.
@@ -231,32 +241,45 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
     }
     std::string reply(text, static_cast<size_t>(n));
     if (reply.rfind("error ", 0) == 0) return make_error(reply.substr(6, reply.find('\n') - 6));
-    // The first line answers; what follows it, to the end of the stream, is the image's config in a
-    // pull report (send_acquired_image): read with the deadline above and a size cap, parsed by the
-    // same decoder as a pull's report (the user's word either way), and kept only for this digest.
+    // The first line answers; what follows it is the image's config in a pull report after a line with
+    // its size (send_acquired_image): read with the deadline above and a size cap, parsed by the same
+    // decoder as a pull's report (the user's word either way), and kept only for this digest. Never to
+    // the end of the stream: a holder that acquired the image keeps the channel open for its set-up.
     std::string rest;
     if (const auto eol = reply.find('\n'); eol != std::string::npos) {
         rest = reply.substr(eol + 1);
         reply.resize(eol + 1);
     }
-    for (char buf[16384];;) {
+    auto report_complete = [&] {
+        const auto eol = rest.find('\n');
+        if (eol == std::string::npos) return false;
+        const unsigned long long size = std::strtoull(rest.c_str(), nullptr, 10);
+        return size > kMaxPullReportBytes || rest.size() >= eol + 1 + size;
+    };
+    for (char buf[16384]; !report_complete() && rest.size() <= kMaxPullReportBytes + 32;) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        pollfd p{ours.get(), POLLIN, 0};
+        pollfd p{channel, POLLIN, 0};
         if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-        ssize_t got = ::read(ours.get(), buf, sizeof buf);
+        ssize_t got = ::read(channel, buf, sizeof buf);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) break;
         rest.append(buf, static_cast<size_t>(got));
-        if (rest.size() > kMaxPullReportBytes) break;
+    }
+    if (report_complete()) {
+        const auto eol = rest.find('\n');
+        const unsigned long long size = std::strtoull(rest.c_str(), nullptr, 10);
+        rest = size > kMaxPullReportBytes ? std::string() : rest.substr(eol + 1, size);
+    } else {
+        rest.clear();
     }
     if ((msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 || received.empty())
-        return make_error(what + ": the helper " + holder + " sent no usable answer");
+        return make_error(what + ": " + sender + " sent no usable answer");
     AcquiredImage out;
     out.digest = digest;
     out.layered = reply.rfind("layered ", 0) == 0;
     if (reply != (out.layered ? "layered " : "whole ") + std::to_string(received.size()) + "\n" ||
         (!out.layered && received.size() != 1))
-        return make_error(what + ": the helper " + holder + " sent no usable answer");
+        return make_error(what + ": " + sender + " sent no usable answer");
     for (auto& fd : received) {
         // Renumbered clear of the helpers' fixed descriptors, and otherwise not touched by root: the
         // user chose what to send (a file on a FUSE file system of theirs could stall a read or even

@@ -21,8 +21,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "gantry/environment.hpp"
+#include "gantry/digest.hpp"
 #include "gantry/log.hpp"
 #include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
@@ -269,45 +271,71 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     return make_error(why.substr(0, why.find('\n')));
 }
 
+// How the gantry-holder program is started: the creator's socket as its descriptor 3, and the trace
+// descriptor when tracing (bench/srun.sh --breakdown: the holder appends its phases to our trace file).
+ProcessRequest holder_process(const std::string& program, bool root_for_user, int channel) {
+    ProcessRequest run;
+    run.argv = {program};
+    // Root's holder finds its helpers (squashfuse_ll, unsquashfs) in the system directories only.
+    const EnvironmentVariable& path = environment().path;
+    run.env = {std::string("PATH=") + (root_for_user || !path.set ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path.value)};
+    run.inputs = {{channel, 3}};
+    if (trace::descriptor() >= 0) {
+        run.inputs.push_back({trace::descriptor(), launcher::kTraceFd});
+        run.env.push_back(std::string(launcher::kTraceFdVariable) + "=" + std::to_string(launcher::kTraceFd));
+    }
+    run.own_session = true;  // out of the terminal's process group: Ctrl-C is for the command, not the holder
+    return run;
+}
+
 // Execs the gantry-holder program with the set-up on a socket (its descriptor 3), answers its request
 // for id maps when root starts it for a user, and returns its last report (launcher::HolderReply, ready;
 // failed becomes the error). The holder gets no descriptor of ours but that socket, and stdout/stderr
 // only when an ordinary user starts an attached one (a detached holder must not keep the caller's output open;
 // root's output may be slurmd's log): its errors come back through the socket.
+// A holder already started for the spec (ContainerSpec::started_holder, start_holder_acquiring) gets
+// the set-up instead: it holds the image's files already, under its own numbers.
 Result<launcher::HolderReply> start_holder(const ContainerSpec& spec, const Setup& s) {
     bool root_for_user = ::geteuid() == 0 && s.id.uid != 0;
     launcher::HolderRequest rq{spec, s.id, s.backend, s.staging, s.image_dir, s.workdir, s.home, ::getpid(), root_for_user};
     if (rq.spec.holder_program.empty()) rq.spec.holder_program = default_holder_program();
     std::string doc = launcher::holder_request_to_json(rq);
     if (doc.size() > kMaxContainerSpecBytes) return make_error("the container's description is too large (" + std::to_string(doc.size()) + " bytes)");
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return system_error("creating the holder's socket");
-    UniqueFd ours(sv[0]), theirs(sv[1]);
-    ProcessRequest run;
-    run.argv = {rq.spec.holder_program};
-    // Root's holder finds its helpers (squashfuse_ll, unsquashfs) in the system directories only.
-    const EnvironmentVariable& path = environment().path;
-    run.env = {std::string("PATH=") + (root_for_user || !path.set ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path.value)};
-    run.inputs = {{theirs.get(), 3}};
-    // The image's acquired files (acquire_image): the holder, its FUSE server or the loop device use
-    // these descriptors, never the store's names, which another user may have renamed over by now.
-    pass_image_descriptors(run, launcher::image_files(spec));
-    // Tracing (bench/srun.sh --breakdown): the holder appends its phases to our trace file.
-    if (trace::descriptor() >= 0) {
-        run.inputs.push_back({trace::descriptor(), launcher::kTraceFd});
-        run.env.push_back(std::string(launcher::kTraceFdVariable) + "=" + std::to_string(launcher::kTraceFd));
+    UniqueFd ours;
+    pid_t child = -1;       // 0 when detached: the holder is no child of ours
+    UniqueFd child_fd;      // our child by pidfd
+    UniqueFd detached_fd;   // a detached holder's pidfd (start_process takes it before its pid can be reused)
+    const std::shared_ptr<StartedHolder>& waiting = spec.started_holder;
+    if (waiting && waiting->pid > 0 && waiting->channel && root_for_user && !spec.detach) {
+        // Its socket has had SO_PASSCRED since before it started (start_holder_acquiring), as below.
+        child = std::exchange(waiting->pid, -1);
+        child_fd = std::move(waiting->pidfd);
+        ours = std::move(waiting->channel);
+    } else {
+        int sv[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return system_error("creating the holder's socket");
+        ours = UniqueFd(sv[0]);
+        UniqueFd theirs(sv[1]);
+        ProcessRequest run = holder_process(rq.spec.holder_program, root_for_user, theirs.get());
+        // The image's acquired files (acquire_image): the holder, its FUSE server or the loop device use
+        // these descriptors, never the store's names, which another user may have renamed over by now.
+        pass_image_descriptors(run, launcher::image_files(spec));
+        if (!spec.detach && !root_for_user) run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
+        run.daemonize = spec.detach;
+        // The kernel tells us who sent each message (SO_PASSCRED, set before the holder can say
+        // anything): a "userns PID" request is believed only from PID itself, so a detached holder
+        // (no child of ours) cannot name another process.
+        int one = 1;
+        if (root_for_user && ::setsockopt(ours.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0)
+            return system_error("setting up the container holder's socket");
+        auto started = start_process(run, &detached_fd);
+        if (!started) return started.error().wrap("starting the container holder " + run.argv[0]);
+        child = *started;
+        theirs.reset();
+        // Our child by pidfd (its pid cannot be reused before we reap it, so this names it): killed and
+        // reaped through it below, within a bound even if the kernel holds it (a stalled FUSE mount).
+        child_fd = UniqueFd(child > 0 ? launcher::open_pidfd(child) : -1);
     }
-    if (!spec.detach && !root_for_user) run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
-    run.own_session = true;  // out of the terminal's process group: Ctrl-C is for the command, not the holder
-    run.daemonize = spec.detach;
-    UniqueFd detached_fd;  // a detached holder's pidfd (start_process takes it before its pid can be reused)
-    auto started = start_process(run, &detached_fd);
-    if (!started) return started.error().wrap("starting the container holder " + run.argv[0]);
-    pid_t child = *started;  // 0 when detached: the holder is no child of ours
-    theirs.reset();
-    // Our child by pidfd (its pid cannot be reused before we reap it, so this names it): killed and
-    // reaped through it below, within a bound even if the kernel holds it (a stalled FUSE mount).
-    UniqueFd child_fd(child > 0 ? launcher::open_pidfd(child) : -1);
     auto kill_child = [&] {
         // Safe: `child` is our unreaped child (pidfd or not, the pid names it); a detached holder is
         // signalled only through the pidfd taken while it was the intermediate's unreaped child.
@@ -327,11 +355,6 @@ Result<launcher::HolderReply> start_holder(const ContainerSpec& spec, const Setu
         }
         if (child > 0) ::waitpid(child, nullptr, 0);
     });
-    // The kernel tells us who sent each message (SO_PASSCRED, set before the holder can say anything): a userns request (HolderReply) is believed only
-    // from PID itself, so a detached holder (no child of ours) cannot name another process.
-    int one = 1;
-    if (root_for_user && ::setsockopt(ours.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0)
-        return system_error("setting up the container holder's socket");
     // Sending the set-up waits at most setup_timeout_seconds too (a holder that does not read).
     timeval send_limit{spec.config.setup_timeout_seconds, 0};
     (void)::setsockopt(ours.get(), SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
@@ -613,6 +636,52 @@ std::vector<std::string> list_containers(const Config& config) {
         ::closedir(d);
     }
     return out;
+}
+
+StartedHolder::~StartedHolder() {
+    if (pid <= 0) return;
+    // Our unreaped child (the pid names it; the pidfd pins it): killed, then reaped within a bound
+    // even if the kernel holds it in the user's store (a stalled FUSE file system).
+    if (!pidfd || launcher::signal_pidfd(pidfd.get(), SIGKILL) != 0) ::kill(pid, SIGKILL);
+    struct pollfd p {pidfd.get(), POLLIN, 0};
+    if (pidfd && ::poll(&p, 1, 5000) == 0) {
+        log::warning("the container holder did not end within 5 s of SIGKILL");
+        return;
+    }
+    ::waitpid(pid, nullptr, 0);
+}
+
+Result<HolderWithImage> start_holder_acquiring(const std::string& holder_program, const HolderAcquisition& acquisition,
+                                               std::chrono::milliseconds limit, const std::function<bool()>& should_stop) {
+    const std::string what = "opening image " + acquisition.digest + " in " + acquisition.store_root + " as uid " +
+                             std::to_string(acquisition.uid) + " in the container holder";
+    GANTRY_TRY(validate_digest(acquisition.digest));
+    if (::geteuid() != 0 || acquisition.uid == 0) return make_error(what + ": only root starts a holder for a job user");
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return system_error(what);
+    auto holder = std::make_shared<StartedHolder>();
+    holder->channel = UniqueFd(sv[0]);
+    UniqueFd theirs(sv[1]);
+    // As start_holder: the kernel says who sent each message, from the holder's first one on.
+    int one = 1;
+    if (::setsockopt(holder->channel.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) return system_error(what);
+    ProcessRequest run = holder_process(holder_program, true, theirs.get());
+    // Root execs it, as every holder (holder.cpp says why); it becomes the user itself, first thing.
+    run.argv.insert(run.argv.end(), {"--acquire-and-hold", acquisition.store_root, acquisition.digest,
+                                     std::to_string(acquisition.uid), std::to_string(acquisition.gid)});
+    if (!acquisition.resolved_tag.empty()) run.argv.push_back(acquisition.resolved_tag);
+    auto started = start_process(run);
+    if (!started) return started.error().wrap(what);
+    holder->pid = *started;
+    holder->pidfd = UniqueFd(launcher::open_pidfd(holder->pid));
+    theirs.reset();
+    // Every wait has an end (the limit, the step's stop request); on any failure `holder` goes, and
+    // with it the process (killed and reaped).
+    auto image = receive_acquired_image(holder->channel.get(), acquisition.digest,
+                                        std::chrono::steady_clock::now() + limit, should_stop, what,
+                                        "the container holder " + holder_program);
+    if (!image) return image.error();
+    return HolderWithImage{std::move(holder), std::move(*image)};
 }
 
 }  // namespace gantry

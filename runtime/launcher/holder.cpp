@@ -15,9 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "gantry/environment.hpp"
 #include "gantry/trace.hpp"
@@ -115,6 +117,13 @@ namespace {
 
 void send_reply(int fd, const launcher::HolderReply& reply) {
     std::string line = launcher::holder_reply_to_line(reply);
+    (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+}
+
+// Before the set-up, a holder that acquires its image (--acquire-and-hold) speaks the --acquire
+// helper's protocol (receive_acquired_image: text, "error MESSAGE"), not HolderReply.
+void send_acquire_error(int fd, const std::string& message) {
+    std::string line = "error " + message + "\n";
     (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
 }
 
@@ -229,9 +238,43 @@ Result<std::string> read_request(int channel) {
     return doc;
 }
 
+// Moves the image's files this holder acquired itself to the descriptor numbers the creator's spec
+// names them by (its image_layers bottom first, else its image_path): the same files in the same order,
+// or an error. Every target is one of the acquired range (kFirstImageDescriptor up), so nothing of
+// ours is there but the acquired files themselves, which first move above every target.
+Status place_acquired_files(AcquiredImage& acquired, const ContainerSpec& spec, int channel) {
+    const std::vector<std::string> named = spec.image_layers.empty() ? std::vector<std::string>{spec.image_path}
+                                                                     : spec.image_layers;
+    if (named.size() != acquired.files.size() || acquired.layered == spec.image_layers.empty())
+        return make_error("the set-up names another image than the one this holder acquired");
+    std::vector<int> targets;
+    int above = kFirstImageDescriptor;
+    for (const auto& path : named) {
+        const int n = descriptor_of_path(path);
+        if (n < kFirstImageDescriptor || n == channel)
+            return make_error("the set-up names " + path + ", not an acquired image descriptor");
+        targets.push_back(n);
+        above = std::max(above, n + 1);
+    }
+    for (const auto& f : acquired.files) above = std::max(above, f.get() + 1);
+    std::vector<UniqueFd> moved;
+    for (auto& f : acquired.files) {
+        UniqueFd high(::fcntl(f.get(), F_DUPFD_CLOEXEC, above));
+        if (!high) return system_error("placing the image's descriptors");
+        f.reset();
+        moved.push_back(std::move(high));
+    }
+    acquired.files.clear();
+    for (size_t i = 0; i < moved.size(); ++i) {
+        if (::dup3(moved[i].get(), targets[i], O_CLOEXEC) < 0) return system_error("placing the image's descriptors");
+        acquired.files.emplace_back(targets[i]);
+    }
+    return {};
+}
+
 }  // namespace
 
-[[noreturn]] void run_container_holder(int channel) {
+[[noreturn]] void run_container_holder(int channel, const HolderAcquisition* acquisition) {
     ::fcntl(channel, F_SETFD, FD_CLOEXEC);  // the fuse daemon and ldconfig must not inherit it
     // The creator's trace descriptor (start_holder, only when it traces): kept from exec'd programs too.
     // (GANTRY_TRACE_FD, launcher::kTraceFdVariable: read in environment.cpp with the rest.)
@@ -239,8 +282,36 @@ Result<std::string> read_request(int channel) {
         ::fcntl(launcher::kTraceFd, F_SETFD, FD_CLOEXEC) == 0)
         trace::enable(launcher::kTraceFd);
     trace::point("holder main");
+    AcquiredImage acquired;
+    if (acquisition != nullptr) {
+        trace::Phase phase("acquire_in_holder");
+        const pid_t creator = ::getppid();
+        // The job user, for good, before the user's store is touched: the image is opened with that
+        // user's rights only, exactly as the --acquire helper opens it (uid and primary gid, the
+        // identity set_up_container switches to anyway; nothing privileged is left for a container of
+        // such a store's image, which is never kernel-mounted). Exec'd as root, the holder stays
+        // non-dumpable through the switch: the user can neither ptrace it nor read its /proc files.
+        auto st = launcher::switch_to_user(acquisition->uid, acquisition->gid);
+        if (!st) {
+            send_acquire_error(channel, "gantry-holder: " + st.error().message);
+            ::_exit(1);
+        }
+        // The switch reset the parent-death signal: a holder whose creator is gone has no set-up coming.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        if (::getppid() != creator) ::_exit(1);
+        if (send_acquired_image(channel, acquisition->store_root, acquisition->digest, acquisition->resolved_tag,
+                                &acquired) != 0)
+            ::_exit(1);
+        acquired.in_use.reset();  // as the helper: no lease in a store the user collects
+    }
     auto doc = read_request(channel);
     auto rq = doc ? launcher::holder_request_from_json(*doc) : Result<launcher::HolderRequest>(doc.error());
+    if (rq && acquisition != nullptr) {
+        // Our own copies of the files we sent go under the numbers the spec names (the creator's
+        // copies of the same open files): every step below and the image server use those names.
+        auto placed = place_acquired_files(acquired, rq->spec, channel);
+        if (!placed) rq = placed.error();
+    }
     if (!rq) {
         send_failure(channel, "gantry-holder: " + rq.error().message);
         ::_exit(1);

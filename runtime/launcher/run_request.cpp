@@ -47,6 +47,7 @@ Result<PreparedSpec> container_spec_for(RunRequest request) {
     spec.detach = request.detach;
     spec.holder_program = std::move(request.holder_program);
     spec.should_stop = std::move(request.should_stop);
+    spec.started_holder = std::move(request.started_holder);
 
     // An Enroot image's /etc/environment (read as the user), environ.d and mounts.d.
     GANTRY_TRY(apply_site_defaults(spec, request.env));

@@ -309,7 +309,7 @@ else:
   echo "$output" | grep -q "source path does not exist"
 }
 
-@test "a warm step of a stored image runs no gantry pull: the user's helper acquires the pinned digest and reports its config (trace=)" {
+@test "a warm step of a stored image runs no gantry pull and one program: the holder acquires the pinned digest as the user and reports its config (trace=)" {
   gantry_plugin_conf
   install -m 0666 /dev/null "$WORK/trace"
   sed -i "s|^required .*spank_gantry.so.*|& trace=$WORK/trace|" "$PLUGSTACK"
@@ -318,8 +318,9 @@ else:
   digest=$(gantry_fresh_image "$WORK" "$name")
   as "$U" srun -N1 -n1 --container-image="$REG#gantry-test/$name" true
   grep -q ' gantry pull +$' "$WORK/trace"
-  # Warm, srun's digest and the user's own IMAGE@DIGEST: one helper, no pull; the image's config (its
-  # Env) came in the helper's report.
+  # Warm, srun's digest and the user's own IMAGE@DIGEST: no pull, and of our programs only the holder,
+  # once, which acquired the image itself (no --acquire helper, no second holder); the image's config
+  # (its Env) came in the holder's first report.
   for image in "$TINY" "$TINY" "$REG#gantry-test/$name@$digest"; do
     : >"$WORK/trace"
     run as "$U" srun -N1 -n1 --container-image="$image" sh -c 'echo "tiny=$GANTRY_TINY digest=$GANTRY_CONTAINER_IMAGE_DIGEST"'
@@ -327,11 +328,32 @@ else:
     cat "$WORK/trace"
     [ "$status" -eq 0 ]
     echo "$output" | grep -q "^tiny=1 digest=sha256:"
-    grep -q ' start gantry-holder --acquire$' "$WORK/trace"
-    [ "$(grep -c ' start gantry-holder --acquire$' "$WORK/trace")" -eq 1 ]
+    [ "$(grep -c ' start gantry-holder --acquire-and-hold$' "$WORK/trace")" -eq 1 ]
+    [ "$(grep -Ec ' start (gantry|gantry-holder|gantry-holder --acquire|gantry-holder --check-paths)$' "$WORK/trace")" -eq 0 ]
+    grep -q ' acquire_in_holder -$' "$WORK/trace"
+    grep -q ' holder main$' "$WORK/trace"
     ! grep -q ' gantry pull +$' "$WORK/trace" || false
   done
   echo "$output" | grep -q "digest=$digest$"
+  # A step that fails after the holder acquired (a bind source that does not exist, found before the
+  # set-up is sent): the waiting holder is killed and reaped with it, none is left behind.
+  : >"$WORK/trace"
+  run as "$U" srun -N1 -n1 --container-mounts="$WORK/missing:/mnt/x" --container-image="$TINY" true
+  echo "$output"
+  [ "$status" -ne 0 ]
+  echo "$output" | grep -q "source path does not exist"
+  grep -q ' start gantry-holder --acquire-and-hold$' "$WORK/trace"
+  ! pgrep -u "$U" -f 'gantry-holder --acquire-and-hold' || false
+  # A named container (it may outlive the step, detached) still gets the image from the user's helper,
+  # then its holder: both run, and the container works.
+  : >"$WORK/trace"
+  run as "$U" srun -N1 -n1 --container-name="named$RANDOM" --container-image="$TINY" sh -c 'echo "tiny=$GANTRY_TINY"'
+  echo "$output"
+  cat "$WORK/trace"
+  [ "$status" -eq 0 ]
+  echo "$output" | grep -q "^tiny=1$"
+  [ "$(grep -c ' start gantry-holder --acquire$' "$WORK/trace")" -eq 1 ]
+  ! grep -q ' start gantry-holder --acquire-and-hold$' "$WORK/trace" || false
   # private_images: the registry vouches for every use, so the node's pull runs again.
   gantry_plugin_conf "private_images = yes"
   : >"$WORK/trace"
