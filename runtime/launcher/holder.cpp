@@ -148,7 +148,11 @@ void send_line(int fd, const std::string& line) {
         if (s.rw_scratch_dir) launcher::remove_tree(s.rw_scratch_dir.get(), s.rw_scratch_name);
         ::_exit(1);
     }
-    std::string ok = "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid()));
+    // Our pid and the server's are numbers of our pid namespace, named with them: the creator may
+    // see another one (a job's namespace under Slurm's namespace/linux), and so may whoever later reads
+    // the state it records (the job epilog).
+    std::string ok = "ok " + std::to_string(::getpid()) + " " + std::to_string(launcher::process_start_time(::getpid())) +
+                     " " + std::to_string(launcher::own_pid_namespace());
     if (s.server_pid > 0) ok += " " + std::to_string(s.server_pid) + " " + std::to_string(s.server_start_time);
     send_line(channel, ok);
     ::close(channel);
