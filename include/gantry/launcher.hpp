@@ -193,6 +193,10 @@ struct ContainerState {
     // it (SO_PEERCRED) when the container was made; not kept in the state file.
     pid_t server_pid = -1;
     unsigned long long server_start_time = 0;
+    // The pid namespace holder_pid and server_pid are numbers of (the inode of /proc/PID/ns/pid; 0:
+    // the reader's own). The holder's own, which differs from the job epilog's under Slurm's
+    // namespace/linux with CLONE_NEWPID: Container::open translates into the reader's view.
+    unsigned long long pid_namespace = 0;
 };
 
 // A command to run inside: argv empty -> the image's Cmd (with entrypoint rules), else /bin/sh.
@@ -272,10 +276,11 @@ Status place_in_cgroups_of(pid_t model, const ContainerState& state, CgroupLevel
 
 // The fuse image server a job's containers share on a node (ContainerSpec::fuse_server_scope; the
 // plugin, root only). record_job_image_server notes the container's server (state.server_pid, its
-// start time, the owner) in <runtime_dir>/servers/job_JOBID; place_image_server_in_job_cgroups moves
-// it and its children (the FUSE daemon) into the job's cgroups of `model`, like place_in_cgroups_of;
-// end_job_image_servers (the job epilog) SIGKILLs the recorded servers that are still those
-// processes, forgets them, and returns how many it killed.
+// start time, the owner, the pid namespace the pid is a number of) in <runtime_dir>/servers/job_JOBID;
+// place_image_server_in_job_cgroups moves it and its children (the FUSE daemon) into the job's cgroups
+// of `model`, like place_in_cgroups_of; end_job_image_servers (the job epilog) SIGKILLs the recorded
+// servers that are still those processes (each pid translated from its namespace into the epilog's),
+// forgets them, and returns how many it killed.
 Status record_job_image_server(const Config& config, uint32_t jobid, const ContainerState& state);
 Status place_image_server_in_job_cgroups(pid_t model, const ContainerState& state);
 int end_job_image_servers(const Config& config, uint32_t jobid);

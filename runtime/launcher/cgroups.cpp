@@ -10,7 +10,8 @@
 // (outside every step), ended by the job epilog with cgroup.kill (no pid to go stale, and right under
 // namespace/linux, where the pids the plugin sees are not the epilog's).
 // The fuse image server a job's containers share on a node (ContainerSpec::fuse_server_scope) goes
-// there too, and is also recorded by pid in root's runtime directory so that the job's epilog ends it
+// there too, and is also recorded by pid (with the pid namespace the pid is a number of, which the
+// epilog translates into its own view) in root's runtime directory so that the job's epilog ends it
 // whatever the process tracking (linuxproc: no cgroups at all).
 #include <fcntl.h>
 #include <poll.h>
@@ -286,36 +287,47 @@ Status append_record(const std::string& path, const std::string& line) {
 }  // namespace
 
 Status record_job_image_server(const Config& config, uint32_t jobid, const ContainerState& state) {
-    // Privileged (root, the plugin's init_post_opt): appends "PID START UID" to a file in root's
+    // Privileged (root, the plugin's init_post_opt): appends "PID START UID PIDNS" to a file in root's
     // runtime directory (made 0700 here, never a user's path; O_NOFOLLOW). Only numbers go in: the
-    // pid our holder found serving it, its start time, the container's owner.
+    // pid our holder found serving it, its start time, the container's owner, and the pid namespace
+    // the pid is a number of (the job's own under namespace/linux, not the epilog's).
     if (state.server_pid <= 0) return {};
     GANTRY_TRY(launcher::ensure_own_dir(runtime_dir(config) + "/servers", 0700, true, "the image servers' directory"));
+    unsigned long long pidns = state.pid_namespace != 0 ? state.pid_namespace : launcher::own_pid_namespace();
     return append_record(job_servers_file(config, jobid), std::to_string(state.server_pid) + " " +
                                                               std::to_string(state.server_start_time) + " " +
-                                                              std::to_string(state.uid) + "\n");
+                                                              std::to_string(state.uid) + " " + std::to_string(pidns) +
+                                                              "\n");
 }
 
 int end_job_image_servers(const Config& config, uint32_t jobid) {
     // Privileged (root, the job epilog): SIGKILLs each server recorded for the job that is still that
-    // process: a pidfd taken first, then its start time and real uid compared with the record, so a
-    // pid reused since is never signalled. The server's FUSE daemon dies with it (PR_SET_PDEATHSIG)
-    // and the mount with its namespace. The record is root's own file (record_job_image_server).
+    // process: its pid translated from the recorded pid namespace into ours (the job's namespace
+    // under namespace/linux), a pidfd taken, then its start time and real uid compared with the
+    // record, so a pid reused since is never signalled. The server's FUSE daemon dies with it
+    // (PR_SET_PDEATHSIG) and the mount with its namespace. The record is root's own file
+    // (record_job_image_server); a line of three numbers is from before the namespace was recorded.
     std::string path = job_servers_file(config, jobid);
     std::ifstream in(path);
     if (!in) return 0;
-    std::set<std::tuple<long, unsigned long long, long>> servers;
-    long pid = 0, uid = 0;
-    unsigned long long start = 0;
-    while (servers.size() < 4096 && in >> pid >> start >> uid) servers.insert({pid, start, uid});
+    std::set<std::tuple<long, unsigned long long, long, unsigned long long>> servers;
+    for (std::string line; servers.size() < 4096 && std::getline(in, line);) {
+        std::istringstream fields(line);
+        long pid = 0, uid = 0;
+        unsigned long long start = 0, pidns = 0;
+        if (!(fields >> pid >> start >> uid)) continue;
+        if (!(fields >> pidns)) pidns = 0;
+        servers.insert({pid, start, uid, pidns});
+    }
     in.close();
     ::unlink(path.c_str());
     int killed = 0;
-    for (const auto& [p, t, u] : servers) {
-        if (p <= 1) continue;
-        UniqueFd fd(launcher::open_pidfd(static_cast<pid_t>(p)));
+    for (const auto& [p, t, u, ns] : servers) {
+        if (p <= 0) continue;
+        auto server = launcher::pid_in_own_view(static_cast<pid_t>(p), ns);
+        if (server <= 1) continue;
+        UniqueFd fd(launcher::open_pidfd(server));
         if (!fd) continue;
-        auto server = static_cast<pid_t>(p);
         if (launcher::process_start_time(server) != t || real_uid_of(server) != static_cast<uid_t>(u)) continue;
         if (launcher::signal_pidfd(fd.get(), SIGKILL) == 0) ++killed;
     }

@@ -110,6 +110,7 @@ Status write_state(const std::string& path, const ContainerState& st) {
         {"name", st.name},
         {"holder_pid", st.holder_pid},
         {"holder_start_time", st.holder_start_time},
+        {"pid_namespace", st.pid_namespace},
         {"uid", st.uid},
         {"unshare", {{"net", st.unshare.net}, {"ipc", st.unshare.ipc}, {"uts", st.unshare.uts}}},
         {"backend", st.backend},
@@ -145,6 +146,7 @@ Result<ContainerState> read_state(const std::string& path) {
         st.name = j.at("name").get<std::string>();
         st.holder_pid = j.at("holder_pid").get<pid_t>();
         st.holder_start_time = j.at("holder_start_time").get<unsigned long long>();
+        st.pid_namespace = j.value("pid_namespace", 0ULL);  // 0: a state written before it was kept
         st.uid = j.at("uid").get<uid_t>();
         st.unshare.net = j.at("unshare").at("net").get<bool>();
         st.unshare.ipc = j.at("unshare").at("ipc").get<bool>();
@@ -518,8 +520,19 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     Container c;
     c.state_.holder_pid = started->pid;
     c.state_.holder_start_time = started->start_time;
+    c.state_.pid_namespace = started->pid_namespace;
     c.state_.server_pid = started->server_pid;  // -1: no shared server
     c.state_.server_start_time = started->server_start_time;
+    // The holder's numbers, in our own view when our pid namespace is not the holder's (each looked up
+    // by its namespace and number, never taken as ours): what this process does with them (stop,
+    // cgroup placement) reads our /proc and signals through our pidfds.
+    if (c.state_.pid_namespace != 0 && c.state_.pid_namespace != launcher::own_pid_namespace()) {
+        c.state_.holder_pid = launcher::pid_in_own_view(c.state_.holder_pid, c.state_.pid_namespace);
+        if (c.state_.server_pid > 0)
+            c.state_.server_pid = launcher::pid_in_own_view(c.state_.server_pid, c.state_.pid_namespace);
+        c.state_.pid_namespace = launcher::own_pid_namespace();
+        if (c.state_.holder_pid <= 0) return make_error("container set-up failed: its holder is not visible from here");
+    }
     c.state_.name = spec.name;
     c.state_.uid = s.id.uid;
     c.state_.unshare = spec.unshare;
@@ -546,10 +559,17 @@ Result<Container> Container::open(const std::string& name, const Config& config)
     if (::access(path.c_str(), F_OK) != 0) return make_error("no container named " + name);
     auto st = read_state(path);
     if (!st) return st.error();
-    if (launcher::process_start_time(st->holder_pid) != st->holder_start_time) {
-        ::unlink(path.c_str());  // stale: the holder is gone (node reboot, kill -9)
+    // The recorded pid is a number of the holder's pid namespace: looked up in ours (the job epilog
+    // reads what a step recorded in the job's namespace under Slurm's namespace/linux).
+    pid_t seen = launcher::pid_in_own_view(st->holder_pid, st->pid_namespace);
+    if (seen <= 0 || launcher::process_start_time(seen) != st->holder_start_time) {
+        // Stale (node reboot, kill -9) only if we would see the holder: not when it lives in a pid
+        // namespace that is neither ours nor below ours.
+        if (launcher::sees_every_process_of(st->pid_namespace)) ::unlink(path.c_str());
         return make_error("container " + name + " is not running");
     }
+    st->holder_pid = seen;
+    st->pid_namespace = launcher::own_pid_namespace();
     Container c;
     c.state_ = *st;
     c.state_file_ = path;

@@ -166,10 +166,14 @@ void send_failure(int fd, const std::string& message) {
         if (s.rw_scratch_dir) launcher::remove_tree(s.rw_scratch_dir.get(), s.rw_scratch_name);
         ::_exit(1);
     }
+    // Our pid and the server's are numbers of our pid namespace, named with it: the creator may see
+    // another one (a job's namespace under Slurm's namespace/linux), and so may whoever later reads the
+    // state it records (the job epilog).
     launcher::HolderReply ready;
     ready.kind = launcher::HolderReply::Kind::ready;
     ready.pid = ::getpid();
     ready.start_time = launcher::process_start_time(::getpid());
+    ready.pid_namespace = launcher::own_pid_namespace();
     if (s.server_pid > 0) {
         ready.server_pid = s.server_pid;
         ready.server_start_time = s.server_start_time;

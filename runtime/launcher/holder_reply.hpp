@@ -18,13 +18,16 @@ namespace gantry::launcher {
 //   userns  the holder `pid` has made its user namespace and waits: root, creating it for a user,
 //           writes its id maps (write_id_maps) and answers kHolderGo;
 //   ready   the container is set up: the holder's pid and start time, and those of its shared image
-//           server (server_pid -1: none); the holder then closes the socket;
+//           server (server_pid -1: none), as numbers of the holder's pid namespace (pid_namespace: a
+//           job's own under Slurm's namespace/linux may differ from the creator's); the holder then
+//           closes the socket;
 //   failed  the set-up failed, `message` says why; the holder cleans up and exits.
 struct HolderReply {
     enum class Kind { userns, ready, failed };
     Kind kind = Kind::failed;
     pid_t pid = -1;
     unsigned long long start_time = 0;
+    unsigned long long pid_namespace = 0;  // ready: the pid namespace (its inode) pid and server_pid are numbers of
     pid_t server_pid = -1;
     unsigned long long server_start_time = 0;
     std::string message;

@@ -270,6 +270,29 @@ std::vector<CgroupTarget> cgroup_targets(std::string_view task_cgroups, const st
 // Process helpers (process.cpp)
 unsigned long long process_start_time(pid_t pid);
 
+// Pid namespaces. A pid is a number in one pid namespace; Slurm's namespace/linux (25.11+,
+// clone_ns_flags CLONE_NEWPID) runs a job's slurmstepd, and so the plugin, the holders and the image
+// servers, in a pid namespace of the job's own, while the job epilog runs in slurmd's. So every pid
+// Gantry records for another process to read goes with the namespace it is a number of, and the
+// reader translates it into its own view (pid_in_own_view) before it looks at /proc or signals.
+// A namespace is named by the inode of /proc/PID/ns/pid (unique on the host while it lives).
+// The initial pid namespace's inode (the kernel's PROC_PID_INIT_INO, fixed since Linux 3.8): every
+// process is visible from it.
+constexpr unsigned long long kInitPidNamespace = 0xEFFFFFFCULL;
+// The caller's own pid namespace (0: unknown, /proc is not ours).
+unsigned long long own_pid_namespace();
+// Whether a process of pid namespace `pidns` that is not found from here is really gone: the
+// namespace is ours (or unknown: 0, a record from before), or we are in the initial namespace, which
+// sees every process of every namespace.
+bool sees_every_process_of(unsigned long long pidns);
+// The NSpid line of a /proc/PID/status text: the process's pid in the procfs's pid namespace first,
+// its pid in its own namespace last; empty when there is none or it is malformed.
+std::vector<pid_t> parse_nspid(std::string_view status);
+// `pid`, a number of pid namespace `pidns`, as this process sees it (its /proc and pidfd_open): `pid`
+// itself when `pidns` is 0 or our own; else the process whose own pid namespace is `pidns` and whose
+// innermost NSpid is `pid` (a scan of /proc); -1 when there is none (gone, or not visible from here).
+pid_t pid_in_own_view(pid_t pid, unsigned long long pidns);
+
 // Replaces `name` under `dirfd` with a new file holding `content` (never following a symlink there).
 // `what` names the file in errors.
 Status write_file_at(int dirfd, const std::string& name, const std::string& content, const std::string& what);

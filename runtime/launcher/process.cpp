@@ -1,10 +1,12 @@
 // Running processes in a container: join (setns into the holder's namespaces, used by `gantry exec`,
 // `gantry run` and the SPANK plugin's tasks) and run_in (fork + join + exec, with signal forwarding
 // and the command's exit status).
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +43,64 @@ unsigned long long process_start_time(pid_t pid) {
         if (i == 22) return std::stoull(field);
     }
     return 0;
+}
+
+unsigned long long own_pid_namespace() {
+    struct stat st {};
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+}
+
+bool sees_every_process_of(unsigned long long pidns) {
+    unsigned long long own = own_pid_namespace();
+    return pidns == 0 || pidns == own || own == kInitPidNamespace;
+}
+
+std::vector<pid_t> parse_nspid(std::string_view status) {
+    std::vector<pid_t> out;
+    size_t at = status.find("\nNSpid:");
+    if (at == std::string_view::npos) {
+        if (status.substr(0, 6) != "NSpid:") return out;
+        at = 0;
+    } else {
+        at += 1;
+    }
+    size_t end = status.find('\n', at);
+    std::istringstream fields(std::string(status.substr(at + 6, end == std::string_view::npos ? end : end - at - 6)));
+    for (long pid = 0; fields >> pid;) {
+        if (pid <= 0) return {};
+        out.push_back(static_cast<pid_t>(pid));
+    }
+    return out;
+}
+
+pid_t pid_in_own_view(pid_t pid, unsigned long long pidns) {
+    if (pid <= 0) return -1;
+    if (pidns == 0 || pidns == own_pid_namespace()) return pid;
+    // Another pid namespace's number (a job's under Slurm's namespace/linux, read by the epilog): the
+    // process whose own pid namespace is that one and whose innermost NSpid is that number. Its first
+    // NSpid field is its pid in our /proc, i.e. its directory's name. A namespace we cannot see into
+    // (not ours nor below ours) lists nothing here: -1, as for a process that is gone.
+    DIR* d = ::opendir("/proc");
+    if (d == nullptr) return -1;
+    pid_t found = -1;
+    while (dirent* e = ::readdir(d)) {
+        char* end = nullptr;
+        long candidate = std::strtol(e->d_name, &end, 10);
+        if (candidate <= 0 || *end != '\0') continue;
+        std::string dir = std::string("/proc/") + e->d_name;
+        struct stat ns {};
+        if (::stat((dir + "/ns/pid").c_str(), &ns) != 0 || static_cast<unsigned long long>(ns.st_ino) != pidns) continue;
+        std::ifstream in(dir + "/status");
+        std::stringstream text;
+        text << in.rdbuf();
+        auto nspid = parse_nspid(text.str());
+        if (!nspid.empty() && nspid.back() == pid && nspid.front() == static_cast<pid_t>(candidate)) {
+            found = static_cast<pid_t>(candidate);
+            break;
+        }
+    }
+    ::closedir(d);
+    return found;
 }
 
 }  // namespace launcher

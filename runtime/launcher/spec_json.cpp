@@ -65,7 +65,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderRequest, spec, id, backend, staging, im
 NLOHMANN_JSON_SERIALIZE_ENUM(HolderReply::Kind, {{HolderReply::Kind::userns, "userns"},
                                                  {HolderReply::Kind::ready, "ready"},
                                                  {HolderReply::Kind::failed, "failed"}})
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderReply, kind, pid, start_time, server_pid, server_start_time, message)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderReply, kind, pid, start_time, pid_namespace, server_pid, server_start_time, message)
 
 std::string holder_reply_to_line(const HolderReply& reply) {
     // The error handler replaces bytes that are not UTF-8 (a path in a message) instead of throwing.

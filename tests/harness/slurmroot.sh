@@ -24,8 +24,12 @@
 #   ... node-exec NODE [--] CMD...   run CMD as root on node NODE (its hostname and network)
 #   ... crash-node NODE    SIGKILL NODE's slurmd and every process in its network namespace at once,
 #                          like a node that loses power; start-node NODE boots its slurmd again
-#   ... slurmd-parameters [VALUE]   restart every node's slurmd with SlurmdParameters=VALUE in
-#                          slurm.conf (none when VALUE is empty), e.g. contain_spank; no job may run
+#   ... slurmd-parameters [VALUE]   restart every node's slurmd with SlurmdParameters=VALUE (after the
+#                          harness's config_overrides) in slurm.conf, e.g. contain_spank; no job may run
+#   ... namespace off|mnt|pid|pid,user   (25.11+) restart slurmctld and every slurmd with
+#                          NamespaceType=namespace/linux, PrologFlags=Contain and a namespace.yaml whose
+#                          clone_ns_flags add nothing (mnt), the job's pid namespace (pid) and a user
+#                          namespace too (pid,user); off removes them; no job may run
 #
 # Not a chroot: the kernel refuses unshare(CLONE_NEWUSER) to a chrooted process, and the plugin makes
 # user namespaces. The root is entered with a mount namespace of its own and pivot_root, so that it is
@@ -468,6 +472,16 @@ await_slurmd() {
     die "slurmd $release of $node did not start; see $run/nodes/$node/slurmd.log: $(grep -iE 'error|fatal' "$run/nodes/$node/slurmd.out" "$run/nodes/$node/slurmd.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
 }
 
+# spawn_slurmctld: slurmctld on the login node, inside the root; returns once it wrote its pid file.
+spawn_slurmctld() {
+  rm -f "$run/slurmctld.pid"
+  gantry_pid_start "$run/slurmctld.spawn" "$run/slurmctld.out" \
+    nsenter --target "$(cat "$holder_pid_file")" --mount --uts --root --wd -- \
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmctld -D -i -f /etc/slurm/slurm.conf
+  wait_pidfile "$run/slurmctld.pid" 20 ||
+    die "slurmctld $release did not start; see $run/slurmctld.log: $(grep -iE 'error|fatal' "$run/slurmctld.out" "$run/slurmctld.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
+}
+
 cmd_stop() {
   gantry_require_root "slurm$tag.sh"
   local node
@@ -610,11 +624,7 @@ cmd_start() {
   wait_pidfile "$run/munge/munged.pid" 10 || die "munged wrote no pid file; see $run/munge/munged.log"
   cp "$run/munge/munged.pid" "$run/munged.pid"
 
-  gantry_pid_start "$run/slurmctld.spawn" "$run/slurmctld.out" \
-    nsenter --target "$(cat "$holder_pid_file")" --mount --uts --root --wd -- \
-    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmctld -D -i -f /etc/slurm/slurm.conf
-  wait_pidfile "$run/slurmctld.pid" 20 ||
-    die "slurmctld $release did not start; see $run/slurmctld.log: $(grep -iE 'error|fatal' "$run/slurmctld.out" "$run/slurmctld.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
+  spawn_slurmctld
   for node in $node_list; do spawn_slurmd "$node"; done
   for node in $node_list; do await_slurmd "$node"; done
   local st=
@@ -735,16 +745,18 @@ cmd_node() {
   rm -f "$run/nodes/$node/slurmd.pid"
 }
 
-# cmd_slurmd_parameters VALUE: SlurmdParameters=VALUE in slurm.conf (the line removed when VALUE is
-# empty), then every node's slurmd stopped and started again, as a site does after changing it; waits
+# cmd_slurmd_parameters VALUE: SlurmdParameters=config_overrides,VALUE in slurm.conf (config_overrides
+# alone when VALUE is empty), then every node's slurmd stopped and started again, as a site does after changing it; waits
 # until all nodes are idle. slurmctld keeps its own copy of the old file and logs a hash mismatch.
 cmd_slurmd_parameters() {
   local value=${1:-} conf=$state/etc/slurm/slurm.conf node st i
   gantry_require_root "slurm$tag.sh slurmd-parameters"
   load_cluster_state || die "the Slurm $release harness is not running; start it: $invoke start"
   [[ $value =~ ^[a-z_,=0-9]*$ ]] || die "slurmd-parameters: '$value' is not a SlurmdParameters value (letters, digits, _ , =)"
+  # config_overrides stays (gantry_slurm_conf_policy: the nodes claim more CPUs than the VM has); a
+  # slurmctld started later with the line gone would set every node INVAL ("Low CPUs").
   sed -i '/^SlurmdParameters=/d' "$conf"
-  [ -z "$value" ] || echo "SlurmdParameters=$value" >>"$conf"
+  echo "SlurmdParameters=config_overrides${value:+,$value}" >>"$conf"
   for node in $node_list; do stop_daemon "$run/nodes/$node/slurmd.pid" slurmd; done
   for node in $node_list; do spawn_slurmd "$node"; done
   for node in $node_list; do await_slurmd "$node"; done
@@ -759,6 +771,47 @@ cmd_slurmd_parameters() {
   note "slurmd restarted on ${node_list% } with SlurmdParameters=${value:-(none)}"
 }
 
+# cmd_namespace off|mnt|pid|pid,user: Slurm's namespace/linux (25.11 and later) on every node, as a
+# site turns it on: NamespaceType=namespace/linux and PrologFlags=Contain in slurm.conf, namespace.yaml
+# beside it (a base_path of each node's own under the run dir, since the emulated nodes share the
+# root's file systems; the default private /tmp and /dev/shm; clone_ns_flags: none for mnt, the job's
+# own pid namespace for pid, and a user namespace too for pid,user), then slurmctld and every slurmd
+# restarted; waits until all nodes are idle. off takes it all out again. No job may run.
+cmd_namespace() {
+  local mode=${1:-} conf=$state/etc/slurm/slurm.conf yaml=$state/etc/slurm/namespace.yaml flags node st i nodes
+  gantry_require_root "slurm$tag.sh namespace"
+  load_cluster_state || die "the Slurm $release harness is not running; start it: $invoke start"
+  case $mode in
+    off) flags= ;;
+    mnt) flags="[]" ;;
+    pid) flags="[CLONE_NEWPID]" ;;
+    pid,user) flags="[CLONE_NEWPID, CLONE_NEWUSER]" ;;
+    *) die "namespace: '$mode' is not one of off, mnt, pid, pid,user" ;;
+  esac
+  [ "$release" != 24.11 ] || [ "$mode" = off ] || die "namespace/linux is in Slurm 25.11 and later, not $release"
+  sed -i '/^NamespaceType=/d; /^PrologFlags=/d' "$conf"
+  rm -f "$yaml"
+  if [ "$mode" != off ]; then
+    printf 'NamespaceType=namespace/linux\nPrologFlags=Contain\n' >>"$conf"
+    printf '# Written by tests/harness/slurmroot.sh %s namespace %s.\ndefaults:\n  auto_base_path: true\n  base_path: "%s/namespace/%%n"\n  clone_ns_flags: %s\n' \
+      "$release" "$mode" "$run" "$flags" >"$yaml"
+    chmod 0644 "$yaml"
+  fi
+  for node in $node_list; do stop_daemon "$run/nodes/$node/slurmd.pid" slurmd; done
+  stop_daemon "$run/slurmctld.pid" slurmctld
+  spawn_slurmctld
+  for node in $node_list; do spawn_slurmd "$node"; done
+  for node in $node_list; do await_slurmd "$node"; done
+  nodes=$(wc -w <<<"$node_list")
+  for ((i = 0; i < 300; i++)); do
+    st=$(in_root sinfo -h -N -o %t 2>/dev/null | sort | uniq -c | awk '{print $1, $2}' || true)
+    [ "$st" = "$nodes idle" ] && break
+    sleep 0.2
+  done
+  [ "$st" = "$nodes idle" ] || die "the nodes are not idle 60 s after restarting Slurm with namespace $mode (sinfo: ${st:-nothing}); see $run/slurmctld.log and $run/nodes/*/slurmd.log"
+  note "Slurm restarted with namespace/linux ${mode}"
+}
+
 case ${1:-} in
   root) gantry_require_root "slurm$tag.sh"; make_root; echo "$root" ;;
   build) cmd_build ;;
@@ -770,5 +823,6 @@ case ${1:-} in
   crash-node) cmd_node crash "${2:-}" ;;
   start-node) cmd_node start "${2:-}" ;;
   slurmd-parameters) cmd_slurmd_parameters "${2:-}" ;;
-  *) echo "usage: $0 $release root | build | start | stop | status | exec [--] CMD... | node-exec NODE [--] CMD... | crash-node NODE | start-node NODE | slurmd-parameters [VALUE]" >&2; exit 2 ;;
+  namespace) cmd_namespace "${2:-}" ;;
+  *) echo "usage: $0 $release root | build | start | stop | status | exec [--] CMD... | node-exec NODE [--] CMD... | crash-node NODE | start-node NODE | slurmd-parameters [VALUE] | namespace off|mnt|pid|pid,user" >&2; exit 2 ;;
 esac

@@ -8,6 +8,9 @@
 #    slurmstepd that shares its memory but not its file descriptors.
 #  - Remote option callbacks ran twice for one option up to 23.11, once since 24.05: either way an
 #    option given once takes effect once.
+#  - 25.11 added NamespaceType=namespace/linux: with clone_ns_flags CLONE_NEWPID, slurmstepd (and so
+#    the plugin, the holders and the image servers) runs in a pid namespace of the job's own, whose
+#    pids are not the epilog's. (26.05 only here.)
 
 load helpers
 
@@ -26,6 +29,7 @@ setup() {
   chown "$U" "$WORK"
   RESTORE_PLUGSTACK=
   RESTORE_SLURMD=
+  RESTORE_NAMESPACE=
 }
 
 teardown() {
@@ -34,6 +38,7 @@ teardown() {
     rm -f "$CONF_DIR/plugstack-login.conf" "$CONF_DIR/slurm-login.conf"
   fi
   [ -z "$RESTORE_SLURMD" ] || "$GANTRY_SLURM_HARNESS" slurmd-parameters ""
+  [ -z "$RESTORE_NAMESPACE" ] || "$GANTRY_SLURM_HARNESS" namespace off
   # A node a test left drained (the pre-25.05 outcome of a failed init) is of no use to the next suite.
   local node
   for node in $(sinfo -h -N -t drain,drng,fail -o %N 2>/dev/null | sort -u); do
@@ -59,6 +64,20 @@ nodes_idle() {
     sleep 0.5
   done
   echo "nodes not idle after 30 s: $states"
+  return 1
+}
+
+# epilog_done JOBID NODE: waits (at most 300 s, a bound for a hung epilog, not a timing) until the job
+# has left COMPLETING and NODE is no longer completing: slurmd has run the job's epilog there.
+epilog_done() {
+  local i state node_state
+  for ((i = 0; i < 1500; i++)); do
+    state=$(scontrol -o show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' || echo JobState=GONE)
+    node_state=$(sinfo -h -N -n "$2" -o '%t' | head -n1)
+    [ "$state" != JobState=COMPLETING ] && [[ "$node_state" != *comp* ]] && return 0
+    sleep 0.2
+  done
+  echo "job $1 still $state, node $2 $node_state after 300 s" >&2
   return 1
 }
 
@@ -119,7 +138,7 @@ release_at_least() {
 @test "SlurmdParameters=contain_spank: a containerized 2-node step runs and leaves nothing behind" {
   "$GANTRY_SLURM_HARNESS" slurmd-parameters contain_spank
   RESTORE_SLURMD=1
-  grep -qx 'SlurmdParameters=contain_spank' "$CONF_DIR/slurm.conf"
+  grep -qx 'SlurmdParameters=config_overrides,contain_spank' "$CONF_DIR/slurm.conf"
   run as_user timeout 120 srun -N2 -n4 --container-image="$DEBIAN" sh -c '. /etc/os-release; echo "rank $SLURM_PROCID $ID"'
   echo "$output"
   [ "$status" -eq 0 ]
@@ -144,4 +163,74 @@ EOF
   echo "$output"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | grep -cx 1)" -eq 2 ]
+}
+
+# fuse_mounts NODE: how many FUSE and squashfs mounts NODE's mount namespace (the root's, which the
+# login node and every node share) has.
+fuse_mounts() {
+  $GANTRY_SLURM_EXEC "$1" -- sh -c "grep -cE ' - (fuse|fuse\.[^ ]*|squashfs) ' /proc/self/mountinfo || true"
+}
+
+# namespace_job MODE: with `slurmroot.sh namespace MODE`, a job on one node runs a plain step, a
+# containerized step that names its container, and a second step in that container; the job script
+# (on the login node, which sees every process of the node) notes the job's holders and image servers
+# while they run, and what the plugin recorded for the container. Afterwards nothing of the job is
+# left: no holder, no image server, no state, no record, no FUSE or squashfs mount; the node idle.
+namespace_job() {
+  local mode=$1 node=${GANTRY_TEST_NODES%% *} p i left mounts_before step_ns jobid node_net
+  "$GANTRY_SLURM_HARNESS" namespace "$mode"
+  RESTORE_NAMESPACE=1
+  grep -qx 'NamespaceType=namespace/linux' "$CONF_DIR/slurm.conf"
+  mounts_before=$(fuse_mounts "$node")
+  rm -f "$WORK"/step-ns "$WORK"/holders "$WORK"/servers "$WORK"/state.json
+  cat >"$WORK/job.sh" <<EOF
+srun -n1 sh -c 'readlink /proc/self/ns/pid; cat /proc/1/comm' > $WORK/step-ns
+srun -n1 --container-image="$DEBIAN" --container-name=kept --container-writable sh -c '. /etc/os-release; echo "\$ID"; echo kept > /state'
+srun -n1 --container-name=kept cat /state
+pgrep -u $U -f 'gantry-holder\$' > $WORK/holders
+pgrep -u $U -f -- ' --serve-image ' > $WORK/servers
+cat /run/gantry/containers/pyxis_\${SLURM_JOB_ID}_kept.json > $WORK/state.json
+EOF
+  chown "$U" "$WORK/job.sh"
+  run as_user timeout 180 salloc -N1 -w "$node" bash "$WORK/job.sh"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | grep -Ev '^(salloc:|srun: )')" = "$(printf 'debian\nkept')" ]
+  cat "$WORK/step-ns" "$WORK/holders" "$WORK/servers" "$WORK/state.json"
+  step_ns=$(sed -n '1s/^pid:\[\([0-9]*\)\]$/\1/p' "$WORK/step-ns")
+  [ -n "$step_ns" ]
+  # pid, pid,user: the steps ran in a pid namespace of the job's own (its init is Slurm's), not the
+  # login node's.
+  case $mode in pid*) [ "pid:[$step_ns]" != "$(readlink /proc/self/ns/pid)" ] ;; esac
+  # The named container's holder and the job's image server ran, and the state names the holder's pid
+  # with the namespace it is a number of: the steps', which under pid is not the epilog's.
+  [ "$(wc -w <"$WORK/holders")" -ge 1 ]
+  [ "$(wc -w <"$WORK/servers")" -ge 1 ]
+  grep -q "\"pid_namespace\": $step_ns," "$WORK/state.json"
+  jobid=$(echo "$output" | sed -n 's/^salloc: Granted job allocation \([0-9]*\).*/\1/p')
+  [ -n "$jobid" ]
+  epilog_done "$jobid" "$node"
+  # The test user is every harness's on this host: a process counts as the job's only if it is still in
+  # the node's network namespace (other suites' servers, and pids reused since, are elsewhere).
+  node_net=$($GANTRY_SLURM_EXEC "$node" -- readlink /proc/self/ns/net)
+  for ((i = 0; i < 100; i++)); do
+    left=
+    for p in $(cat "$WORK/holders" "$WORK/servers"); do
+      [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" != "$node_net" ] || left+="$p "
+    done
+    [ -n "$left" ] || break
+    sleep 0.2
+  done
+  [ -z "$left" ] || { echo "left running: $left"; ps -o pid,user,args -p "$(echo $left | tr ' ' ,)" || true; false; }
+  [ -z "$($GANTRY_SLURM_EXEC "$node" -- sh -c "ls /run/gantry/containers 2>/dev/null | grep '^pyxis_${jobid}[._]' || true")" ]
+  $GANTRY_SLURM_EXEC "$node" -- test ! -e "/run/gantry/servers/job_$jobid"
+  [ "$(fuse_mounts "$node")" -eq "$mounts_before" ]
+  nodes_idle
+}
+
+@test "namespace/linux (pid; pid and user; mount only): the epilog leaves nothing of a job's containers" {
+  release_at_least 25.11 || skip "namespace/linux is in Slurm 25.11 and later"
+  namespace_job pid
+  namespace_job pid,user
+  namespace_job mnt
 }

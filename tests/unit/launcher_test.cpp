@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -1000,6 +1001,109 @@ TEST_CASE("holder replies: one typed JSON line each way, strict on the way in") 
     CHECK_FALSE(launcher::holder_reply_from_line(launcher::holder_reply_to_line(no_pid)).ok());
     CHECK_FALSE(launcher::holder_reply_from_line(good + good).ok());
     CHECK_FALSE(launcher::holder_reply_from_line(std::string(launcher::kMaxHolderReplyBytes + 1, ' ')).ok());
+}
+
+TEST_CASE("NSpid lines: the pid in the reader's namespace first, the process's own last") {
+    using launcher::parse_nspid;
+    CHECK(parse_nspid("Name:\tsleep\nPid:\t4711\nNSpid:\t4711\t12\t1\nNSpgid:\t4711\n") == std::vector<pid_t>{4711, 12, 1});
+    CHECK(parse_nspid("NSpid:\t9\n") == std::vector<pid_t>{9});
+    CHECK(parse_nspid("Name:\tx\nPid:\t9\n").empty());        // a kernel before 4.1: no NSpid line
+    CHECK(parse_nspid("Name:\tx\nNSpid:\t9\tz\n") == std::vector<pid_t>{9});  // stops at the first non-number
+    CHECK(parse_nspid("Name:\tx\nNSpid:\t9\t0\n").empty());  // never a pid 0 or below
+    CHECK(parse_nspid("Name:\tx\nNSpgid:\t9\n").empty());     // another field of the same prefix
+}
+
+TEST_CASE("a pid of another pid namespace is translated into ours (namespace/linux: the job's pids, the epilog's view)") {
+    // A child in a new pid namespace (a job's under Slurm's namespace/linux) starts the process that
+    // is pid 1 there; it reports its own view (pid, namespace) and the child reports our view of it.
+    int report[2];
+    REQUIRE(::pipe(report) == 0);
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        ::close(report[0]);
+        int flags = CLONE_NEWPID | (::geteuid() == 0 ? 0 : CLONE_NEWUSER);
+        if (::unshare(flags) != 0) ::_exit(3);
+        int inner_report[2];
+        if (::pipe(inner_report) != 0) ::_exit(4);
+        pid_t inner = ::fork();
+        if (inner == 0) {
+            ::close(inner_report[0]);
+            // Its start time is not read here: our /proc is still the parent's, where 1 is another process.
+            std::string line = std::to_string(::getpid()) + " " + std::to_string(launcher::own_pid_namespace()) + "\n";
+            (void)!::write(inner_report[1], line.data(), line.size());
+            ::close(inner_report[1]);
+            ::pause();
+            ::_exit(0);
+        }
+        ::close(inner_report[1]);
+        char buf[128] = {};
+        ssize_t n = ::read(inner_report[0], buf, sizeof buf - 1);
+        std::string line = std::to_string(inner) + " " + std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+        (void)!::write(report[1], line.data(), line.size());
+        ::close(report[1]);
+        int st = 0;
+        ::waitpid(inner, &st, 0);
+        ::_exit(0);
+    }
+    ::close(report[1]);
+    char buf[256] = {};
+    ssize_t n = ::read(report[0], buf, sizeof buf - 1);
+    ::close(report[0]);
+    long outer = 0, inner = 0;
+    unsigned long long pidns = 0;
+    bool reported = n > 0 && std::sscanf(buf, "%ld %ld %llu", &outer, &inner, &pidns) == 3;
+    if (!reported) {
+        int st = 0;
+        ::waitpid(child, &st, 0);
+        WARN("could not make a pid namespace here (exit " << WEXITSTATUS(st) << "); translation not tested");
+        return;
+    }
+    CHECK(inner == 1);
+    REQUIRE(pidns != 0);
+    CHECK(pidns != launcher::own_pid_namespace());
+    // The same number in its namespace and in ours: pid 1 there is the process we know as `outer`.
+    CHECK(launcher::pid_in_own_view(1, pidns) == outer);
+    CHECK(launcher::pid_in_own_view(static_cast<pid_t>(outer), launcher::own_pid_namespace()) == outer);
+    CHECK(launcher::pid_in_own_view(static_cast<pid_t>(outer), 0) == outer);  // a record from before: ours
+    CHECK(launcher::pid_in_own_view(2, pidns) == -1);                        // nobody else lives there
+    unsigned long long start = launcher::process_start_time(static_cast<pid_t>(outer));
+    REQUIRE(start != 0);
+    if (launcher::own_pid_namespace() == launcher::kInitPidNamespace) CHECK(launcher::sees_every_process_of(pidns));
+
+    // The epilog's path: a server recorded by its number in the job's namespace is found and ended.
+    char tmpl[] = "/tmp/gantry-test-pidns-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    std::string dir = tmpl;
+    Config config;
+    config.runtime_path = dir;
+    const char* old_xdg = std::getenv("XDG_RUNTIME_DIR");
+    std::string saved_xdg = old_xdg != nullptr ? old_xdg : "";
+    if (::geteuid() != 0) ::setenv("XDG_RUNTIME_DIR", dir.c_str(), 1);
+    reread_environment();  // the library reads the environment once (environment.hpp)
+    ::mkdir(runtime_dir(config).c_str(), 0700);
+    ContainerState recorded;
+    recorded.server_pid = 1;  // its number in the job's namespace
+    recorded.server_start_time = start;
+    recorded.uid = ::geteuid();
+    recorded.pid_namespace = pidns;
+    REQUIRE(record_job_image_server(config, 21, recorded).ok());
+    recorded.server_pid = static_cast<pid_t>(outer);  // the same number read as ours: not that process
+    recorded.pid_namespace = launcher::own_pid_namespace();
+    recorded.server_start_time = start + 1;
+    REQUIRE(record_job_image_server(config, 22, recorded).ok());
+    CHECK(end_job_image_servers(config, 22) == 0);
+    int ended = end_job_image_servers(config, 21);
+    CHECK(ended == 1);
+    if (ended != 1) ::kill(static_cast<pid_t>(outer), SIGKILL);  // never leave the child waiting
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);  // its pid 1 gone, the child's wait returned
+    CHECK(launcher::pid_in_own_view(1, pidns) == -1);
+    if (old_xdg != nullptr) ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
+    else ::unsetenv("XDG_RUNTIME_DIR");
+    reread_environment();
+    std::string rm = "rm -rf '" + dir + "'";
+    CHECK(std::system(rm.c_str()) == 0);
 }
 
 TEST_CASE("a job's image servers: recorded, then ended with the job only while they are the recorded processes") {
