@@ -41,11 +41,18 @@ jobs=${GANTRY_JOBS:-$(nproc)}
 # only cost compile time (about a third of it). The compiler flags are given on cmake's command line
 # too, so a build directory configured before takes them (CMake reads CFLAGS/CXXFLAGS/LDFLAGS from
 # the environment only on a directory's first configure).
+# dpkg-buildflags is asked from the source tree, as dpkg-buildpackage does: its -ffile-prefix-map maps
+# the directory it runs in to ".", so from wherever the caller stood the flags (and so every object)
+# would depend on the caller's directory, and two builds of one tree could not share a compiler cache
+# (tests/harness/packages.sh).
 export DEB_BUILD_MAINT_OPTIONS=hardening=+all DEB_CFLAGS_MAINT_STRIP=-g DEB_CXXFLAGS_MAINT_STRIP=-g
-CFLAGS="$(dpkg-buildflags --get CFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
-CXXFLAGS="$(dpkg-buildflags --get CXXFLAGS) $(dpkg-buildflags --get CPPFLAGS)"
-LDFLAGS=$(dpkg-buildflags --get LDFLAGS)
+buildflags() { (cd "$src" && dpkg-buildflags --get "$1"); }
+CFLAGS="$(buildflags CFLAGS) $(buildflags CPPFLAGS)"
+CXXFLAGS="$(buildflags CXXFLAGS) $(buildflags CPPFLAGS)"
+LDFLAGS=$(buildflags LDFLAGS)
 export CFLAGS CXXFLAGS LDFLAGS
+# The logs go beside the build dir (DIR.cmake.log ...), so its parent must exist first.
+mkdir -p "$build"
 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_C_FLAGS=$CFLAGS" "-DCMAKE_CXX_FLAGS=$CXXFLAGS" \
   -DCMAKE_C_FLAGS_RELEASE=-DNDEBUG -DCMAKE_CXX_FLAGS_RELEASE=-DNDEBUG -DCMAKE_INSTALL_PREFIX=/usr \
   -DGANTRY_BUILD_TESTS=OFF -DGANTRY_WERROR=OFF "-DCPACK_GENERATOR=$generators" "${extra[@]}" >"$build.cmake.log" 2>&1 ||

@@ -3,7 +3,7 @@
 # configures it for the cluster (store on FSx for Lustre, scratch on local NVMe). See docs/admin.md,
 # "AWS ParallelCluster", and cluster-snippet.yaml beside this file.
 #
-#   gantry-node.sh (--deb URL|PATH --rpm URL|PATH | --source DIR|URL [--publish DIR])
+#   gantry-node.sh (--deb URL|PATH --rpm URL|PATH | --source DIR|URL [--publish DIR] [--build-dir DIR])
 #                  [--store DIR] [--store-owner NAME] [--store-uid UID] [--gc-max-bytes SIZE]
 #                  [--gc-unused-for AGE] [--slurm-prefix DIR]
 #
@@ -13,7 +13,8 @@
 # --source builds that package here instead (Ubuntu/Debian nodes): DIR is Gantry's source tree, a URL
 # or path a tarball of it (`git archive`). The build dependencies come from apt
 # (scripts/install-deps --build-only --without-slurm-dev: no distribution Slurm), Slurm's headers
-# from SLURM_PREFIX/include (default /opt/slurm), the build directory is /var/tmp/gantry-build.
+# from SLURM_PREFIX/include (default /opt/slurm), the build directory is /var/tmp/gantry-build
+# (--build-dir DIR: elsewhere, e.g. on a larger disk; its logs are DIR.*.log).
 # --publish DIR copies the built .deb to DIR as gantry.deb (shared storage, e.g.
 # /opt/parallelcluster/shared/gantry), so the compute nodes install the head node's build with --deb.
 #
@@ -30,7 +31,7 @@
 # creation stops with a message instead of every job failing.
 set -euo pipefail
 
-deb="" rpm="" source="" publish="" slurm_prefix=/opt/slurm
+deb="" rpm="" source="" publish="" slurm_prefix=/opt/slurm build_dir=/var/tmp/gantry-build build_dir_given=0
 store=/fsx/gantry owner=gantry owner_uid=3939 gc_max=2T gc_age=30d
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || { echo "gantry-node: $1 needs a value" >&2; exit 2; }
@@ -39,6 +40,7 @@ while [ $# -gt 0 ]; do
     --rpm) rpm=$2; shift 2 ;;
     --source) source=$2; shift 2 ;;
     --publish) publish=$2; shift 2 ;;
+    --build-dir) build_dir=$2 build_dir_given=1; shift 2 ;;
     --slurm-prefix) slurm_prefix=$2; shift 2 ;;
     --store) store=$2; shift 2 ;;
     --store-owner) owner=$2; shift 2 ;;
@@ -69,6 +71,8 @@ if [ -n "$source" ] && { [ -n "$deb" ] || [ -n "$rpm" ]; }; then
   die "--source builds the package here; give it or --deb/--rpm, not both"
 fi
 [ -z "$publish" ] || [ -n "$source" ] || die "--publish copies the package --source built; it needs --source"
+[ $build_dir_given -eq 0 ] || [ -n "$source" ] || die "--build-dir is where --source builds the package; it needs --source"
+[[ $build_dir == /* ]] || die "--build-dir $build_dir: give an absolute path"
 
 # fetch SRC DEST: copy a package from S3, HTTPS or a local path.
 fetch() {
@@ -81,7 +85,7 @@ fetch() {
 
 # build_deb SOURCE: build the .deb from Gantry's source against $slurm_prefix/include; prints its path.
 build_deb() {
-  local tree=$1 build=/var/tmp/gantry-build
+  local tree=$1 build=$build_dir
   [ -f "$slurm_prefix/include/slurm/spank.h" ] ||
     die "no $slurm_prefix/include/slurm/spank.h: --source needs the cluster's Slurm headers (pass --slurm-prefix if Slurm is not under /opt/slurm)"
   if [ ! -d "$tree" ]; then
@@ -122,7 +126,7 @@ case "${ID}:${VERSION_ID%%.*}" in
   ubuntu:*|debian:*)
     if [ -n "$source" ]; then
       built=$(build_deb "$source")
-      [ -f "$built" ] || die "building the .deb from $source failed (logs: /var/tmp/gantry-build.*.log)"
+      [ -f "$built" ] || die "building the .deb from $source failed (logs: $build_dir.*.log)"
       cp "$built" "$work/gantry.deb"
       if [ -n "$publish" ]; then
         install -d -m 0755 "$publish"

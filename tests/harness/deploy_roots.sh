@@ -16,7 +16,10 @@
 # /etc/ld.so.conf.d, and /opt/slurm/etc/slurm.conf names PluginDir=/opt/slurm/lib/slurm. The runtime
 # libraries Slurm needs are installed with apt (no munge daemon: ParallelCluster builds its own), and
 # the packages `install-deps --build-only --without-slurm-dev` installs are downloaded into apt's cache
-# (not installed), so the test's install-deps run installs them without a long download. Cached as
+# (not installed), so the test's install-deps run installs them without a long download. ccache is
+# installed (a tool of the test, not of the node): deploy_builds.bats gives the node script's build the
+# cache of harness.packages.build, the same tree with the same GCC 12 and flags, so that only what differs
+# (the plugin, against /opt/slurm/include) is compiled again. Cached as
 # $GANTRY_HARNESS_DIR/cache/pcluster-bookworm-<recipe hash>.
 set -euo pipefail
 
@@ -31,7 +34,7 @@ slurm_runtime=(liblz4-1 libreadline8 libdbus-1-3 libhwloc15 libjson-c5 liblua5.1
 slurm_debs=(slurm-client slurm-wlm-basic-plugins libslurm38 libslurm-dev)
 # The build packages of scripts/install-deps (its build_packages list), for apt's download cache.
 mapfile -t build_packages < <(sed -n '/^build_packages=(/,/^)/p' "$src/scripts/install-deps" | sed '1d;$d' | tr ' ' '\n' | grep -v '^$')
-recipe_version=1  # bump when the steps in make_pcluster change
+recipe_version=2  # bump when the steps in make_pcluster change
 recipe=$(printf '%s\n' "$recipe_version" "${slurm_runtime[@]}" "${slurm_debs[@]}" "${build_packages[@]}" | sha256sum | cut -c1-16)
 pcluster_root=$cache/pcluster-bookworm-$recipe
 
@@ -85,7 +88,7 @@ make_pcluster_locked() {
       debs=("${@:1:$n_debs}"); shift "$n_debs"
       build=("$@")
       apt-get update -q
-      apt-get install -y -q --no-install-recommends "${runtime[@]}"
+      apt-get install -y -q --no-install-recommends "${runtime[@]}" ccache
       apt-get install -y -q --no-install-recommends --download-only "${build[@]}" squashfuse fuse3
       mkdir -p /tmp/slurm-debs /tmp/slurm-tree && cd /tmp/slurm-debs
       apt-get download "${debs[@]}"

@@ -307,3 +307,21 @@ gantry_crash_netns() {
   done
   gantry_die "processes of $name survive SIGKILL:$pids"
 }
+
+# gantry_package_build_dir: where harness.packages.build builds the packages (tests/harness/packages.sh);
+# deploy_builds.bats builds the ParallelCluster package at the same path inside its root.
+gantry_package_build_dir() {
+  echo "${GANTRY_PACKAGE_BUILD_DIR:-${GANTRY_BUILD_DIR:-$GANTRY_HARNESS_DIR}/package}"
+}
+
+# gantry_package_ccache_env CACHE_DIR: the environment (one NAME=VALUE a line) under which the package
+# builds of the tests go through ccache with CACHE_DIR. A hit needs the same compiler, flags, paths and
+# preprocessed input, and the compiler is told apart by its `-v` (GCC's version with Debian's
+# revision), not by the mtime of its driver, since the two builds that share the cache run different
+# installations of it (the host's and a root's). Depend mode: a miss costs one compile, not a
+# preprocessor run and then the compile (the first build misses every object); a hit is found by the
+# source's and its headers' contents, which the compiler's own -MD list names.
+gantry_package_ccache_env() {
+  printf '%s\n' "CCACHE_DIR=$1" "CCACHE_COMPILERCHECK=%compiler% -v" CCACHE_DEPEND=1 CCACHE_MAXSIZE=1G \
+    CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+}

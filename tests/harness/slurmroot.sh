@@ -466,10 +466,17 @@ spawn_slurmd() {
     env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 slurmd -D -f /etc/slurm/slurm.conf -N "$node"
 }
 
+# A slurmd that has not written its pid file by the deadline is stopped before this fails: left to
+# finish starting on its own, it would register later, unseen by the caller (a restart nobody made, in
+# the middle of the next test), or be started a second time by a retry.
 await_slurmd() {
-  local node=$1
-  wait_pidfile "$run/nodes/$node/slurmd.pid" 30 ||
-    die "slurmd $release of $node did not start; see $run/nodes/$node/slurmd.log: $(grep -iE 'error|fatal' "$run/nodes/$node/slurmd.out" "$run/nodes/$node/slurmd.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
+  local node=$1 spawned
+  wait_pidfile "$run/nodes/$node/slurmd.pid" 30 && return 0
+  spawned=$(pid_in "$run/nodes/$node/slurmd.spawn")
+  if [ -n "$spawned" ] && [ "$(readlink "/proc/$spawned/ns/net" 2>/dev/null)" = "$(readlink "/proc/$(cat "$run/nodes/$node/holder.pid")/ns/net" 2>/dev/null)" ]; then
+    kill -KILL "$spawned" 2>/dev/null || true
+  fi
+  die "slurmd $release of $node did not start within 30 s (stopped); see $run/nodes/$node/slurmd.log: $(grep -iE 'error|fatal' "$run/nodes/$node/slurmd.out" "$run/nodes/$node/slurmd.log" 2>/dev/null | tail -3 | tr '\n' ' ')"
 }
 
 # spawn_slurmctld: slurmctld on the login node, inside the root; returns once it wrote its pid file.

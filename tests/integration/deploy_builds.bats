@@ -28,18 +28,44 @@ setup_file() {
   # .dockerignore names (.git, build trees).
   context_tar "$WORK/gantry-src.tar.gz"
 
-  # ParallelCluster: the node script and the source tarball where an S3 download would put them, and
-  # a Pyxis line as ParallelCluster's own image carries one.
-  export PC=$WORK/pcluster
-  mkdir -p "$PC/upper/srv" "$PC/upper/opt/slurm/etc/plugstack.conf.d"
+  # ParallelCluster: the node script, the source tree (the build context, unpacked) and a Pyxis line as
+  # ParallelCluster's own image carries one. The tree lies at the path harness.packages.build compiled
+  # it from ($SRC) and the node script builds in that build's directory (--build-dir), with a copy of
+  # its compiler cache (tests/harness/packages.sh): the same tree, GCC 12 and flags, so only what
+  # differs here (the plugin, against /opt/slurm/include) is compiled again. ccache hashes this root's
+  # own preprocessed sources and its compiler's version, so a hit is the object this root's GCC makes.
+  # (Unpacking a --source tarball is checked in "refuses bad arguments".)
+  . "$SRC/tests/harness/lib.sh"
+  PKG_BUILD=$(gantry_package_build_dir)
+  export PC=$WORK/pcluster PKG_BUILD
+  mkdir -p "$PC/upper/srv" "$PC/upper/opt/slurm/etc/plugstack.conf.d" "$PC/upper$SRC" "$PC/upper/var/cache"
   cp "$SRC/packaging/parallelcluster/gantry-node.sh" "$PC/upper/srv/"
-  cp "$WORK/gantry-src.tar.gz" "$PC/upper/srv/"
+  tar -C "$PC/upper$SRC" -xzf "$WORK/gantry-src.tar.gz"
   echo "required /opt/slurm/lib/slurm/spank_pyxis.so" >"$PC/upper/opt/slurm/etc/plugstack.conf.d/pyxis.conf"
+  local cache_env
+  if [ -d "$PKG_BUILD.ccache" ]; then
+    cp -a "$PKG_BUILD.ccache" "$PC/upper/var/cache/gantry-ccache"
+    CCACHE_DIR=$PC/upper/var/cache/gantry-ccache ccache --zero-stats >/dev/null
+  else
+    echo "# no $PKG_BUILD.ccache (harness.packages.build): the ParallelCluster build compiles everything" >&3
+  fi
+  mapfile -t cache_env < <(gantry_package_ccache_env /var/cache/gantry-ccache)
   local t0=$SECONDS
-  "$ROOTS" run "$PC_ROOT" "$PC" -- bash /srv/gantry-node.sh --source /srv/gantry-src.tar.gz \
+  "$ROOTS" run "$PC_ROOT" "$PC" -- env "${cache_env[@]}" bash /srv/gantry-node.sh --source "$SRC" --build-dir "$PKG_BUILD" \
     --publish /opt/parallelcluster/shared/gantry >"$WORK/pcluster.log" 2>&1 && echo 0 >"$WORK/pcluster.rc" ||
     echo $? >"$WORK/pcluster.rc"
   echo "# TIMING gantry-node.sh --source: $((SECONDS - t0)) s" >&3
+  local stats
+  stats=$("$ROOTS" run "$PC_ROOT" "$PC" -- env CCACHE_DIR=/var/cache/gantry-ccache ccache --print-stats 2>/dev/null |
+    awk '$1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { h += $2 } $1 == "cache_miss" { m = $2 } END { print h + 0, "hits,", m + 0, "misses" }') || true
+  echo "# ccache in the ParallelCluster build: $stats" >&3
+  # Misses come from headers that differ: a -dev package here at another version than in the root (the
+  # root has the mirror's current ones; install-deps does not upgrade what a machine already has).
+  local q='${Package} ${Version}\n' differ
+  differ=$(comm -13 <(dpkg-query -W -f="$q" 2>/dev/null | sort) \
+    <("$ROOTS" run "$PC_ROOT" "$PC" -- dpkg-query -W -f="$q" 2>/dev/null | grep -- '-dev ' | sort) |
+    paste -sd' ') || true
+  echo "# -dev packages at other versions than on this machine: ${differ:-none}" >&3
 }
 
 # context_tar OUT: Docker's build context of the source tree as a tarball (top-level .dockerignore
@@ -72,7 +98,7 @@ in_pc() { "$ROOTS" run "$PC_ROOT" "$PC" -- "$@"; }
 @test "ParallelCluster: the plugin was built against /opt/slurm/include (the only Slurm headers there)" {
   [ ! -e "$PC_ROOT/usr/include/slurm" ]
   [ ! -e "$PC/upper/usr/include/slurm" ]
-  run grep '^SLURM_INCLUDE_DIR:' "$PC/upper/var/tmp/gantry-build/CMakeCache.txt"
+  run grep '^SLURM_INCLUDE_DIR:' "$PC/upper$PKG_BUILD/CMakeCache.txt"
   [ "$output" = "SLURM_INCLUDE_DIR:PATH=/opt/slurm/include" ]
   # The release recorded in the installed plugin is the one of /opt/slurm's slurm_version.h.
   num=$(sed -n 's/^#define SLURM_VERSION_NUMBER[[:space:]]*\(0x[0-9a-fA-F]*\).*/\1/p' "$PC_ROOT/opt/slurm/include/slurm/slurm_version.h")
@@ -139,6 +165,19 @@ in_pc() { "$ROOTS" run "$PC_ROOT" "$PC" -- "$@"; }
   run in_pc bash /srv/gantry-node.sh --store
   [ "$status" -eq 2 ]
   [ "$output" = "gantry-node: --store needs a value" ]
+  run in_pc bash /srv/gantry-node.sh --deb /srv/x.deb --build-dir /var/tmp/b
+  [ "$status" -ne 0 ]
+  [ "${lines[-1]}" = "gantry-node: --build-dir is where --source builds the package; it needs --source" ]
+  run in_pc bash /srv/gantry-node.sh --source /srv/gantry-src.tar.gz --build-dir var/tmp/b
+  [ "$status" -ne 0 ]
+  [ "${lines[-1]}" = "gantry-node: --build-dir var/tmp/b: give an absolute path" ]
+  # A --source tarball (S3's download) is unpacked, a tarball of one directory entered, and the tree in it
+  # checked: this one has no CMakeLists.txt.
+  mkdir -p "$BATS_TEST_TMPDIR/t/gantry-0.1.0/packaging"
+  tar -C "$BATS_TEST_TMPDIR/t" -czf "$PC/upper/srv/notree.tar.gz" gantry-0.1.0
+  run in_pc bash /srv/gantry-node.sh --source /srv/notree.tar.gz
+  [ "$status" -ne 0 ]
+  [[ ${lines[-1]} =~ ^"gantry-node: --source /tmp/tmp."[A-Za-z0-9]+"/src/gantry-0.1.0 is not Gantry's source tree (no CMakeLists.txt" ]]
 }
 
 # Slinky: the image's stages as dockerfile_stage.py translates them; the build stage's changes are

@@ -433,3 +433,28 @@ fake_ib_devices_done() {
     FAKE_IB_LOCK=
   fi
 }
+
+# gantry_nodes_restored NODE SINCE [SECONDS]: after a test crashed or stopped NODE and started its
+# slurmd again, waits until the controller has the registration of a slurmd of NODE started at or after
+# SINCE (epoch seconds) and reports every node of the cluster plain IDLE (no DOWN, DRAIN, COMPLETING,
+# NOT_RESPONDING or other flag), the state the test found the cluster in; at most SECONDS (default 90).
+# Until the new slurmd has registered, `sinfo` may still show the state from before the crash (a
+# restart within a ping interval goes unnoticed), and the controller's verdict on the killed slurmd
+# (not responding, then DOWN) can land during the next suite. Prints the nodes' states and fails at
+# the deadline.
+gantry_nodes_restored() {
+  local node=$1 since=$2 deadline=$((SECONDS + ${3:-90})) nodes start others
+  while :; do
+    nodes=$(scontrol -o show node 2>/dev/null || true)
+    start=$(awk -v n="NodeName=$node " 'index($0, n) == 1' <<<"$nodes" | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
+    others=$(grep -v ' State=IDLE ' <<<"$nodes" | grep -o '^NodeName=[^ ]*\| State=[^ ]*' | paste -sd' ' | tr -s ' ' || true)
+    if [ -n "$nodes" ] && [ -z "$others" ] && [ -n "$start" ] && [ "$(date -d "$start" +%s 2>/dev/null || echo 0)" -ge "$since" ]; then
+      return 0
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "gantry_nodes_restored: after ${3:-90} s, $node's slurmd registered at ${start:-never} (restarted at $(date -d "@$since" +%FT%T)); nodes not idle: ${others:-none}"
+      return 1
+    fi
+    sleep 0.5
+  done
+}

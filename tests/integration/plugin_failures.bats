@@ -18,16 +18,21 @@ setup() {
   PRIVATE_PIDS=()
   SHAPED_DEV=
   CRASHED_NODE=
+  NODE_STARTED_AT=
 }
 
 teardown() {
   local pid
   for pid in "${PRIVATE_PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   unshape_link
-  # A test that crashed a node and failed before booting it again must not leave the cluster short.
+  # A test that crashed a node and failed before booting it again must not leave the cluster short, nor
+  # end before the controller has the node back (gantry_nodes_restored): the next suite would meet it
+  # down or not responding.
   if [ -n "$CRASHED_NODE" ]; then
+    local since=${NODE_STARTED_AT:-$(date +%s)}
     "$GANTRY_SLURM_HARNESS" start-node "$CRASHED_NODE" || true
     scontrol update nodename="$CRASHED_NODE" state=resume 2>/dev/null || true
+    gantry_nodes_restored "$CRASHED_NODE" "$since"
   fi
   rm -rf "$WORK"
 }
@@ -569,6 +574,7 @@ producer_node_crash() {
 
   # The node boots again: slurmd registers, the controller returns it to service (ReturnToService=2)
   # or, on a cluster configured otherwise, the admin resumes it; then all three nodes run a step.
+  NODE_STARTED_AT=$(date +%s)
   "$GANTRY_SLURM_HARNESS" start-node "$CRASHED_NODE"
   t0=$(date +%s%N)
   for ((i = 0; i < 60; i++)); do
@@ -579,6 +585,9 @@ producer_node_crash() {
   echo "# $CRASHED_NODE $state $(( ($(date +%s%N) - t0) / 1000000 )) ms after its slurmd came back" >&3
   if [ "$state" != idle ]; then scontrol update nodename="$CRASHED_NODE" state=resume; fi
   nodes_healthy
+  # The controller has the new slurmd's registration and every node idle and responding: the cluster
+  # as the test found it, before the next suite runs.
+  gantry_nodes_restored "$CRASHED_NODE" "$NODE_STARTED_AT"
   CRASHED_NODE=
   timed "3-node step after the node came back" as_user timeout 120 srun -N3 -n3 --container-image="$image" \
     sh -c 'echo "ran $(hostname) $GANTRY_CONTAINER_IMAGE_DIGEST"'

@@ -49,8 +49,10 @@ setup() {
 teardown() {
   unshape_link
   if [ -n "$CRASHED_NODE" ]; then
+    local since=${NODE_STARTED_AT:-$(date +%s)}
     "$GANTRY_SLURM_HARNESS" start-node "$CRASHED_NODE" 3>&- || true
     scontrol update nodename="$CRASHED_NODE" state=resume 2>/dev/null || true
+    gantry_nodes_restored "$CRASHED_NODE" "$since" 3>&-
   fi
   rm -rf "$WORK"
 }
@@ -170,12 +172,14 @@ blob_gets() { "$GANTRY_SOURCE_DIR/tests/harness/registry-log-count.sh" "$GANTRY_
   flock -n "$STORE/locks/$hex.lock" true
 
   # The node boots again and the whole cluster runs a step from the stored image.
+  NODE_STARTED_AT=$(date +%s)
   "$GANTRY_SLURM_HARNESS" start-node "$CRASHED_NODE" 3>&-
   for ((i = 0; i < 120; i++)); do
     [ "$(sinfo -h -N -n "$CRASHED_NODE" -o %t | head -1)" = idle ] && break
     sleep 0.5
   done
   [ "$(sinfo -h -N -n "$CRASHED_NODE" -o %t | head -1)" = idle ] || scontrol update nodename="$CRASHED_NODE" state=resume
+  gantry_nodes_restored "$CRASHED_NODE" "$NODE_STARTED_AT"
   CRASHED_NODE=
   run as_user timeout 300 srun -N"$SCALE_NODES" --ntasks-per-node="$SCALE_TASKS" \
     --container-image="$REG#gantry-test/$name" sh -c "$RANK_CMD"
