@@ -18,8 +18,8 @@
 // path answered (a uring run whose requests all went over /dev/fuse is not a uring measurement).
 // Not part of Gantry: a measurement, so that #20's io_uring route is decided by a number.
 #include <fcntl.h>
-#include <linux/fuse.h>
 #include <liburing.h>
+#include <linux/fuse.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -229,11 +229,12 @@ void ring_loop(uint16_t qid, unsigned depth, bool pin) {
 // Stats `lookups` distinct missing names in `dir` (each one LOOKUP, also where the server's answer
 // is a cached negative entry), after 1000 of warm-up; returns the milliseconds the measured ones took.
 double stat_missing(const std::string& dir, long lookups) {
-    struct stat st{};
+    struct stat st {};
     char name[64];
     auto miss = [&](const char* prefix, long i) {
         std::snprintf(name, sizeof name, "/%s%ld", prefix, i);
-        if (stat((dir + name).c_str(), &st) == 0 || errno != ENOENT) die("stat of a missing name did not give ENOENT", errno);
+        if (stat((dir + name).c_str(), &st) == 0 || errno != ENOENT)
+            die("stat of a missing name did not give ENOENT", errno);
     };
     // The warm-up's first call also waits until the ring is ready (all queues registered).
     for (long i = 0; i < 1000; ++i) miss("warm-", i);
@@ -243,10 +244,11 @@ double stat_missing(const std::string& dir, long lookups) {
 }
 
 void report(const std::string& mode, long lookups, double ms, bool pin, unsigned depth, const char* client) {
-    std::printf("mode=%s client=%s lookups=%ld total_ms=%.1f us_per_lookup=%.2f pin=%d depth=%u answered_by_dev=%ld "
-                "by_ring=%ld\n",
-                mode.c_str(), client, lookups, ms, ms * 1000.0 / static_cast<double>(lookups), pin ? 1 : 0, depth,
-                g_by_dev.load(), g_by_ring.load());
+    std::printf(
+        "mode=%s client=%s lookups=%ld total_ms=%.1f us_per_lookup=%.2f pin=%d depth=%u answered_by_dev=%ld "
+        "by_ring=%ld\n",
+        mode.c_str(), client, lookups, ms, ms * 1000.0 / static_cast<double>(lookups), pin ? 1 : 0, depth,
+        g_by_dev.load(), g_by_ring.load());
     std::fflush(stdout);
 }
 
@@ -254,7 +256,8 @@ void report(const std::string& mode, long lookups, double ms, bool pin, unsigned
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: fuse_uring_probe dev|uring [--lookups N] [--pin] [--queue-depth D] [--negative-entries] "
+        std::fprintf(stderr,
+                     "usage: fuse_uring_probe dev|uring [--lookups N] [--pin] [--queue-depth D] [--negative-entries] "
                      "[--same-process]\n");
         return 2;
     }
@@ -265,7 +268,8 @@ int main(int argc, char** argv) {
         if (argc < 4) die("usage: fuse_uring_probe client DIR LOOKUPS", EINVAL);
         long n = std::atol(argv[3]);
         double ms = stat_missing(argv[2], n);
-        std::printf("mode=client lookups=%ld total_ms=%.1f us_per_lookup=%.2f\n", n, ms, ms * 1000.0 / static_cast<double>(n));
+        std::printf("mode=client lookups=%ld total_ms=%.1f us_per_lookup=%.2f\n", n, ms,
+                    ms * 1000.0 / static_cast<double>(n));
         return 0;
     }
     if (!g_uring && mode != "dev") die("mode must be dev, uring or client", EINVAL);
@@ -275,12 +279,18 @@ int main(int argc, char** argv) {
     bool same_process = false;
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
-        if (a == "--lookups" && i + 1 < argc) lookups = std::atol(argv[++i]);
-        else if (a == "--queue-depth" && i + 1 < argc) depth = static_cast<unsigned>(std::atoi(argv[++i]));
-        else if (a == "--pin") pin = true;
-        else if (a == "--negative-entries") g_negative_entries = true;
-        else if (a == "--same-process") same_process = true;
-        else die(("unknown argument " + a).c_str(), EINVAL);
+        if (a == "--lookups" && i + 1 < argc)
+            lookups = std::atol(argv[++i]);
+        else if (a == "--queue-depth" && i + 1 < argc)
+            depth = static_cast<unsigned>(std::atoi(argv[++i]));
+        else if (a == "--pin")
+            pin = true;
+        else if (a == "--negative-entries")
+            g_negative_entries = true;
+        else if (a == "--same-process")
+            same_process = true;
+        else
+            die(("unknown argument " + a).c_str(), EINVAL);
     }
 
     char dir[] = "/tmp/fuse-uring-probe-XXXXXX";

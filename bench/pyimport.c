@@ -10,14 +10,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: pyimport ROOT NDIRS NMODS\n");
         return 2;
     }
-    const char *root = argv[1];
+    const char* root = argv[1];
     int ndirs = atoi(argv[2]), nmods = atoi(argv[3]);
-    static const char *const suffixes[] = {".py", "", ".so"};
+    static const char* const suffixes[] = {".py", "", ".so"};
     char path[4096], buf[65536];
     long found = 0, bytes = 0;
     for (int m = 0; m < nmods; ++m) {

@@ -1,6 +1,5 @@
 // The Pyxis-compatible `--container-*` options (see options.hpp).
 #include "options.hpp"
-#include "options_internal.hpp"
 
 #include <sys/stat.h>
 
@@ -11,17 +10,15 @@
 
 #include "gantry/environment.hpp"
 #include "gantry/log.hpp"
+#include "options_internal.hpp"
 
 namespace gantry::plugin {
 namespace {
-
-
 
 struct Names {
     const char* option;
     const char* env;  // suffix after PYXIS_CONTAINER_ / GANTRY_CONTAINER_
 };
-
 
 // An option refused while Slurm parses the command line: srun (or sbatch) prints the line and stops
 // before any step starts. In slurmstepd the message is kept for task_init as well.
@@ -133,29 +130,48 @@ int on_option(int val, const char* optarg, int remote) {
         case kMounts: {
             // Several --container-mounts accumulate, like Pyxis.
             std::string v = optarg != nullptr ? optarg : "";
-            if (!o.mounts) o.mounts = v;
-            else if (o.mounts->find(v) == std::string::npos) *o.mounts += "," + v;
+            if (!o.mounts)
+                o.mounts = v;
+            else if (o.mounts->find(v) == std::string::npos)
+                *o.mounts += "," + v;
             return 0;
         }
-        case kWorkdir: return set_string(o.workdir, "container-workdir", optarg);
-        case kName: return set_string(o.name, "container-name", optarg);
-        case kSave: return set_string(o.save, "container-save", optarg);
-        case kEnv: return set_string(o.env, "container-env", optarg);
-        case kUnshare: return set_string(o.unshare, "container-unshare", optarg);
-        case kMountHome: return set_bool(o.mount_home, "container-mount-home", true);
-        case kNoMountHome: return set_bool(o.mount_home, "no-container-mount-home", false);
-        case kRemapRoot: return set_bool(o.remap_root, "container-remap-root", true);
-        case kNoRemapRoot: return set_bool(o.remap_root, "no-container-remap-root", false);
-        case kEntrypoint: return set_bool(o.entrypoint, "container-entrypoint", true);
-        case kNoEntrypoint: return set_bool(o.entrypoint, "no-container-entrypoint", false);
-        case kEntrypointLog: return set_bool(o.entrypoint_log, "container-entrypoint-log", true);
-        case kWritable: return set_bool(o.writable, "container-writable", true);
-        case kReadonly: return set_bool(o.writable, "container-readonly", false);
-        default: return -1;
+        case kWorkdir:
+            return set_string(o.workdir, "container-workdir", optarg);
+        case kName:
+            return set_string(o.name, "container-name", optarg);
+        case kSave:
+            return set_string(o.save, "container-save", optarg);
+        case kEnv:
+            return set_string(o.env, "container-env", optarg);
+        case kUnshare:
+            return set_string(o.unshare, "container-unshare", optarg);
+        case kMountHome:
+            return set_bool(o.mount_home, "container-mount-home", true);
+        case kNoMountHome:
+            return set_bool(o.mount_home, "no-container-mount-home", false);
+        case kRemapRoot:
+            return set_bool(o.remap_root, "container-remap-root", true);
+        case kNoRemapRoot:
+            return set_bool(o.remap_root, "no-container-remap-root", false);
+        case kEntrypoint:
+            return set_bool(o.entrypoint, "container-entrypoint", true);
+        case kNoEntrypoint:
+            return set_bool(o.entrypoint, "no-container-entrypoint", false);
+        case kEntrypointLog:
+            return set_bool(o.entrypoint_log, "container-entrypoint-log", true);
+        case kWritable:
+            return set_bool(o.writable, "container-writable", true);
+        case kReadonly:
+            return set_bool(o.writable, "container-readonly", false);
+        default:
+            return -1;
     }
 }
 
-char* s(const char* text) { return const_cast<char*>(text); }
+char* s(const char* text) {
+    return const_cast<char*>(text);
+}
 
 struct spank_option g_table[] = {
     {s("container-image"), s("[USER@][REGISTRY#]IMAGE[:TAG]|PATH"),
@@ -166,28 +182,27 @@ struct spank_option g_table[] = {
     {s("container-workdir"), s("PATH"), s("[gantry] working directory inside the container"), 1, kWorkdir, on_option},
     {s("container-name"), s("NAME[:auto|create|exec|no_exec]"),
      s("[gantry] name the container so that later steps of the job can reuse it"), 1, kName, on_option},
-    {s("container-save"), s("PATH"), s("[gantry] save the container's root file system as squashfs after the step"),
-     1, kSave, on_option},
+    {s("container-save"), s("PATH"), s("[gantry] save the container's root file system as squashfs after the step"), 1,
+     kSave, on_option},
     {s("container-mount-home"), nullptr, s("[gantry] bind mount the user's home directory (default)"), 0, kMountHome,
      on_option},
-    {s("no-container-mount-home"), nullptr, s("[gantry] do not bind mount the user's home directory"), 0,
-     kNoMountHome, on_option},
+    {s("no-container-mount-home"), nullptr, s("[gantry] do not bind mount the user's home directory"), 0, kNoMountHome,
+     on_option},
     {s("container-remap-root"), nullptr, s("[gantry] be root (uid 0) inside the container"), 0, kRemapRoot, on_option},
     {s("no-container-remap-root"), nullptr, s("[gantry] keep your own uid inside the container (default)"), 0,
      kNoRemapRoot, on_option},
     {s("container-entrypoint"), nullptr, s("[gantry] run the image's entrypoint"), 0, kEntrypoint, on_option},
-    {s("no-container-entrypoint"), nullptr, s("[gantry] do not run the image's entrypoint (default)"), 0,
-     kNoEntrypoint, on_option},
-    {s("container-entrypoint-log"), nullptr, s("[gantry] print the entrypoint's output"), 0, kEntrypointLog,
+    {s("no-container-entrypoint"), nullptr, s("[gantry] do not run the image's entrypoint (default)"), 0, kNoEntrypoint,
      on_option},
-    {s("container-writable"), nullptr, s("[gantry] make the container's root file system writable (changes are discarded)"), 0,
-     kWritable, on_option},
+    {s("container-entrypoint-log"), nullptr, s("[gantry] print the entrypoint's output"), 0, kEntrypointLog, on_option},
+    {s("container-writable"), nullptr,
+     s("[gantry] make the container's root file system writable (changes are discarded)"), 0, kWritable, on_option},
     {s("container-readonly"), nullptr, s("[gantry] make the container's root file system read-only (default)"), 0,
      kReadonly, on_option},
     {s("container-env"), s("NAME[,NAME...]"),
      s("[gantry] names of environment variables whose host value overrides the image's"), 1, kEnv, on_option},
-    {s("container-unshare"), s("NAMESPACE[,NAMESPACE...]"),
-     s("[gantry] extra namespaces to unshare: net, ipc, uts"), 1, kUnshare, on_option},
+    {s("container-unshare"), s("NAMESPACE[,NAMESPACE...]"), s("[gantry] extra namespaces to unshare: net, ipc, uts"), 1,
+     kUnshare, on_option},
     SPANK_OPTIONS_TABLE_END,
 };
 
@@ -237,6 +252,8 @@ std::string& option_error() {
     return e;
 }
 
-struct spank_option* option_table() { return g_table; }
+struct spank_option* option_table() {
+    return g_table;
+}
 
 }  // namespace gantry::plugin

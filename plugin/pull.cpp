@@ -99,7 +99,8 @@ std::optional<PullReport> stored_report(const Config& config, const std::string&
     if (!image || (whole && image->layered())) return std::nullopt;
     PullReport report;
     report.digest = digest;
-    report.squashfs_path = image->layered() ? store->root() + "/images/" + digest_hex(digest) + ".json" : image->squashfs_path;
+    report.squashfs_path =
+        image->layered() ? store->root() + "/images/" + digest_hex(digest) + ".json" : image->squashfs_path;
     report.config_json = image->metadata.config_json;
     report.outcome = "stored";
     return report;
@@ -153,7 +154,8 @@ Result<std::string> job_store_path(const Config& config, uid_t uid) {
     std::string home = pw->pw_dir != nullptr ? pw->pw_dir : "";
     while (home.size() > 1 && home.back() == '/') home.pop_back();
     if (home.empty() || home[0] != '/' || home == "/")
-        return make_error("the job user's home directory ('" + home + "') cannot hold a per-user image store; set store_path in gantry.conf");
+        return make_error("the job user's home directory ('" + home +
+                          "') cannot hold a per-user image store; set store_path in gantry.conf");
     return home + "/.cache/gantry";
 }
 
@@ -180,7 +182,9 @@ Result<PullReport> pull_outcome(const Captured& r, const std::string& report_tex
                           (said.empty() ? "" : "; it said: " + said.substr(0, 300)));
     }
     if (report->error != PullErrorKind::none) return make_error(report->message);
-    if (r.status != 0) return make_error(import_failed(image) + ": gantry pull" + who + " exited with status " + std::to_string(r.status));
+    if (r.status != 0)
+        return make_error(import_failed(image) + ": gantry pull" + who + " exited with status " +
+                          std::to_string(r.status));
     return *report;
 }
 
@@ -190,8 +194,8 @@ Result<PullReport> pull_outcome(const Captured& r, const std::string& report_tex
 Result<PullReport> pull_as_user(const Settings& settings, const JobIdentity& id, const std::string& store_root,
                                 const std::string& image, const std::string& resolved, std::vector<std::string> env,
                                 bool whole) {
-    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--quiet", "--report-fd", std::to_string(kReportFd),
-                                     "--store", store_root};
+    std::vector<std::string> argv = {gantry_cli(settings),      "pull",    "--quiet", "--report-fd",
+                                     std::to_string(kReportFd), "--store", store_root};
     if (whole) argv.push_back("--whole");
     // The user's own pull fetches srun's digest and records the tag as the user's resolution of it.
     if (!resolved.empty()) argv.insert(argv.end(), {"--tag-resolved-to", resolved});
@@ -228,14 +232,14 @@ std::optional<HolderWithImage> acquire_stored_as_user(const Settings& settings, 
     auto stop = [] { return state().signals && state().signals->pending(); };
     // Only root starts a holder for a job user (a root job's container is set up as root throughout).
     in_holder = in_holder && id.uid != 0 && ::geteuid() == 0;
-    auto acquired = in_holder ? start_holder_acquiring(holder, HolderAcquisition{store_root, digest, id.uid, id.gid, tag},
-                                                       limit, stop)
+    auto acquired = in_holder ? start_holder_acquiring(
+                                    holder, HolderAcquisition{store_root, digest, id.uid, id.gid, tag}, limit, stop)
                               : [&]() -> Result<HolderWithImage> {
-                                    auto image = acquire_image_as(ProcessIdentity{id.uid, id.gid, id.groups}, holder,
-                                                                  store_root, digest, limit, stop, tag);
-                                    if (!image) return image.error();
-                                    return HolderWithImage{nullptr, std::move(*image)};
-                                }();
+        auto image =
+            acquire_image_as(ProcessIdentity{id.uid, id.gid, id.groups}, holder, store_root, digest, limit, stop, tag);
+        if (!image) return image.error();
+        return HolderWithImage{nullptr, std::move(*image)};
+    }();
     if (!acquired) {
         log::debug("no stored image " + digest + " to use without a pull: " + acquired.error().message);
         return std::nullopt;
@@ -265,8 +269,8 @@ std::optional<HolderWithImage> acquire_stored_as_user(const Settings& settings, 
 // let this user have on this node less than authorization_cache_seconds ago is served from the store
 // without the two halves: the registry is asked at most once per user, digest, node and period.
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           std::string image, const std::string& resolved,
-                                           std::vector<std::string> env, bool whole) {
+                                           std::string image, const std::string& resolved, std::vector<std::string> env,
+                                           bool whole) {
     // srun's digest as IMAGE@DIGEST: the store account records no tag from it (its records count for
     // every user of the store, and the digest is this user's word).
     if (!resolved.empty()) image += "@" + resolved;
@@ -277,7 +281,8 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
         cache->fresh(id.uid, pinned, std::chrono::seconds(config.authorization_cache_seconds)))
         if (auto stored = stored_report(config, pinned, whole)) return *stored;
     bool have_config = ::access(settings.config.c_str(), F_OK) == 0;
-    std::vector<std::string> argv = {gantry_cli(settings), "pull", "--credentials-only", "--credentials-out-fd",
+    std::vector<std::string> argv = {gantry_cli(settings),           "pull",
+                                     "--credentials-only",           "--credentials-out-fd",
                                      std::to_string(kCredentialsFd), image};
     if (have_config) env.push_back("GANTRY_CONFIG=" + settings.config);
     std::string credentials;
@@ -317,9 +322,15 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
         return system_error("handing the credentials to the store owner's pull");
     write_end.reset();
 
-    std::vector<std::string> owner_argv = {gantry_cli(settings), "pull", "--quiet", "--credentials-fd",
-                                           std::to_string(kCredentialsFd), "--report-fd", std::to_string(kReportFd),
-                                           "--store", config.store_path};
+    std::vector<std::string> owner_argv = {gantry_cli(settings),
+                                           "pull",
+                                           "--quiet",
+                                           "--credentials-fd",
+                                           std::to_string(kCredentialsFd),
+                                           "--report-fd",
+                                           std::to_string(kReportFd),
+                                           "--store",
+                                           config.store_path};
     if (whole) owner_argv.push_back("--whole");
     owner_argv.push_back(image);
     std::vector<std::string> owner_env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("HOME=") + owner->pw_dir,
@@ -340,8 +351,10 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
     // The store account's pull asked the registry with the user's credentials (--credentials-fd: every
     // time, whatever the policy) and reports the digest it was let have: the only writer of the cache.
     if (cache) {
-        if (pulled) cache->remember(id.uid, pulled->digest);
-        else if (!pinned.empty()) cache->forget(id.uid, pinned);
+        if (pulled)
+            cache->remember(id.uid, pulled->digest);
+        else if (!pinned.empty())
+            cache->forget(id.uid, pinned);
     }
     return pulled;
 }

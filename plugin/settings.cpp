@@ -42,12 +42,14 @@ Result<Settings> parse_settings(int argc, char** argv) {
             s.store = value;
         } else if (key == "mount_backend") {
             if (value != "auto" && value != "kernel" && value != "fuse" && value != "extract")
-                return make_error("plugstack.conf: mount_backend=" + value + ": expected auto, kernel, fuse or extract");
+                return make_error("plugstack.conf: mount_backend=" + value +
+                                  ": expected auto, kernel, fuse or extract");
             s.mount_backend = value;
         } else if (key == "gantry") {
             s.gantry = value;
         } else if (key == "trace") {
-            if (value.empty() || value[0] != '/') return make_error("plugstack.conf: trace=" + value + ": expected an absolute path");
+            if (value.empty() || value[0] != '/')
+                return make_error("plugstack.conf: trace=" + value + ": expected an absolute path");
             s.trace = value;
         } else if (key == "use_enroot_load" || key == "importer" || key == "use_squashfuse") {
             return make_error("plugstack.conf: '" + key +

@@ -101,7 +101,8 @@ std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
     // PlugStackConfig, when it is not beside slurm.conf: the file itself (its directory may hold
     // slurmd's own state, e.g. the spool directory in the test harness).
     if (slurm != nullptr && slurm->plugstack != nullptr && slurm->plugstack[0] == '/' &&
-        std::none_of(out.begin(), out.end(), [&](const std::string& d) { return starts_with(slurm->plugstack, d + "/"); }))
+        std::none_of(out.begin(), out.end(),
+                     [&](const std::string& d) { return starts_with(slurm->plugstack, d + "/"); }))
         out.emplace_back(slurm->plugstack);
     if (slurm != nullptr && slurm->authinfo != nullptr) {
         // AuthInfo is a comma-separated list of key=value; only socket= matters here.
@@ -120,7 +121,6 @@ std::vector<std::string> batch_srun_paths(const std::vector<std::string>& env) {
         if (std::find(unique.begin(), unique.end(), p) == unique.end()) unique.push_back(p);
     return unique;
 }
-
 
 // The PMIx directories a --mpi=pmix* step's ranks need inside (docs/devices.md, gantry.conf pmix).
 void add_pmix_mounts(spank_t sp, const std::vector<std::string>& env, bool named, std::vector<DeviceMount>& mounts) {

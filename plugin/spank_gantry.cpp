@@ -50,10 +50,14 @@ gantry::plugin::Settings g_settings;
 // Library messages go through Slurm's logging, which reaches the user's terminal for srun.
 void route_log_to_slurm() {
     gantry::log::set_sink([](gantry::log::Level level, const std::string& m) {
-        if (level == gantry::log::Level::error) slurm_error("gantry: %s", m.c_str());
-        else if (level == gantry::log::Level::warning) slurm_info("gantry: warning: %s", m.c_str());
-        else if (level == gantry::log::Level::info) slurm_verbose("gantry: %s", m.c_str());
-        else slurm_debug("gantry: %s", m.c_str());
+        if (level == gantry::log::Level::error)
+            slurm_error("gantry: %s", m.c_str());
+        else if (level == gantry::log::Level::warning)
+            slurm_info("gantry: warning: %s", m.c_str());
+        else if (level == gantry::log::Level::info)
+            slurm_verbose("gantry: %s", m.c_str());
+        else
+            slurm_debug("gantry: %s", m.c_str());
     });
 }
 
@@ -91,9 +95,10 @@ GANTRY_EXPORT int slurm_spank_init(spank_t sp, int argc, char** argv) {
         char* running = nullptr;
         if (spank_get_item(sp, S_SLURM_VERSION, &running) == ESPANK_SUCCESS && running != nullptr &&
             release_of(running) != kBuiltRelease) {
-            slurm_error("gantry: spank_gantry.so was built for Slurm %d.%02d but this is Slurm %s; rebuild it against "
-                        "this Slurm's libslurm-dev (see docs/admin.md)",
-                        kBuiltRelease >> 8, kBuiltRelease & 0xff, running);
+            slurm_error(
+                "gantry: spank_gantry.so was built for Slurm %d.%02d but this is Slurm %s; rebuild it against "
+                "this Slurm's libslurm-dev (see docs/admin.md)",
+                kBuiltRelease >> 8, kBuiltRelease & 0xff, running);
             return -1;
         }
         auto settings = gantry::plugin::parse_settings(argc, argv);
@@ -150,7 +155,8 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
                 }
                 gantry::plugin::start_record_armed(sp);
                 return 0;
-            default: return 0;
+            default:
+                return 0;
         }
     });
 }

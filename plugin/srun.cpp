@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/import_watch.hpp"
 #include "gantry/pull.hpp"
 #include "gantry/reference.hpp"
@@ -48,7 +48,8 @@ bool nodes_would_resolve(const Config& config) {
     const std::string& env = environment().gantry_pull_policy.value;
     auto policy = parse_pull_policy(!env.empty() ? env : config.pull_policy);
     if (!policy) return false;  // the nodes report the bad policy, in their own words
-    const bool registry_authorizes = config.private_images || (!config.store_owner.empty() && !config.store_path.empty());
+    const bool registry_authorizes =
+        config.private_images || (!config.store_owner.empty() && !config.store_path.empty());
     return *policy == PullPolicy::always || (*policy == PullPolicy::missing && registry_authorizes);
 }
 
@@ -136,8 +137,12 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     return {};
 }
 
-void stop_import_watch() { g_import_watch.reset(); }
+void stop_import_watch() {
+    g_import_watch.reset();
+}
 
-void clear_resolved_image() { unset_environment_variable(kResolvedVar); }
+void clear_resolved_image() {
+    unset_environment_variable(kResolvedVar);
+}
 
 }  // namespace gantry::plugin

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/strings.hpp"
 #include "options.hpp"

@@ -20,7 +20,6 @@ std::vector<std::string> job_environment(spank_t sp) {
     return env;
 }
 
-
 std::string container_name(const std::string& name, uint32_t jobid, const Settings& settings) {
     // Pyxis naming, so that scripts and admins find the same names.
     return settings.container_scope == "global" ? "pyxis_" + name : "pyxis_" + std::to_string(jobid) + "_" + name;

@@ -44,7 +44,9 @@ namespace gantry::plugin {
 
 // The head of every message about an image that could not be had, whatever went wrong: Pyxis's
 // wording ("failed to import docker image: IMAGE"), which users' scripts grep for.
-inline std::string import_failed(const std::string& image) { return "failed to import docker image: " + image; }
+inline std::string import_failed(const std::string& image) {
+    return "failed to import docker image: " + image;
+}
 
 // srun's working directory, handed to the nodes when --container-image is a relative path (stepd.cpp).
 inline constexpr const char* kSrunDirVar = "GANTRY_SRUN_DIR";
@@ -100,30 +102,31 @@ private:
 
 // State of this step in this slurmstepd; forked tasks inherit a copy.
 struct StepState {
-    std::string error;                   // reported by every task when set
-    std::optional<Container> container;  // the step's container, created by prepare_step
-    ContainerState joined;               // what tasks join
-    std::optional<JoinHandles> handles;  // the holder's namespaces and root, opened as root (task_init_privileged)
+    std::string error;                        // reported by every task when set
+    std::optional<Container> container;       // the step's container, created by prepare_step
+    ContainerState joined;                    // what tasks join
+    std::optional<JoinHandles> handles;       // the holder's namespaces and root, opened as root (task_init_privileged)
     std::optional<CgroupLevel> cgroup_level;  // where the holder goes: the step's or job's cgroups (none: global names)
     bool holder_placed = false;               // task_forked moved it
-    bool run_on_host = false;            // no container for this step (no_exec, or no image)
-    std::string digest;                  // the image every rank of the step runs, told to the tasks
-    UniqueFd image_in_use;               // shared lock: the image stays while the step runs
-    std::vector<UniqueFd> image_files;   // a trusted store's image as acquire_image opened it
+    bool run_on_host = false;                 // no container for this step (no_exec, or no image)
+    std::string digest;                       // the image every rank of the step runs, told to the tasks
+    UniqueFd image_in_use;                    // shared lock: the image stays while the step runs
+    std::vector<UniqueFd> image_files;        // a trusted store's image as acquire_image opened it
     uint32_t tasks_exited = 0;
     std::vector<std::string> entrypoint;  // run in front of each task's command (--container-entrypoint)
     bool entrypoint_log = false;
-    std::string entry_helper;             // gantry-entry, which Slurm execs in the task's place
-    std::string save_path;                // --container-save: written after the last task, on node 0
-    std::string image_base;               // the directory a relative --container-image was taken against
+    std::string entry_helper;  // gantry-entry, which Slurm execs in the task's place
+    std::string save_path;     // --container-save: written after the last task, on node 0
+    std::string image_base;    // the directory a relative --container-image was taken against
     uid_t uid = 0;
     gid_t gid = 0;
     std::vector<gid_t> groups;
     Config config;
-    std::string device_warnings;          // devices (issue 7): shown by node 0's first task
-    bool efa_devices = false;             // EFA devices went into the container: its fabric is checked (issue 37)
-    std::string notices;                  // "gantry: ..." lines for srun's terminal, node 0's first task
-    std::optional<StepSignals> signals;   // slurmstepd only (watch_step_signals): stops pulls and checks of a cancelled step
+    std::string device_warnings;  // devices (issue 7): shown by node 0's first task
+    bool efa_devices = false;     // EFA devices went into the container: its fabric is checked (issue 37)
+    std::string notices;          // "gantry: ..." lines for srun's terminal, node 0's first task
+    std::optional<StepSignals>
+        signals;  // slurmstepd only (watch_step_signals): stops pulls and checks of a cancelled step
 };
 
 StepState& state();
@@ -189,7 +192,7 @@ std::optional<HolderWithImage> acquire_stored_as_user(const Settings& settings, 
                                                       const std::string& image, const std::string& resolved, bool whole,
                                                       bool in_holder);
 Result<PullReport> pull_into_trusted_store(const Settings& settings, const Config& config, const JobIdentity& id,
-                                           std::string image, const std::string& resolved,
-                                           std::vector<std::string> env, bool whole);
+                                           std::string image, const std::string& resolved, std::vector<std::string> env,
+                                           bool whole);
 
 }  // namespace gantry::plugin

@@ -108,7 +108,6 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         return {};
     }
 
-
     std::string name, mode = "auto";
     if (o.name) {
         name = *o.name;
@@ -122,8 +121,9 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         }
         if (name.empty()) return make_error("--container-name: empty name");
         // JOBID.STEPID names a running step's unnamed container (Pyxis), whatever the scope.
-        bool step_id = name.find_first_not_of("0123456789.") == std::string::npos && name.find('.') != std::string::npos &&
-                       name.front() != '.' && name.back() != '.' && name.find('.') == name.rfind('.');
+        bool step_id = name.find_first_not_of("0123456789.") == std::string::npos &&
+                       name.find('.') != std::string::npos && name.front() != '.' && name.back() != '.' &&
+                       name.find('.') == name.rfind('.');
         name = step_id ? "pyxis_" + name : container_name(name, id->jobid, settings);
     }
 
@@ -140,13 +140,15 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         // A name is its owner's: another user can neither join, replace nor stop it (with
         // container_scope=global, names are shared by every job on the node).
         if (existing && existing->state().uid != id->uid)
-            return make_error("--container-name=" + *o.name + ": a container of that name belongs to another user; choose another name");
+            return make_error("--container-name=" + *o.name +
+                              ": a container of that name belongs to another user; choose another name");
         if (existing && (mode == "auto" || mode == "exec" || mode == "no_exec")) {
             // Pyxis attaches to a container a step is running in, and starts the others afresh:
             // `exec` asks for a running one.
             bool running = has_step_processes(existing->state());
             if (mode == "exec" && !running)
-                return make_error("--container-name=" + *o.name + ": the container is not running (mode exec attaches to a running one)");
+                return make_error("--container-name=" + *o.name +
+                                  ": the container is not running (mode exec attaches to a running one)");
             if (mode == "no_exec") {
                 st.run_on_host = true;
                 return {};
@@ -179,7 +181,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         }
     }
     if (!o.image) {
-        if (!name.empty()) return make_error("--container-name=" + *o.name + ": no such container and no --container-image");
+        if (!name.empty())
+            return make_error("--container-name=" + *o.name + ": no such container and no --container-image");
         st.run_on_host = true;
         return {};
     }
@@ -238,7 +241,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         if (!store_root) return store_root.error().wrap(import_failed(image));
         bool two_halves = false;
         if (!st.config.store_owner.empty() && !st.config.store_path.empty()) {
-            auto store = ImageStore::open(st.config.store_path, false, st.config);  // the admin's path, root-owned or store_owner's
+            auto store = ImageStore::open(st.config.store_path, false,
+                                          st.config);  // the admin's path, root-owned or store_owner's
             two_halves = store && store->trusted(st.config);
         }
         // The launcher picks the backend after the pull (Container::create): ask now whether that
@@ -251,8 +255,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
         std::optional<HolderWithImage> stored;
         if (!two_halves) {
             trace::Phase phase(kPhaseAcquireStored);
-            stored = acquire_stored_as_user(settings, st.config, *id, *store_root, image, resolved, whole,
-                                            name.empty());
+            stored =
+                acquire_stored_as_user(settings, st.config, *id, *store_root, image, resolved, whole, name.empty());
         }
         auto pulled = [&]() -> Result<PullReport> {
             if (stored) {
@@ -300,12 +304,13 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             // over (acquire_image_as); everything after uses those, never the report's file names.
             trace::Phase phase("acquire_image_as");
             if (stored) spec.started_holder = std::move(stored->holder);
-            auto acquired = stored ? Result<AcquiredImage>(std::move(stored->image))
-                                   : acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
-                                                      helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH),
-                                                      *store_root, pulled->digest,
-                                                      std::chrono::seconds(st.config.check_timeout_seconds),
-                                                      [] { return state().signals && state().signals->pending(); });
+            auto acquired =
+                stored
+                    ? Result<AcquiredImage>(std::move(stored->image))
+                    : acquire_image_as(ProcessIdentity{id->uid, id->gid, id->groups},
+                                       helper_path(settings, "gantry-holder", GANTRY_HOLDER_INSTALL_PATH), *store_root,
+                                       pulled->digest, std::chrono::seconds(st.config.check_timeout_seconds),
+                                       [] { return state().signals && state().signals->pending(); });
             if (!acquired) return acquired.error().wrap(import_failed(image));
             auto paths = acquired->paths();
             spec.image_path = paths.back();
@@ -408,9 +413,12 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     // Where the holder goes once Slurm has placed the first task (task_forked): the task's own leaf
     // for a step's container, the job's leaf for a named one, outside every job for a node-wide one
     // (container_scope=global): never left in the step, where it started (cgroup/v2: step_N/slurm).
-    if (name.empty()) st.cgroup_level = CgroupLevel::step;
-    else if (settings.container_scope == "job") st.cgroup_level = CgroupLevel::job;
-    else st.cgroup_level = CgroupLevel::node;
+    if (name.empty())
+        st.cgroup_level = CgroupLevel::step;
+    else if (settings.container_scope == "job")
+        st.cgroup_level = CgroupLevel::job;
+    else
+        st.cgroup_level = CgroupLevel::node;
     if (name.empty()) {
         st.container = std::move(*created);  // stopped when the step's last task exits
     } else {
@@ -422,8 +430,9 @@ Status do_prepare(spank_t sp, const Settings& settings) {
 
 }  // namespace
 
-
-void watch_step_signals() { state().signals.emplace(); }
+void watch_step_signals() {
+    state().signals.emplace();
+}
 Status prepare_step(spank_t sp, const Settings& settings) {
     auto st = do_prepare(sp, settings);
     if (!st) state().error = "gantry: " + st.error().message;
@@ -437,7 +446,8 @@ void check_image_base() {
     std::string cwd(PATH_MAX, '\0');
     if (::getcwd(cwd.data(), cwd.size()) == nullptr) return;
     cwd.resize(std::strlen(cwd.c_str()));
-    struct stat here {}, base {};
+    struct stat here {
+    }, base{};
     if (::stat(cwd.c_str(), &here) == 0 && ::stat(st.image_base.c_str(), &base) == 0 && here.st_dev == base.st_dev &&
         here.st_ino == base.st_ino)
         return;
@@ -474,7 +484,8 @@ void resolve_save_path() {
 
 void task_forked(spank_t sp) {
     StepState& st = state();
-    if (st.holder_placed || !st.cgroup_level || !st.error.empty() || st.run_on_host || st.joined.holder_pid <= 0) return;
+    if (st.holder_placed || !st.cgroup_level || !st.error.empty() || st.run_on_host || st.joined.holder_pid <= 0)
+        return;
     pid_t task = 0;
     if (!item(sp, S_TASK_PID, &task) || task <= 0) return;
     st.holder_placed = true;

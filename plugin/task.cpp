@@ -20,8 +20,10 @@ void prepare_task(spank_t) {
     if (!st.error.empty() || st.run_on_host || st.joined.holder_pid <= 0) return;
     // Still root: the holder root started is not the user's to open (not dumpable).
     auto handles = open_join_handles(st.joined);
-    if (!handles) st.error = "gantry: " + handles.error().message;
-    else st.handles = std::move(*handles);
+    if (!handles)
+        st.error = "gantry: " + handles.error().message;
+    else
+        st.handles = std::move(*handles);
 }
 
 Status join_step(spank_t sp) {

@@ -118,7 +118,8 @@ void hand_srun_times() {
     auto from = telemetry::first_point("srun pin_image_digest +");
     auto to = telemetry::last_point("srun pin_image_digest -");
     // Only when srun did resolve a tag for the step (kResolvedVar): otherwise the nodes resolve it, in their pull.
-    if (from && to && *to >= *from && environment().gantry_resolved_image.set) value += " " + std::to_string(*to - *from);
+    if (from && to && *to >= *from && environment().gantry_resolved_image.set)
+        value += " " + std::to_string(*to - *from);
     set_environment_variable(kSrunTimesVar, value);
 }
 

@@ -143,9 +143,9 @@ Result<AwsCredentials> aws_credentials(const std::string& region);
 // An STS answer (AssumeRole, AssumeRoleWithWebIdentity; XML, through libxml2: entities decoded,
 // no DTD, no network): the credentials of a success, or the Code and Message of an error answer.
 struct StsAnswer {
-    AwsCredentials creds;      // source left empty; expiration 0 when absent or unparsable
-    std::string code, message; // an <Error>'s
-    bool xml = false;          // the body was well-formed XML
+    AwsCredentials creds;       // source left empty; expiration 0 when absent or unparsable
+    std::string code, message;  // an <Error>'s
+    bool xml = false;           // the body was well-formed XML
 };
 StsAnswer parse_sts_answer(std::string_view body);
 // The credential JSON of the container endpoint, IMDS and credential_process; `token_field` names the

@@ -114,8 +114,8 @@ struct GpuRequest {
 };
 // Precedence, first that is set: NVIDIA_VISIBLE_DEVICES in the job environment (the user's explicit
 // choice, bounded by SLURM_STEP_GPUS or else SLURM_JOB_GPUS when set: `all` means the allocated GPUs,
-// a list naming any other GPU or a CDI device is an error), CUDA_VISIBLE_DEVICES when it lists only MIG UUIDs (Slurm's MIG GRES), SLURM_STEP_GPUS,
-// SLURM_JOB_GPUS (the allocation), CUDA_VISIBLE_DEVICES in the job environment,
+// a list naming any other GPU or a CDI device is an error), CUDA_VISIBLE_DEVICES when it lists only MIG UUIDs (Slurm's
+// MIG GRES), SLURM_STEP_GPUS, SLURM_JOB_GPUS (the allocation), CUDA_VISIBLE_DEVICES in the job environment,
 // NVIDIA_VISIBLE_DEVICES in the image's Env (CUDA images say `all`).
 Result<GpuRequest> gpu_request(const std::vector<std::string>& job_env, const std::vector<std::string>& image_env);
 

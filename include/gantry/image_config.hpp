@@ -20,7 +20,7 @@ struct ImageConfig {
     std::string user;                     // recorded, not applied (Enroot/Pyxis ignore it too)
     std::vector<std::string> volumes;
     std::map<std::string, std::string> labels;
-    std::vector<std::string> diff_ids;    // rootfs.diff_ids, bottom layer first
+    std::vector<std::string> diff_ids;  // rootfs.diff_ids, bottom layer first
 };
 
 // Parses an OCI image config / Docker container config JSON document.

@@ -12,8 +12,8 @@
 
 #include <sys/types.h>
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -74,7 +74,7 @@ struct StartedHolder {
 
 // Everything `Container::create` needs.
 struct ContainerSpec {
-    std::string image_path;      // the squashfs file (a layered image: its top layer's)
+    std::string image_path;  // the squashfs file (a layered image: its top layer's)
     // A store image kept as layers (gantry pull --layered; docs/store.md, "Layers"): every layer's
     // squashfs, bottom first, stacked read-only by overlayfs. Kernel backend only (trusted store, root).
     std::vector<std::string> image_layers;
@@ -170,7 +170,8 @@ struct HolderWithImage {
     AcquiredImage image;
 };
 Result<HolderWithImage> start_holder_acquiring(const std::string& holder_program, const HolderAcquisition& acquisition,
-                                               std::chrono::milliseconds limit, const std::function<bool()>& should_stop);
+                                               std::chrono::milliseconds limit,
+                                               const std::function<bool()>& should_stop);
 
 // gantry-holder --serve-image IMAGE INNER_UID INNER_GID IDLE_SECONDS FUSE_SERVER POLL_US [LAYER...]:
 // the fuse backend's shared image server (runtime/launcher/image_server.cpp), with its report socket

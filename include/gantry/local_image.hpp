@@ -50,9 +50,7 @@ struct LocalFile {
 
     // Where to read the bytes that were hashed: /proc/self/fd/N of `fd` (the same file, whatever has
     // been renamed over `path` since), else `path`.
-    [[nodiscard]] std::string open_path() const {
-        return fd ? "/proc/self/fd/" + std::to_string(fd->get()) : path;
-    }
+    [[nodiscard]] std::string open_path() const { return fd ? "/proc/self/fd/" + std::to_string(fd->get()) : path; }
 };
 // Finds a file of the image by its name inside the layout or archive ("index.json",
 // "blobs/sha256/<hex>", a docker-archive's "<hex>.tar"); an error when there is none.

@@ -29,14 +29,14 @@ struct MountSpec {
     std::string source;       // host path for bind mounts, "tmpfs"/"umount" otherwise
     std::string destination;  // normalized absolute path inside the container: "/fsx"
     bool read_only = false;
-    bool recursive = true;    // rbind (default) or bind
+    bool recursive = true;  // rbind (default) or bind
     bool nosuid = false;
     bool nodev = false;
     bool noexec = false;
     Propagation propagation = Propagation::private_;
     bool propagation_recursive = true;
-    std::string data;         // tmpfs options, comma-joined: "size=1G,mode=1777"
-    std::string text;         // the entry as written, for messages
+    std::string data;  // tmpfs options, comma-joined: "size=1G,mode=1777"
+    std::string text;  // the entry as written, for messages
     // A mounts.d entry with `nofail`: left out when the job user does not reach its source (decided as
     // the user, by the path check and the holder; root never looks: the source may hold ${USER}).
     bool nofail = false;

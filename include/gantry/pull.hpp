@@ -26,7 +26,7 @@ struct PullProgress {
     uint64_t bytes_total = 0;  // sum of layer sizes
     size_t layers_done = 0;    // layers converted into the squashfs
     size_t layers_total = 0;
-    std::string note;          // e.g. who holds the producer lock while waiting
+    std::string note;  // e.g. who holds the producer lock while waiting
 };
 
 // When to ask the registry what a tag names (docker/podman's --pull). Digest-pinned references whose
@@ -47,7 +47,7 @@ struct PullOptions {
     // later. The caller's own record (the store's owner rule), and never where the registry
     // authorises the caller: the digest is the caller's word.
     std::optional<ImageReference> resolved_tag;
-    CredentialLookup credentials;  // empty: the registry client's default sources
+    CredentialLookup credentials;    // empty: the registry client's default sources
     std::string credential_sources;  // names what `credentials` consults, for "no credentials" messages
     std::function<void(const PullProgress&)> on_progress;
     std::chrono::seconds producer_timeout{3600};
@@ -63,8 +63,8 @@ struct PullOptions {
 struct PullResult {
     std::string digest;
     std::string squashfs_path;  // a layered image: its record, images/<hex>.json
-    bool produced = false;  // false: it was already in the store (or another producer made it)
-    bool waited = false;    // not produced: another producer made it while this pull waited for its lock
+    bool produced = false;      // false: it was already in the store (or another producer made it)
+    bool waited = false;        // not produced: another producer made it while this pull waited for its lock
     ConversionStats stats;
     size_t layers_converted = 0;  // a layered pull: the layers it downloaded and converted
     size_t layers_reused = 0;     // a layered pull: the layers the store had already

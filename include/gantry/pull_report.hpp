@@ -23,12 +23,13 @@ enum class PullErrorKind {
 std::string_view to_string(PullErrorKind kind);
 
 struct PullReport {
-    std::string digest;         // manifest digest, "sha256:<hex>"
-    std::string squashfs_path;  // the image file in the store (a layered image: its top layer); empty for --credentials-only
+    std::string digest;  // manifest digest, "sha256:<hex>"
+    std::string
+        squashfs_path;  // the image file in the store (a layered image: its top layer); empty for --credentials-only
     std::vector<std::string> layer_paths;  // a layered image: its layers' squashfs files, bottom first
-    std::string config_json;    // the image's OCI config as stored
+    std::string config_json;               // the image's OCI config as stored
     PullErrorKind error = PullErrorKind::none;
-    std::string message;        // the error, one line, without the "gantry: " prefix
+    std::string message;  // the error, one line, without the "gantry: " prefix
     // Where the image came from (start-up telemetry): "pulled" (this pull produced it), "waited"
     // (another producer did, while this one waited), "stored" (a hit); empty from an older gantry.
     std::string outcome;

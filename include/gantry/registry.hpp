@@ -43,21 +43,21 @@ struct Descriptor {
 // What `resolve` returns: everything needed to build the image, all of it verified.
 struct ResolvedImage {
     ImageReference reference;
-    std::string manifest_digest;      // digest of the platform manifest (not of an index)
-    std::string index_digest;         // digest of the index/list it was selected from, if any
+    std::string manifest_digest;  // digest of the platform manifest (not of an index)
+    std::string index_digest;     // digest of the index/list it was selected from, if any
     std::string manifest_media_type;
-    std::string manifest_json;        // exact bytes as served
+    std::string manifest_json;  // exact bytes as served
     Descriptor config;
-    std::string config_json;          // exact bytes as served
-    std::vector<Descriptor> layers;   // bottom layer first
+    std::string config_json;         // exact bytes as served
+    std::vector<Descriptor> layers;  // bottom layer first
 };
 
 // Credentials, CredentialLookup and the credential sources (Docker config.json, credential helpers,
 // containers auth.json, Enroot's .credentials, native ECR) live in gantry/auth.hpp; see docs/auth.md.
 
 struct RegistryOptions {
-    int max_connections = 0;         // 0: from Config, else sized for the host
-    CredentialLookup credentials;    // empty: default_credential_lookup(), the full chain of docs/auth.md
+    int max_connections = 0;       // 0: from Config, else sized for the host
+    CredentialLookup credentials;  // empty: default_credential_lookup(), the full chain of docs/auth.md
     // Names the sources `credentials` consults, for "no credentials found for X; tried ..." messages.
     // Empty: default_credential_sources() when `credentials` is empty, else "the configured credential lookup".
     std::string credential_sources;

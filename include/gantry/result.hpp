@@ -30,13 +30,15 @@ inline Error system_error(const std::string& what, int err = errno) {
     return Error{what + ": " + std::strerror(err), err, 0};
 }
 
-inline Error make_error(std::string message) { return Error{std::move(message), 0, 0}; }
+inline Error make_error(std::string message) {
+    return Error{std::move(message), 0, 0};
+}
 
 // A minimal expected<T, Error> (std::expected is C++23; Debian 12's g++ 12 lacks it).
 template <typename T>
 class [[nodiscard]] Result {
 public:
-    Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+    Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}      // NOLINT: implicit by design
     Result(Error error) : v_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
 
     [[nodiscard]] bool ok() const { return v_.index() == 0; }
@@ -75,8 +77,8 @@ using Status = Result<void>;
 }  // namespace gantry
 
 // Early return of a failed Result, adding no context. For use in functions returning any Result.
-#define GANTRY_TRY(expr)                                 \
-    do {                                                 \
-        auto&& gantry_try_r_ = (expr);                   \
+#define GANTRY_TRY(expr)                                       \
+    do {                                                       \
+        auto&& gantry_try_r_ = (expr);                         \
         if (!gantry_try_r_.ok()) return gantry_try_r_.error(); \
     } while (0)

@@ -34,7 +34,7 @@ struct RunRequest {
     std::vector<std::string> image_layers;  // a layered store image (ContainerSpec::image_layers)
     ImageConfig image_config;
     ImageSource image_source = ImageSource::local_file;
-    std::vector<std::string> env;  // the job's environment (gantry run: the caller's)
+    std::vector<std::string> env;   // the job's environment (gantry run: the caller's)
     std::vector<MountSpec> mounts;  // --container-mounts / --mount, parsed, plus the front end's own binds
     // Unset: the site's defaults (gantry.conf's container_* keys, or its enroot_conf).
     std::optional<bool> writable, remap_root, mount_home;

@@ -78,22 +78,21 @@ struct ProcessRequest {
 };
 
 struct ProcessOutcome {
-    int status = -1;       // exit status, or 128 + signal
-    int signal = 0;        // the signal that ended it, 0 when it exited
+    int status = -1;         // exit status, or 128 + signal
+    int signal = 0;          // the signal that ended it, 0 when it exited
     bool stopped = false;    // killed because should_stop said so
     bool timed_out = false;  // killed because it ran past ProcessRequest::timeout
-    std::string out, err;  // its stdout and stderr (capped)
+    std::string out, err;    // its stdout and stderr (capped)
 };
 
 // Runs the request to completion. The child is watched through a pidfd: a stop request or the
 // deadline ends it (its process group is killed and it is reaped) even after it closed every pipe; a
-// child the kernel keeps from dying for 5 s after SIGKILL is an error (left unreaped). The program starts with no signal blocked, whatever the caller
-// blocks. It runs in a process group of its own (so that stopping it
-// stops what it started), with stdin from /dev/null (unless `inputs` names descriptor 0) and only
-// the descriptors named above. A program
-// that writes more than a cap to any stream is killed and this returns an error naming the stream,
-// so the caller's memory stays bounded whatever the program (or an LD_PRELOAD in its environment)
-// does. Errors also for: a failed identity switch, namespace entry or exec.
+// child the kernel keeps from dying for 5 s after SIGKILL is an error (left unreaped). The program starts with no
+// signal blocked, whatever the caller blocks. It runs in a process group of its own (so that stopping it stops what it
+// started), with stdin from /dev/null (unless `inputs` names descriptor 0) and only the descriptors named above. A
+// program that writes more than a cap to any stream is killed and this returns an error naming the stream, so the
+// caller's memory stays bounded whatever the program (or an LD_PRELOAD in its environment) does. Errors also for: a
+// failed identity switch, namespace entry or exec.
 Result<ProcessOutcome> spawn(const ProcessRequest& request);
 
 // Why the program did not end by itself, for a one-line error: "the step is being stopped" or "no
@@ -102,10 +101,10 @@ std::string stop_reason(const ProcessRequest& request, const ProcessOutcome& out
 
 // Starts the request's program and returns without waiting for it: the same identity, namespace,
 // descriptor and environment rules as spawn(), but nothing is captured (`outputs`, the caps and
-// should_stop are ignored): stdin, stdout and stderr are /dev/null unless `inputs` names them. Returns the program's pid, to reap with waitpid; 0 with `daemonize` (the
-// program is no child of ours): then `daemon_pidfd`, when given, receives a pidfd of the program, taken
-// while its pid could not yet have been reused (so a caller can end it, e.g. past a deadline). A
-// failure before exec shows as its exit status 125-127.
+// should_stop are ignored): stdin, stdout and stderr are /dev/null unless `inputs` names them. Returns the program's
+// pid, to reap with waitpid; 0 with `daemonize` (the program is no child of ours): then `daemon_pidfd`, when given,
+// receives a pidfd of the program, taken while its pid could not yet have been reused (so a caller can end it, e.g.
+// past a deadline). A failure before exec shows as its exit status 125-127.
 Result<pid_t> start_process(const ProcessRequest& request, UniqueFd* daemon_pidfd = nullptr);
 
 }  // namespace gantry

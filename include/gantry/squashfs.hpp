@@ -41,11 +41,11 @@ struct SquashfsOptions {
     // zstd | lz4 | gzip | xz | lzo | none. lz4 with 128 KiB blocks: the fastest to start from and to
     // write, 15% larger than zstd (docs/squashfs.md has the measurements).
     std::string compressor = "lz4";
-    int level = 0;                    // 0: Gantry's default for the compressor (zstd 3, gzip 6, lzo1x_1)
-    uint32_t block_size = 131072;     // power of two, 4 KiB .. 1 MiB
-    unsigned threads = 0;             // compressor threads; 0: number of online CPUs
-    bool sync = true;                 // fsync the image before returning (it is published by rename)
-    PullLimits limits;                // counted while the layers stream (gantry.conf, gantry/config.hpp)
+    int level = 0;                 // 0: Gantry's default for the compressor (zstd 3, gzip 6, lzo1x_1)
+    uint32_t block_size = 131072;  // power of two, 4 KiB .. 1 MiB
+    unsigned threads = 0;          // compressor threads; 0: number of online CPUs
+    bool sync = true;              // fsync the image before returning (it is published by rename)
+    PullLimits limits;             // counted while the layers stream (gantry.conf, gantry/config.hpp)
 };
 
 // Which layer broke which limit: the layer's blob is intact (its digest verified) but must not be
@@ -57,9 +57,9 @@ struct LimitBreach {
 
 struct ConversionStats {
     uint64_t files = 0, directories = 0, symlinks = 0, hardlinks = 0, others = 0;
-    uint64_t shadowed_entries = 0;   // entries hidden by higher layers or whiteouts, skipped
-    uint64_t uncompressed_bytes = 0; // tar bytes read
-    uint64_t image_bytes = 0;        // size of the squashfs written
+    uint64_t shadowed_entries = 0;    // entries hidden by higher layers or whiteouts, skipped
+    uint64_t uncompressed_bytes = 0;  // tar bytes read
+    uint64_t image_bytes = 0;         // size of the squashfs written
 };
 
 // Writes `output` (created; must not exist) from `layers` (bottom layer first, as in the manifest).
@@ -124,7 +124,7 @@ Result<ConversionStats> compose_layers_to_image(const std::vector<std::string>& 
 // whiteout or an opaque marker for the layers below the group, so that overlayfs shows the same tree
 // for the group over those layers as for the layers one by one. `layers` are parsed: store layers.
 Result<ConversionStats> compose_layers_for_overlay(const std::vector<std::string>& layers, const std::string& output,
-                                                  const SquashfsOptions& options, const std::string& opaque_xattr);
+                                                   const SquashfsOptions& options, const std::string& opaque_xattr);
 
 // The content of the regular file `path` ("/etc/environment") inside the squashfs `image`, read with
 // libsquashfs without mounting it; nullopt when the image has no such regular file (a symlink is not

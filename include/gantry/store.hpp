@@ -64,13 +64,13 @@ struct ImageMetadata {
 // (convert_layer_for_overlay, opaque directories marked with user.overlay.opaque so that one file
 // serves root's overlay mount and a user namespace's, both with `userxattr`), named by its chain ID.
 struct LayerRecord {
-    std::string chain_id;     // the stack up to and including this layer (chain_id() in digest.hpp)
-    std::string diff_id;      // the layer's uncompressed digest
-    std::string parent;       // the chain ID below it; empty for the bottom layer
-    std::string blob_digest;  // the (compressed) blob it was converted from
+    std::string chain_id;             // the stack up to and including this layer (chain_id() in digest.hpp)
+    std::string diff_id;              // the layer's uncompressed digest
+    std::string parent;               // the chain ID below it; empty for the bottom layer
+    std::string blob_digest;          // the (compressed) blob it was converted from
     uint64_t uncompressed_bytes = 0;  // the layer's tar, counted against max_image_bytes of each image
-    uint64_t layer_bytes = 0; // size of the squashfs
-    int64_t converted_at = 0; // unix seconds
+    uint64_t layer_bytes = 0;         // size of the squashfs
+    int64_t converted_at = 0;         // unix seconds
     // A group (docs/store.md, "Deep images"): several layers composed into one squashfs in overlay
     // form, named by layer_group_key() of its top layer's chain ID; these are their diff_ids, bottom
     // first, and `parent` is the chain ID below the first. Empty for one layer.
@@ -274,7 +274,8 @@ private:
     [[nodiscard]] Result<StoredLayer> load_layer(const std::string& chain_id) const;
     // Opens images/<name> for a user (an accepted regular file), holds its shared lock and marks
     // used/<used_name>; `what` ("image", "layer") names it in errors.
-    [[nodiscard]] Result<UniqueFd> open_shared(const std::string& name, const std::string& used_name, const char* what) const;
+    [[nodiscard]] Result<UniqueFd> open_shared(const std::string& name, const std::string& used_name,
+                                               const char* what) const;
     // Marks used/<name> used now.
     void touch_name(const std::string& name) const;
     // used/<name>'s time, or `otherwise` when there is none.

@@ -23,11 +23,19 @@ inline int g_fd = -1;
 using Recorder = void (*)(long long ns, std::string_view what, std::string_view detail);
 inline Recorder g_recorder = nullptr;
 
-inline void enable(int fd) { g_fd = fd; }
-inline void set_recorder(Recorder r) { g_recorder = r; }
+inline void enable(int fd) {
+    g_fd = fd;
+}
+inline void set_recorder(Recorder r) {
+    g_recorder = r;
+}
 // The trace file's descriptor (-1: none), which the holder inherits; on(): anyone listens.
-inline int descriptor() { return g_fd; }
-inline bool on() { return g_fd >= 0 || g_recorder != nullptr; }
+inline int descriptor() {
+    return g_fd;
+}
+inline bool on() {
+    return g_fd >= 0 || g_recorder != nullptr;
+}
 
 inline void point(std::string_view what, std::string_view detail = {}) {
     if (!on()) return;
@@ -42,7 +50,8 @@ inline void point(std::string_view what, std::string_view detail = {}) {
                           static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec, static_cast<int>(::getpid()),
                           static_cast<int>(what.size() > 100 ? 100 : what.size()), w, detail.empty() ? "" : " ",
                           static_cast<int>(detail.size() > 200 ? 200 : detail.size()), d);
-    if (n > 0) (void)!::write(g_fd, line, static_cast<size_t>(n) < sizeof line ? static_cast<size_t>(n) : sizeof line - 1);
+    if (n > 0)
+        (void)!::write(g_fd, line, static_cast<size_t>(n) < sizeof line ? static_cast<size_t>(n) : sizeof line - 1);
 }
 
 // A phase: a point when it begins ("NAME +") and when it ends ("NAME -").

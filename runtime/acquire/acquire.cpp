@@ -25,8 +25,8 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -189,7 +189,9 @@ Result<AcquiredImage> acquire_image_as(const ProcessIdentity& who, const std::st
     UniqueFd child(static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0)));
     Defer reap([&] {
         if (!child || ::syscall(SYS_pidfd_send_signal, child.get(), SIGKILL, nullptr, 0) != 0) ::kill(*pid, SIGKILL);
-        struct pollfd p {child.get(), POLLIN, 0};
+        struct pollfd p {
+            child.get(), POLLIN, 0
+        };
         if (child && ::poll(&p, 1, 5000) == 0) {
             log::warning(what + ": the helper did not end within 5 s of SIGKILL");
             return;
@@ -206,14 +208,18 @@ Result<AcquiredImage> receive_acquired_image(int channel, const std::string& dig
                                              const std::string& sender) {
     // Every wait has an end: the answer comes by `deadline` and before the step's stop request, or
     // the caller kills the sender.
-    const auto limit_s = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now()).count();
+    const auto limit_s =
+        std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now()).count();
     while (true) {
         if (should_stop && should_stop()) return make_error(what + ": the step is being stopped");
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+        auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
         if (left <= 0)
             return make_error(what + ": no answer within " + std::to_string(limit_s) +
                               " s (check_timeout_seconds in gantry.conf; is the store on a stalled file system?)");
-        struct pollfd p {channel, POLLIN, 0};
+        struct pollfd p {
+            channel, POLLIN, 0
+        };
         if (::poll(&p, 1, static_cast<int>(std::min<long long>(left, 200))) > 0) break;
     }
     char text[4096] = {};
@@ -257,7 +263,8 @@ Result<AcquiredImage> receive_acquired_image(int channel, const std::string& dig
         return size > kMaxPullReportBytes || rest.size() >= eol + 1 + size;
     };
     for (char buf[16384]; !report_complete() && rest.size() <= kMaxPullReportBytes + 32;) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         pollfd p{channel, POLLIN, 0};
         if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
         ssize_t got = ::read(channel, buf, sizeof buf);
@@ -289,7 +296,8 @@ Result<AcquiredImage> receive_acquired_image(int channel, const std::string& dig
         if (!high) return system_error(what);
         out.files.push_back(std::move(high));
     }
-    if (auto report = decode_pull_report(rest); report && report->error == PullErrorKind::none && report->digest == digest) {
+    if (auto report = decode_pull_report(rest);
+        report && report->error == PullErrorKind::none && report->digest == digest) {
         out.metadata.manifest_digest = digest;
         out.metadata.config_json = std::move(report->config_json);
         out.reported = true;

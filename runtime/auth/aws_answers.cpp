@@ -88,7 +88,7 @@ StsAnswer parse_sts_answer(std::string_view body) {
     }
     // No network, no entity substitution from a DTD, no messages on stderr.
     xmlDocPtr doc = xml->read_memory(body.data(), static_cast<int>(body.size()), "sts-answer.xml", nullptr,
-                                  XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
+                                     XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
     if (doc == nullptr) return out;
     if (doc->intSubset == nullptr && doc->extSubset == nullptr) {
         const xmlNode* root = xml->root_element(doc);

@@ -16,9 +16,9 @@
 #include <sstream>
 
 #include "auth/internal.hpp"
+#include "gantry/auth.hpp"
 #include "gantry/environment.hpp"
 #include "gantry/files.hpp"
-#include "gantry/auth.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
 
@@ -58,10 +58,9 @@ Result<AwsCredentials> web_identity(const std::string& token_file, const std::st
         return make_error(what + ": refusing the STS endpoint " + net::redact_url(url) + " (not https)");
     net::Request req = endpoint_request("POST", url + "/");
     req.headers = {"Content-Type: application/x-www-form-urlencoded", "Accept: application/xml"};
-    req.body =
-        "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + net::escape(role_arn) +
-        "&RoleSessionName=" + net::escape(session.empty() ? "gantry-" + std::to_string(::getuid()) : session) +
-        "&WebIdentityToken=" + net::escape(trim(*token));
+    req.body = "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + net::escape(role_arn) +
+               "&RoleSessionName=" + net::escape(session.empty() ? "gantry-" + std::to_string(::getuid()) : session) +
+               "&WebIdentityToken=" + net::escape(trim(*token));
     auto resp = net::fetch(req, aws_tls());
     if (!resp) return resp.error().wrap(what + ": STS AssumeRoleWithWebIdentity");
     StsAnswer answer = parse_sts_answer(resp->body);
@@ -73,7 +72,8 @@ Result<AwsCredentials> web_identity(const std::string& token_file, const std::st
     AwsCredentials c = std::move(answer.creds);
     c.source = what + " (STS AssumeRoleWithWebIdentity for " + role_arn + ")";
     if (c.key.access_key_id.empty() || c.key.secret_access_key.empty())
-        return make_error(what + ": the STS answer holds no credentials" + (answer.message.empty() ? "" : " (" + answer.message + ")"));
+        return make_error(what + ": the STS answer holds no credentials" +
+                          (answer.message.empty() ? "" : " (" + answer.message + ")"));
     return c;
 }
 
@@ -172,8 +172,8 @@ Result<CachedRole> call_assume_role(const AwsCredentials& source, const RoleRequ
         if (n != "Host") req.headers.push_back(n + ": " + v);
     req.authorization = sig.authorization;
     req.headers.push_back("Accept: application/xml");
-    log::debug(rr.what + ": asking " + net::redact_url(url) + " to assume " + rr.role_arn + " (source credentials from " +
-               source.source + ")");
+    log::debug(rr.what + ": asking " + net::redact_url(url) + " to assume " + rr.role_arn +
+               " (source credentials from " + source.source + ")");
     auto resp = net::fetch(req, aws_tls());
     if (!resp) return resp.error().wrap(where);
     StsAnswer answer = parse_sts_answer(resp->body);
@@ -190,7 +190,8 @@ Result<CachedRole> call_assume_role(const AwsCredentials& source, const RoleRequ
     r.creds = std::move(answer.creds);
     r.creds.source = rr.what + " (STS AssumeRole for " + rr.role_arn + ")";
     if (r.creds.key.access_key_id.empty() || r.creds.key.secret_access_key.empty())
-        return make_error(where + ": the answer holds no credentials" + (answer.message.empty() ? "" : " (" + answer.message + ")"));
+        return make_error(where + ": the answer holds no credentials" +
+                          (answer.message.empty() ? "" : " (" + answer.message + ")"));
     const std::time_t now = std::time(nullptr);
     if (r.creds.expiration == 0) r.creds.expiration = now + 900;  // STS's shortest lifetime
     r.use_until = role_use_until(r.creds.expiration, now);
@@ -394,8 +395,8 @@ Result<AwsCredentials> aws_credentials(const std::string& ecr_region) {
 
     // 3. Web identity token file.
     if (!env.aws_web_identity_token_file.value.empty() && !env.aws_role_arn.value.empty())
-        return web_identity(env.aws_web_identity_token_file.value, env.aws_role_arn.value, env.aws_role_session_name.value,
-                            region, "web identity token file");
+        return web_identity(env.aws_web_identity_token_file.value, env.aws_role_arn.value,
+                            env.aws_role_session_name.value, region, "web identity token file");
     tried.push_back("web identity (AWS_WEB_IDENTITY_TOKEN_FILE unset)");
 
     // 4. Container credentials endpoint.

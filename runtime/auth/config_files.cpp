@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "auth/internal.hpp"
-#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"

@@ -8,12 +8,12 @@
 #include <cmath>
 #include <ctime>
 #include <mutex>
-#include <string_view>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "auth/internal.hpp"
-#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
@@ -71,8 +71,9 @@ std::map<std::string, CachedToken> g_tokens;  // in-process cache, by cache key
 
 // Who asks and how: a different profile, key or role may see a different registry policy.
 std::string cache_key(const EcrRegistry& reg) {
-    return reg.ecr_host + "\n" + reg.api_endpoint() + "\n" + environment().aws_profile.value + "\n" + environment().aws_access_key_id.value +
-           "\n" + environment().aws_role_arn.value + "\n" + std::to_string(::geteuid());
+    return reg.ecr_host + "\n" + reg.api_endpoint() + "\n" + environment().aws_profile.value + "\n" +
+           environment().aws_access_key_id.value + "\n" + environment().aws_role_arn.value + "\n" +
+           std::to_string(::geteuid());
 }
 
 std::string json_of(const CachedToken& t) {

@@ -23,16 +23,19 @@ std::optional<std::string> base64_decode(std::string_view text) {
     if (text.size() % 4 == 1) return std::nullopt;  // a lone trailing character
     std::string in(text);
     for (char& ch : in) {
-        if (ch == '-') ch = '+';
-        else if (ch == '_') ch = '/';
+        if (ch == '-')
+            ch = '+';
+        else if (ch == '_')
+            ch = '/';
         // EVP_DecodeBlock skips blanks at either end; inside a value nothing but the alphabet passes.
-        else if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '+' || ch == '/')) return std::nullopt;
+        else if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '+' || ch == '/'))
+            return std::nullopt;
     }
     size_t pad = (4 - in.size() % 4) % 4;
     in.append(pad, '=');
     std::string out(in.size() / 4 * 3, '\0');
-    int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(in.data()),
-                            static_cast<int>(in.size()));
+    int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                            reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
     if (n < 0 || static_cast<size_t>(n) < pad) return std::nullopt;
     out.resize(static_cast<size_t>(n) - pad);  // the block coder counts the padding's bytes too
     return out;

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "auth/internal.hpp"
-#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
 

@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/spawn.hpp"
 
@@ -59,7 +59,8 @@ Result<CommandOutput> run_command(const std::vector<std::string>& argv, const st
     if (ran->stopped) {
         char secs[32];
         std::snprintf(secs, sizeof(secs), "%g", timeout_s);
-        return make_error("running " + argv[0] + ": no answer after " + secs + " s (killed; GANTRY_CREDENTIAL_TIMEOUT)");
+        return make_error("running " + argv[0] + ": no answer after " + secs +
+                          " s (killed; GANTRY_CREDENTIAL_TIMEOUT)");
     }
     CommandOutput result;
     result.exit_status = ran->status;

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "auth/internal.hpp"
-#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
 #include "gantry/sigv4.hpp"

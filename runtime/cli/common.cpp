@@ -5,8 +5,8 @@
 
 #include <cstdio>
 
-#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull.hpp"
 #include "gantry/reference.hpp"
@@ -39,14 +39,23 @@ Result<unsigned long long> parse_size(const std::string& text) {
         return make_error("invalid size '" + text + "' (use e.g. 500G, 2T, 4096)");
     }
     std::string unit = text.substr(pos);
-    if (ends_with(unit, "iB")) unit = unit.substr(0, unit.size() - 2);
-    else if (unit.size() == 2 && unit[1] == 'B') unit = unit.substr(0, 1);
-    int shift = unit.empty() || unit == "B" ? 0 : unit == "K" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : unit == "T" ? 40 : -1;
+    if (ends_with(unit, "iB"))
+        unit = unit.substr(0, unit.size() - 2);
+    else if (unit.size() == 2 && unit[1] == 'B')
+        unit = unit.substr(0, 1);
+    int shift = unit.empty() || unit == "B" ? 0
+                : unit == "K"               ? 10
+                : unit == "M"               ? 20
+                : unit == "G"               ? 30
+                : unit == "T"               ? 40
+                                            : -1;
     if (shift < 0) return make_error("invalid size '" + text + "' (use e.g. 500G, 2T, 4096)");
     return n << shift;
 }
 
-Result<Config> load_config() { return load_default_config(); }
+Result<Config> load_config() {
+    return load_default_config();
+}
 
 Result<ImageStore> open_store(const Config& config, const std::string& store_option, bool create) {
     return ImageStore::open(ImageStore::resolve_path(config, store_option), create, config);
@@ -67,8 +76,7 @@ Result<PullPolicy> pull_policy(const Config& config, const std::optional<std::st
 }
 
 Result<RunnableImage> resolve_runnable_image(const Config& config, const std::string& store_option,
-                                             const std::string& image, bool quiet, PullPolicy policy,
-                                             bool layers_ok) {
+                                             const std::string& image, bool quiet, PullPolicy policy, bool layers_ok) {
     RunnableImage out;
     if (is_local_image_path(image)) {
         if (::access(image.c_str(), R_OK) != 0) return system_error("opening image file " + image);

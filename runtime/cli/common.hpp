@@ -32,8 +32,8 @@ Result<ImageStore> open_store(const Config& config, const std::string& store_opt
 // What a container needs from an IMAGE operand.
 struct RunnableImage {
     std::string squashfs_path;
-    ImageConfig config;        // empty for a local squashfs file
-    std::string digest;        // empty for a local squashfs file
+    ImageConfig config;             // empty for a local squashfs file
+    std::string digest;             // empty for a local squashfs file
     bool in_trusted_store = false;  // published by the store (never true for a user-named file)
     // A store image kept as layers (only with resolve_runnable_image's layers_ok): the layers'
     // squashfs files, bottom first; squashfs_path is then the top one's.

@@ -29,9 +29,9 @@
 
 #include "command.hpp"
 #include "common.hpp"
-#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 #include "gantry/devices.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/launcher.hpp"
 #include "gantry/slurm_conf.hpp"
 #include "gantry/spawn.hpp"
@@ -436,8 +436,8 @@ int doctor_verb(const std::optional<std::string>& plugstack, const std::optional
         gpus(*config),
         efa(*config),
         memlock(*config),
-        plugin(plugstack.value_or(""), slurm_conf_env.set ? std::optional<std::string>(slurm_conf_env.value) : std::nullopt,
-               slurm)};
+        plugin(plugstack.value_or(""),
+               slurm_conf_env.set ? std::optional<std::string>(slurm_conf_env.value) : std::nullopt, slurm)};
     checks.push_back(slurm_version(slurm));
     if (image) checks.push_back(fabric(*image));
     size_t width = 0;

@@ -209,7 +209,9 @@ bool truthy(const char* v) {
     return s == "y" || s == "yes" || s == "true" || s == "1";
 }
 
-bool force_override() { return truthy(environment().enroot_force_override.value.c_str()); }
+bool force_override() {
+    return truthy(environment().enroot_force_override.value.c_str());
+}
 
 // The names in a directory; none when it cannot be read (no such directory yet).
 std::vector<std::string> names_in(const std::string& path) {
@@ -406,7 +408,8 @@ EnrootOutcome enroot_start(const std::vector<std::string>& words) {
     std::vector<std::string> run = {"run", "--entrypoint"};
     if (p.has("rw") || env_switch(environment().enroot_rootfs_writable).value_or(false)) run.emplace_back("--writable");
     if (p.has("root") || env_switch(environment().enroot_remap_root).value_or(false)) run.emplace_back("--remap-root");
-    if (auto home = env_switch(environment().enroot_mount_home)) run.emplace_back(*home ? "--mount-home" : "--no-mount-home");
+    if (auto home = env_switch(environment().enroot_mount_home))
+        run.emplace_back(*home ? "--mount-home" : "--no-mount-home");
     for (const auto& m : p.all("mount")) run.insert(run.end(), {"--mount", m});
     for (const auto& e : p.all("env")) run.insert(run.end(), {"--env", e});
     if (valid_container_name(name)) run.insert(run.end(), {"--name", name + "." + std::to_string(::getpid())});

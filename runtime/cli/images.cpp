@@ -82,7 +82,8 @@ Result<std::string> read_fd_to_end(int fd) {
 Result<int> parse_fd(const std::string& option, const std::string& text) {
     char* end = nullptr;
     long n = std::strtol(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || n < 3 || n > 1023) return make_error(option + ": expected a descriptor number >= 3, got '" + text + "'");
+    if (text.empty() || *end != '\0' || n < 3 || n > 1023)
+        return make_error(option + ": expected a descriptor number >= 3, got '" + text + "'");
     if (::fcntl(static_cast<int>(n), F_GETFD) < 0) return system_error(option + " " + text);
     return static_cast<int>(n);
 }
@@ -95,13 +96,17 @@ Result<int> parse_fd(const std::string& option, const std::string& text) {
 // Secrets travel only through the inherited pipe: never argv, the environment or a file.
 nlohmann::json credentials_to_json(const ImageReference& ref, const std::optional<Credentials>& c) {
     if (!c) return nlohmann::json::object();
-    return {{"registry", ref.registry}, {"username", c->username}, {"password", c->password},
-            {"identity_token", c->identity_token}, {"source", c->source}};
+    return {{"registry", ref.registry},
+            {"username", c->username},
+            {"password", c->password},
+            {"identity_token", c->identity_token},
+            {"source", c->source}};
 }
 
 Result<CredentialLookup> credentials_from_json(const std::string& text) {
     auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return make_error("--credentials-fd: the handed-over credentials are not a JSON object");
+    if (j.is_discarded() || !j.is_object())
+        return make_error("--credentials-fd: the handed-over credentials are not a JSON object");
     if (j.empty()) return CredentialLookup([](const ImageReference&) { return std::optional<Credentials>(); });
     Credentials c;
     std::string registry;
@@ -229,10 +234,11 @@ int cmd_pull(const PullArgs& a) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!quiet && result->produced && opts.layered) {
         char buf[200];
-        std::snprintf(buf, sizeof buf, "pulled %s as layers in %.1f s: %zu layers converted (%llu files, %s squashfs), %zu reused",
+        std::snprintf(buf, sizeof buf,
+                      "pulled %s as layers in %.1f s: %zu layers converted (%llu files, %s squashfs), %zu reused",
                       ref->str().c_str(), secs, result->layers_converted,
-                      static_cast<unsigned long long>(result->stats.files), format_bytes(result->stats.image_bytes).c_str(),
-                      result->layers_reused);
+                      static_cast<unsigned long long>(result->stats.files),
+                      format_bytes(result->stats.image_bytes).c_str(), result->layers_reused);
         log::info(buf);
     } else if (!quiet && result->produced) {
         char buf[160];
@@ -244,9 +250,10 @@ int cmd_pull(const PullArgs& a) {
     if (report_fd >= 0) {
         auto img = store->find(result->digest);
         if (!img)
-            return finish(PullErrorKind::store,
-                          make_error("image " + result->digest + " is not in the store " + store->root() + " after pulling it"));
-        PullReport report{result->digest, img->squashfs_path, {}, img->metadata.config_json, PullErrorKind::none, {}, {}};
+            return finish(PullErrorKind::store, make_error("image " + result->digest + " is not in the store " +
+                                                           store->root() + " after pulling it"));
+        PullReport report{
+            result->digest, img->squashfs_path, {}, img->metadata.config_json, PullErrorKind::none, {}, {}};
         report.outcome = result->produced ? "pulled" : result->waited ? "waited" : "stored";
         if (img->layered()) {
             for (const auto& chain : img->metadata.layer_chain)
@@ -487,23 +494,26 @@ VerbRunner define_rm(CLI::App& app) {
 VerbRunner define_gc(CLI::App& app) {
     auto a = std::make_shared<GcArgs>();
     a->store_opt = add_store(app, a->store);
-    a->max_bytes_opt = app.add_option("--max-bytes", a->max_bytes, "remove until the store holds at most SIZE (500G, 2T, 4096)")
-                           ->type_name("SIZE");
-    a->unused_opt = app.add_option("--unused-for", a->unused_for, "remove images unused for DURATION (90s, 15m, 12h, 30d)")
-                        ->type_name("DURATION");
+    a->max_bytes_opt =
+        app.add_option("--max-bytes", a->max_bytes, "remove until the store holds at most SIZE (500G, 2T, 4096)")
+            ->type_name("SIZE");
+    a->unused_opt =
+        app.add_option("--unused-for", a->unused_for, "remove images unused for DURATION (90s, 15m, 12h, 30d)")
+            ->type_name("DURATION");
     return {[a] { return cmd_gc(*a); }, {}};
 }
 
-const Registration reg_pull({{"pull", "pull [--store DIR] [--platform OS/ARCH] [--pull POLICY] [--quiet] IMAGE   fetch an image into the store",
-                              "[OPTIONS] IMAGE",
-                              "Fetches IMAGE (a registry reference) into the store, one squashfs per layer (gantry.conf\n"
-                              "layered_images, the default), and prints '<digest> <path>': the image's record (with\n"
-                              "layered_images = no or the extract backend: the image's one squashfs file)."},
-                             define_pull});
-const Registration reg_images({{"images", "images [--store DIR] [-q] [--digests] [--format json]   list the images in the store",
-                                "[OPTIONS]",
-                                "Lists the images in the store: reference, digest, size, last use, whether in use."},
-                               define_images});
+const Registration reg_pull(
+    {{"pull", "pull [--store DIR] [--platform OS/ARCH] [--pull POLICY] [--quiet] IMAGE   fetch an image into the store",
+      "[OPTIONS] IMAGE",
+      "Fetches IMAGE (a registry reference) into the store, one squashfs per layer (gantry.conf\n"
+      "layered_images, the default), and prints '<digest> <path>': the image's record (with\n"
+      "layered_images = no or the extract backend: the image's one squashfs file)."},
+     define_pull});
+const Registration reg_images(
+    {{"images", "images [--store DIR] [-q] [--digests] [--format json]   list the images in the store", "[OPTIONS]",
+      "Lists the images in the store: reference, digest, size, last use, whether in use."},
+     define_images});
 const Registration reg_inspect(
     {{"inspect", "inspect [--store DIR] IMAGE   show an image's digest, size, layers and config", "[--store DIR] IMAGE",
       "Prints one stored image as JSON: digest, references, platform, squashfs, size, layers,\n"
@@ -514,7 +524,8 @@ const Registration reg_rm({{"rm", "rm [--store DIR] IMAGE...   remove images fro
                             "[--store DIR] IMAGE...",
                             "Removes images from the store; an image in use stays. IMAGE as for gantry inspect."},
                            define_rm});
-const Registration reg_gc({{"gc", "gc [--max-bytes N] [--unused-for DURATION]   remove least recently used images", "[OPTIONS]",
+const Registration reg_gc({{"gc", "gc [--max-bytes N] [--unused-for DURATION]   remove least recently used images",
+                            "[OPTIONS]",
                             "Removes images not in use, least recently used first, and prints what it freed."},
                            define_gc});
 

@@ -43,12 +43,12 @@ int cmd_import(const ImportArgs& a) {
         if (!ref->digest.empty())
             return usage_error(make_error("import: --tag " + *tag_opt + ": a tag names no digest"));
         if (!ref->names_imported_image())
-            return usage_error(make_error("import: --tag " + *tag_opt +
-                                          ": an imported image's name is under local/ (e.g. --tag local/" +
-                                          (ref->registry == kDockerHubRegistry && starts_with(ref->repository, "library/")
-                                               ? ref->repository.substr(8)
-                                               : ref->repository) +
-                                          ":" + ref->tag + "), so that it never stands for a registry's image"));
+            return usage_error(make_error(
+                "import: --tag " + *tag_opt + ": an imported image's name is under local/ (e.g. --tag local/" +
+                (ref->registry == kDockerHubRegistry && starts_with(ref->repository, "library/")
+                     ? ref->repository.substr(8)
+                     : ref->repository) +
+                ":" + ref->tag + "), so that it never stands for a registry's image"));
         opts.tags.push_back(*ref);
     }
     auto config = load_config();
@@ -64,7 +64,8 @@ int cmd_import(const ImportArgs& a) {
         char buf[256];
         if (result->produced)
             std::snprintf(buf, sizeof buf, "imported %s%s in %.1f s: %llu files, %s squashfs, config %s",
-                          source->str().c_str(), opts.layered ? " as layers" : "", secs, static_cast<unsigned long long>(result->stats.files),
+                          source->str().c_str(), opts.layered ? " as layers" : "", secs,
+                          static_cast<unsigned long long>(result->stats.files),
                           format_bytes(result->stats.image_bytes).c_str(), result->config_digest.c_str());
         else
             std::snprintf(buf, sizeof buf, "%s is in the store already (config %s)", source->str().c_str(),
@@ -105,7 +106,9 @@ constexpr const char* kStoreHelp = "the image store (default: gantry.conf's stor
 VerbRunner define_import(CLI::App& app) {
     auto a = std::make_shared<ImportArgs>();
     a->store_opt = app.add_option("--store", a->store, kStoreHelp)->type_name("DIR");
-    a->tag_opt = app.add_option("--tag", a->tag, "record local/NAME[:TAG] for the image (your own name for it; see docs/user.md)")->type_name("NAME");
+    a->tag_opt = app.add_option("--tag", a->tag,
+                                "record local/NAME[:TAG] for the image (your own name for it; see docs/user.md)")
+                     ->type_name("NAME");
     a->platform_opt = app.add_option("--platform", a->platform, "the platform to pick from a multi-platform OCI layout")
                           ->type_name("OS/ARCH[/VARIANT]");
     app.add_flag("-q,--quiet", a->quiet, "no summary line");

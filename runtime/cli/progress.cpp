@@ -21,19 +21,29 @@ void ProgressPrinter::show(const PullProgress& p) {
     double rate = secs > 0 ? static_cast<double>(p.bytes_done) / secs : 0;
     std::string text;
     switch (p.phase) {
-        case Phase::resolving: text = "resolving"; break;
-        case Phase::waiting: text = "waiting for " + (p.note.empty() ? std::string("another producer") : p.note); break;
+        case Phase::resolving:
+            text = "resolving";
+            break;
+        case Phase::waiting:
+            text = "waiting for " + (p.note.empty() ? std::string("another producer") : p.note);
+            break;
         case Phase::downloading:
             text = format_bytes(p.bytes_done) + " / " + format_bytes(p.bytes_total) + ", layers " +
                    std::to_string(p.layers_done) + "/" + std::to_string(p.layers_total) + ", " +
                    format_bytes(static_cast<unsigned long long>(rate)) + "/s";
             break;
-        case Phase::publishing: text = "publishing"; break;
-        case Phase::done: return;
+        case Phase::publishing:
+            text = "publishing";
+            break;
+        case Phase::done:
+            return;
     }
     if (tty_) {
         int width = 30;
-        int filled = p.bytes_total > 0 ? static_cast<int>(width * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)) : 0;
+        int filled =
+            p.bytes_total > 0
+                ? static_cast<int>(width * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total))
+                : 0;
         std::string bar(static_cast<size_t>(std::min(filled, width)), '=');
         bar.resize(static_cast<size_t>(width), ' ');
         std::fprintf(stderr, "\r\033[Kgantry: [%s] %s", bar.c_str(), text.c_str());

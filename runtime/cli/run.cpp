@@ -143,8 +143,8 @@ int run_verb(const RunArgs& a) {
     // extract (asked for here or by gantry.conf); then the whole squashfs is made instead.
     auto conf_backend = parse_mount_backend(req.config.mount_backend);
     MountBackend wanted = req.backend != MountBackend::auto_ ? req.backend
-                          : conf_backend                      ? *conf_backend
-                                                              : MountBackend::auto_;
+                          : conf_backend                     ? *conf_backend
+                                                             : MountBackend::auto_;
     // Nor on a kernel that cannot stack them (Linux < 5.11), nor where the launcher will fall back to
     // extract (no usable fuse, not root); said when layers are configured. Root counts as privileged:
     // its auto backend is kernel for a trusted store, else fuse, which root can open.
@@ -159,7 +159,7 @@ int run_verb(const RunArgs& a) {
     if (!resolved) return setup_failed(resolved.error());
     req.image_path = resolved->squashfs_path;
     req.image_layers = resolved->layer_paths;
-    req.image_source = resolved->digest.empty()    ? ImageSource::local_file
+    req.image_source = resolved->digest.empty()     ? ImageSource::local_file
                        : resolved->in_trusted_store ? ImageSource::trusted_store
                                                     : ImageSource::store;
     req.image_config = resolved->config;
@@ -173,7 +173,8 @@ int run_verb(const RunArgs& a) {
     // Our environment plays the job's.
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) req.env.emplace_back(*e);
     if (req.detach && req.name.empty()) return setup_failed(make_error("run: --detach needs --name"));
-    if (req.detach && !rest.empty()) return setup_failed(make_error("run: --detach takes no command (use gantry exec)"));
+    if (req.detach && !rest.empty())
+        return setup_failed(make_error("run: --detach takes no command (use gantry exec)"));
     auto prepared = container_spec_for(std::move(req));
     if (!prepared) return setup_failed(prepared.error());
     for (const auto& w : prepared->warnings) log::warning(w);
@@ -290,18 +291,20 @@ VerbRunner define_run(CLI::App& app) {
     app.add_option("-m,--mount", a->mounts, "bind-mount SRC[:DST[:FLAGS]] (comma-separated list; repeatable)")
         ->type_name("SPEC")
         ->allow_extra_args(false);
-    a->workdir_opt = app.add_option("-w,--workdir", a->workdir, "working directory inside (default: the image's, else /)")
-                         ->type_name("DIR");
+    a->workdir_opt =
+        app.add_option("-w,--workdir", a->workdir, "working directory inside (default: the image's, else /)")
+            ->type_name("DIR");
     a->writable_opt = app.add_flag("--writable,!--readonly", a->writable,
                                    "writes to / land in scratch_path (gantry.conf) and vanish with the container");
     a->remap_root_opt = app.add_flag("--remap-root,!--no-remap-root", a->remap_root, "run as uid/gid 0 inside");
     a->entrypoint_opt =
         app.add_flag("--entrypoint,!--no-entrypoint", a->entrypoint, "prefix the image's Entrypoint to the command");
-    a->mount_home_opt = app.add_flag("--mount-home,!--no-mount-home", a->mount_home,
-                                     "bind-mount your home directory (default: on)");
+    a->mount_home_opt =
+        app.add_flag("--mount-home,!--no-mount-home", a->mount_home, "bind-mount your home directory (default: on)");
     a->unshare_opt =
         app.add_option("--unshare", a->unshare, "also unshare these namespaces: net, ipc, uts")->type_name("LIST");
-    a->backend_opt = app.add_option("--backend", a->backend, "how to mount the image")->type_name("auto|kernel|fuse|extract");
+    a->backend_opt =
+        app.add_option("--backend", a->backend, "how to mount the image")->type_name("auto|kernel|fuse|extract");
     app.add_option("--name", a->name, "name the container, so gantry exec/stop/ps find it")->type_name("NAME");
     app.add_flag("-d,--detach", a->detach, "keep the container running (needs --name; stop it with gantry stop)");
     app.add_option("--store", a->store, "the image store (default: gantry.conf's store_path)")->type_name("DIR");
@@ -310,9 +313,11 @@ VerbRunner define_run(CLI::App& app) {
                                  "resolved), never (the store only); default: GANTRY_PULL_POLICY, else\n"
                                  "gantry.conf's pull_policy (always). A stored digest needs no registry")
                       ->type_name("always|missing|never");
-    app.add_flag("--fabric-check", a->fabric_check,
-                 "only check the container's EFA fabric (devices, libfabric's efa provider, the NCCL plugin) and print it");
-    app.add_option("--image-file", a->image_file, "run this squashfs file (instead of the IMAGE operand)")->type_name("FILE");
+    app.add_flag(
+        "--fabric-check", a->fabric_check,
+        "only check the container's EFA fabric (devices, libfabric's efa provider, the NCCL plugin) and print it");
+    app.add_option("--image-file", a->image_file, "run this squashfs file (instead of the IMAGE operand)")
+        ->type_name("FILE");
     app.add_option("--config-file", a->config_file, "the image config (JSON) for a squashfs file")->type_name("FILE");
     take_operands_verbatim(app, a->operands, "IMAGE, then the command and its arguments");
     return {[a] { return run_verb(*a); }, {}};
@@ -332,7 +337,9 @@ VerbRunner define_stop(CLI::App& app) {
     return {[names] { return stop_verb(*names); }, {}};
 }
 
-VerbRunner define_ps(CLI::App&) { return {[] { return ps_verb(); }, {}}; }
+VerbRunner define_ps(CLI::App&) {
+    return {[] { return ps_verb(); }, {}};
+}
 
 const std::string kRunExitStatus =
     "exit status: the command's; 125 gantry failed, 126 command not executable, 127 command not found\n";
@@ -351,11 +358,10 @@ const Registration exec_registration(
       "Runs COMMAND (default: /bin/sh) in the running container NAME. Options go before NAME.", kRunExitStatus,
       kRunUsageError},
      define_exec});
-const Registration stop_registration({{"stop", "stop NAME...            stop named containers", "NAME...",
-                                       "Stops the named containers.",
-                                       "exit status: 1 when one could not be stopped, 125 on a usage error\n",
-                                       kRunUsageError},
-                                      define_stop});
+const Registration stop_registration(
+    {{"stop", "stop NAME...            stop named containers", "NAME...", "Stops the named containers.",
+      "exit status: 1 when one could not be stopped, 125 on a usage error\n", kRunUsageError},
+     define_stop});
 const Registration ps_registration({{"ps", "ps                      list named containers", "",
                                      "Lists your named containers, tab-separated under a header: NAME, PID (of the\n"
                                      "holder), BACKEND.",

@@ -1,5 +1,4 @@
 // Parser for gantry.conf (see include/gantry/config.hpp for the format).
-#include "gantry/environment.hpp"
 #include "gantry/config.hpp"
 
 #include <pwd.h>
@@ -11,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/strings.hpp"
 

@@ -21,7 +21,9 @@ Sha256::~Sha256() = default;
 Sha256::Sha256(Sha256&&) noexcept = default;
 Sha256& Sha256::operator=(Sha256&&) noexcept = default;
 
-void Sha256::update(const void* data, size_t size) { EVP_DigestUpdate(s_->ctx, data, size); }
+void Sha256::update(const void* data, size_t size) {
+    EVP_DigestUpdate(s_->ctx, data, size);
+}
 
 std::string Sha256::finish() {
     unsigned char md[EVP_MAX_MD_SIZE];
@@ -67,7 +69,8 @@ std::string chain_id(std::string_view parent_chain_id, std::string_view diff_id)
 std::vector<std::string> chain_ids(const std::vector<std::string>& diff_ids) {
     std::vector<std::string> out;
     out.reserve(diff_ids.size());
-    for (const auto& diff_id : diff_ids) out.push_back(chain_id(out.empty() ? std::string_view{} : out.back(), diff_id));
+    for (const auto& diff_id : diff_ids)
+        out.push_back(chain_id(out.empty() ? std::string_view{} : out.back(), diff_id));
     return out;
 }
 

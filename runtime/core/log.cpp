@@ -1,10 +1,11 @@
 // Diagnostics sink shared by the CLI and the plugin.
-#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+
+#include "gantry/environment.hpp"
 
 namespace gantry::log {
 namespace {
@@ -44,9 +45,17 @@ void set_sink(Sink sink) {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_sink = sink ? std::move(sink) : Sink(stderr_sink);
 }
-void error(const std::string& m) { emit(Level::error, m); }
-void warning(const std::string& m) { emit(Level::warning, m); }
-void info(const std::string& m) { emit(Level::info, m); }
-void debug(const std::string& m) { emit(Level::debug, m); }
+void error(const std::string& m) {
+    emit(Level::error, m);
+}
+void warning(const std::string& m) {
+    emit(Level::warning, m);
+}
+void info(const std::string& m) {
+    emit(Level::info, m);
+}
+void debug(const std::string& m) {
+    emit(Level::debug, m);
+}
 
 }  // namespace gantry::log

@@ -1,12 +1,11 @@
 // spawn(): fork + exec of a helper with an explicit identity, environment and descriptors, and capped
 // capture of everything it writes (see include/gantry/spawn.hpp).
-#include "gantry/environment.hpp"
 #include "gantry/spawn.hpp"
 
 #include <fcntl.h>
 #include <grp.h>
-#include <pwd.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -15,10 +14,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
-#include <cerrno>
 
+#include "gantry/environment.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/trace.hpp"
 
@@ -55,7 +55,8 @@ ChildPlan plan_child(const ProcessRequest& rq, std::vector<std::pair<int, int>> 
     p.argv.push_back(nullptr);
     for (const auto& e : rq.env) p.envp.push_back(const_cast<char*>(e.c_str()));
     p.envp.push_back(nullptr);
-    if (rq.identity) p.groups = rq.identity->groups.empty() ? std::vector<gid_t>{rq.identity->gid} : rq.identity->groups;
+    if (rq.identity)
+        p.groups = rq.identity->groups.empty() ? std::vector<gid_t>{rq.identity->gid} : rq.identity->groups;
     for (const auto& in : rq.inputs) passed.emplace_back(in.fd, in.as);
     p.highest = rq.root_of.empty() ? 2 : rq.root_as;
     for (const auto& [fd, as] : passed) p.highest = std::max({p.highest, fd, as});
@@ -72,8 +73,10 @@ ChildPlan plan_child(const ProcessRequest& rq, std::vector<std::pair<int, int>> 
     sigset_t none;
     sigemptyset(&none);
     (void)::sigprocmask(SIG_SETMASK, &none, nullptr);  // the caller's blocked signals are not the program's
-    if (rq.own_session) (void)::setsid();
-    else (void)::setpgid(0, 0);
+    if (rq.own_session)
+        (void)::setsid();
+    else
+        (void)::setpgid(0, 0);
     // First move every passed descriptor above all target numbers, then onto its target: a
     // target number may be another passed descriptor's current one.
     int spare = p.highest + 1;
@@ -181,7 +184,8 @@ Result<pid_t> start_process(const ProcessRequest& rq, UniqueFd* daemon_pidfd) {
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return make_error("starting " + rq.argv[0] + ": could not fork");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return make_error("starting " + rq.argv[0] + ": could not fork");
     return 0;
 }
 
@@ -273,7 +277,8 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
         // Safe: pid is our own child, not reaped yet (so neither it nor its process group id can name
         // another process), leader of its own process group.
         (void)::kill(-pid, SIGKILL);
-        if (!pidfd || ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) != 0) (void)::kill(pid, SIGKILL);
+        if (!pidfd || ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0) != 0)
+            (void)::kill(pid, SIGKILL);
         killed = true;
         for (size_t i = 0; i < child_slot; ++i) fds[i].fd = -1;  // nothing more is read
         open_fds = 0;
@@ -322,7 +327,8 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
         }
         if (!exited && (pidfd ? (fds[child_slot].revents & POLLIN) != 0 : [&] {
                 siginfo_t info{};
-                return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+                return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                       info.si_pid == pid;
             }())) {
             // Gone. What it started may still hold its pipes: those are read to their end as before
             // (within the same stop request and deadline).
@@ -355,7 +361,8 @@ Result<ProcessOutcome> spawn(const ProcessRequest& rq) {
     }
     if (reaped != pid)
         return make_error(rq.argv[0] + " (pid " + std::to_string(pid) + ") did not end within " +
-                          std::to_string(kKillGrace.count()) + " s of SIGKILL (stuck in the kernel, e.g. on a stopped FUSE mount?)");
+                          std::to_string(kKillGrace.count()) +
+                          " s of SIGKILL (stuck in the kernel, e.g. on a stopped FUSE mount?)");
     outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);
     if (!overflow.empty())

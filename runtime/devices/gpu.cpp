@@ -23,8 +23,8 @@ namespace {
 // Where the driver's programs are looked for on the host, in order: the system's directories, then
 // /usr/local/nvidia/bin, where a driver installed in its own directory (the layout of GKE-style GPU
 // images and of the NVIDIA driver containers) keeps them.
-constexpr const char* kDriverBinaryDirs[] = {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin",
-                                             "/usr/local/nvidia/bin"};
+constexpr const char* kDriverBinaryDirs[] = {"/usr/bin", "/usr/sbin",      "/bin",
+                                             "/sbin",    "/usr/local/bin", "/usr/local/nvidia/bin"};
 
 // Whether `path` begins with the ELF magic (a program rather than a script). Reads 4 bytes of a
 // host file under the admin's host_root (root in slurmstepd does this): O_NONBLOCK, so even a FIFO
@@ -33,7 +33,10 @@ bool is_elf_file(const std::string& path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) return false;
     char magic[4] = {};
-    bool elf = ::read(fd, magic, sizeof magic) == 4 && std::memcmp(magic, "\x7f" "ELF", 4) == 0;
+    bool elf = ::read(fd, magic, sizeof magic) == 4 && std::memcmp(magic,
+                                                                   "\x7f"
+                                                                   "ELF",
+                                                                   4) == 0;
     ::close(fd);
     return elf;
 }

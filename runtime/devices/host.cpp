@@ -11,8 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "gantry/files.hpp"
 #include "gantry/fd.hpp"
+#include "gantry/files.hpp"
 #include "gantry/strings.hpp"
 #include "internal.hpp"
 

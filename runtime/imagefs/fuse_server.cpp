@@ -16,10 +16,10 @@
 #include <poll.h>
 
 #include <atomic>
-#include <chrono>
-#include <cstdlib>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>

@@ -439,8 +439,7 @@ Result<void> load_xattr_table(SquashfsImage::Shared& s) {
     if (s.xattr_kv_start >= sb.xattr_id_table_start || !lies_within(list_start, blocks * sizeof(uint64_t), s.file.size))
         return corrupt("xattr table");
     s.xattr_id_blocks.resize(blocks);
-    if (blocks > 0 &&
-        image_read_at(&s.file.base, list_start, s.xattr_id_blocks.data(), blocks * sizeof(uint64_t)) != 0)
+    if (blocks > 0 && image_read_at(&s.file.base, list_start, s.xattr_id_blocks.data(), blocks * sizeof(uint64_t)) != 0)
         return corrupt("xattr table");
     for (uint64_t& start : s.xattr_id_blocks) {
         start = le64toh(start);
@@ -493,7 +492,8 @@ Result<std::unique_ptr<SquashfsImage>> SquashfsImage::open(const std::string& pa
     if (sb.fragment_entry_count > 0 &&
         (sb.fragment_entry_count > limits.max_fragments || sb.fragment_entry_count > sb.inode_count ||
          !lies_within(sb.fragment_table_start,
-                      metadata_blocks(sb.fragment_entry_count, sizeof(sqfs_fragment_t)) * sizeof(uint64_t), s->file.size)))
+                      metadata_blocks(sb.fragment_entry_count, sizeof(sqfs_fragment_t)) * sizeof(uint64_t),
+                      s->file.size)))
         return corrupt(what + ": fragment table");
     if (s->xattrs) {
         if (auto loaded = load_xattr_table(*s); !loaded) return loaded.error().wrap(what);

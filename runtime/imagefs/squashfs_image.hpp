@@ -41,7 +41,7 @@ struct ImageLimits {
     size_t max_listing_bytes = 64u << 20;  // one directory's on-disk listing
     size_t cached_entries = 1u << 20;      // directory entries kept decoded, over all directories
     size_t max_xattrs = 1024;              // key-value pairs of one inode
-    size_t max_xattr_value = 64u << 10;   // the kernel's own XATTR_SIZE_MAX
+    size_t max_xattr_value = 64u << 10;    // the kernel's own XATTR_SIZE_MAX
     size_t max_fragments = 1u << 22;       // fragment blocks: 16 bytes each, held by every Reader
     size_t max_file_blocks = 1u << 26;     // one file's block list (4 bytes a block): 8 TiB at 128 KiB
 };

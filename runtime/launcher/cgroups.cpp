@@ -67,9 +67,13 @@ std::string parent_of(const std::string& path) {
     return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-std::string base_of(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+std::string base_of(const std::string& path) {
+    return path.substr(path.rfind('/') + 1);
+}
 
-std::string child_of(const std::string& dir, const std::string& name) { return dir == "/" ? "/" + name : dir + "/" + name; }
+std::string child_of(const std::string& dir, const std::string& name) {
+    return dir == "/" ? "/" + name : dir + "/" + name;
+}
 
 // "/slurm_n1/uid_5/job_7/step_0/task_1" cut after the component starting with `level` ("job_"); ""
 // when there is none. cgroup/v1 only: its job cgroup is always job_ID.
@@ -178,7 +182,9 @@ std::vector<pid_t> children_of(pid_t leader) {
 }
 
 bool has_exited(int pidfd) {
-    struct pollfd p {pidfd, POLLIN, 0};
+    struct pollfd p {
+        pidfd, POLLIN, 0
+    };
     return ::poll(&p, 1, 0) != 0;  // readable (or an error) once the process has ended
 }
 
@@ -213,8 +219,8 @@ Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsign
                             const std::string& what) {
     std::string task_cgroups = read_small("/proc/" + std::to_string(model) + "/cgroup");
     if (task_cgroups.empty()) return system_error("reading the cgroups of process " + std::to_string(model));
-    auto targets =
-        launcher::cgroup_targets(task_cgroups, launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")), level);
+    auto targets = launcher::cgroup_targets(task_cgroups,
+                                            launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")), level);
     Status result;
     auto keep_first = [&](Status st) {
         if (!st && result) result = std::move(st);
@@ -238,7 +244,8 @@ Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsign
         // pidfd while it is still the leader's child and the leader still the one recorded.
         for (pid_t child : children_of(leader)) {
             auto is_child = [&] { return is_leader() && status_field(child, "PPid:") == leader; };
-            if (auto moved = move_process(t.dir + "/cgroup.procs", child, is_child, what + "'s child " + std::to_string(child));
+            if (auto moved =
+                    move_process(t.dir + "/cgroup.procs", child, is_child, what + "'s child " + std::to_string(child));
                 !moved && is_child())
                 keep_first(std::move(moved));
         }
@@ -294,10 +301,9 @@ Status record_job_image_server(const Config& config, uint32_t jobid, const Conta
     if (state.server_pid <= 0) return {};
     GANTRY_TRY(launcher::ensure_own_dir(runtime_dir(config) + "/servers", 0700, true, "the image servers' directory"));
     unsigned long long pidns = state.pid_namespace != 0 ? state.pid_namespace : launcher::own_pid_namespace();
-    return append_record(job_servers_file(config, jobid), std::to_string(state.server_pid) + " " +
-                                                              std::to_string(state.server_start_time) + " " +
-                                                              std::to_string(state.uid) + " " + std::to_string(pidns) +
-                                                              "\n");
+    return append_record(job_servers_file(config, jobid),
+                         std::to_string(state.server_pid) + " " + std::to_string(state.server_start_time) + " " +
+                             std::to_string(state.uid) + " " + std::to_string(pidns) + "\n");
 }
 
 int end_job_image_servers(const Config& config, uint32_t jobid) {

@@ -1,5 +1,6 @@
 // Container lifecycle: create (the launch sequence, run by the holder process), the holder's wait
 // loop, state files for named containers, open and stop.
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -17,14 +18,13 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
-#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/spawn.hpp"
 #include "gantry/strings.hpp"
@@ -47,10 +47,14 @@ Result<MountBackend> parse_mount_backend(std::string_view name) {
 
 const char* to_string(MountBackend b) {
     switch (b) {
-        case MountBackend::kernel: return "kernel";
-        case MountBackend::fuse: return "fuse";
-        case MountBackend::extract: return "extract";
-        case MountBackend::auto_: break;
+        case MountBackend::kernel:
+            return "kernel";
+        case MountBackend::fuse:
+            return "fuse";
+        case MountBackend::extract:
+            return "extract";
+        case MountBackend::auto_:
+            break;
     }
     return "auto";
 }
@@ -58,10 +62,14 @@ const char* to_string(MountBackend b) {
 Result<ExtraNamespaces> parse_unshare(std::string_view list) {
     ExtraNamespaces ns;
     for (const auto& n : split_list(list, ',')) {
-        if (n == "net") ns.net = true;
-        else if (n == "ipc") ns.ipc = true;
-        else if (n == "uts") ns.uts = true;
-        else return make_error("unknown namespace '" + n + "' (valid: net, ipc, uts)");
+        if (n == "net")
+            ns.net = true;
+        else if (n == "ipc")
+            ns.ipc = true;
+        else if (n == "uts")
+            ns.uts = true;
+        else
+            return make_error("unknown namespace '" + n + "' (valid: net, ipc, uts)");
     }
     return ns;
 }
@@ -179,8 +187,10 @@ Status resolve_identity(const ContainerSpec& spec, launcher::Identity& id) {
     } else {
         id.name = "user" + std::to_string(id.uid);
     }
-    if (struct group* gr = ::getgrgid(id.gid)) id.group_name = gr->gr_name;
-    else id.group_name = id.name;
+    if (struct group* gr = ::getgrgid(id.gid))
+        id.group_name = gr->gr_name;
+    else
+        id.group_name = id.name;
     if (spec.remap_root) {
         id.name = "root";
         id.group_name = "root";
@@ -247,7 +257,8 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     UniqueFd doc(::memfd_create("gantry-spec", MFD_CLOEXEC));
     if (!doc) return system_error("checking the image " + spec.image_path);
     std::string text = container_spec_to_json(*asked);
-    if (::write(doc.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) || ::lseek(doc.get(), 0, SEEK_SET) != 0)
+    if (::write(doc.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+        ::lseek(doc.get(), 0, SEEK_SET) != 0)
         return system_error("checking the image " + spec.image_path);
     ProcessRequest r;
     r.argv = {spec.holder_program.empty() ? default_holder_program() : spec.holder_program, "--check-paths"};
@@ -264,7 +275,8 @@ Status check_user_paths(const ContainerSpec& spec, const launcher::Identity& id)
     auto ran = spawn(r);
     if (!ran) return ran.error().wrap("checking the image " + spec.image_path + " as uid " + std::to_string(id.uid));
     if (std::string why = stop_reason(r, *ran, "check_timeout_seconds"); !why.empty())
-        return make_error("checking the image " + spec.image_path + " and the mount sources as uid " + std::to_string(id.uid) + ": " + why);
+        return make_error("checking the image " + spec.image_path + " and the mount sources as uid " +
+                          std::to_string(id.uid) + ": " + why);
     if (ran->status == 0) return {};
     std::string why = trim(ran->err);
     if (why.empty())
@@ -280,7 +292,9 @@ ProcessRequest holder_process(const std::string& program, bool root_for_user, in
     run.argv = {program};
     // Root's holder finds its helpers (squashfuse_ll, unsquashfs) in the system directories only.
     const EnvironmentVariable& path = environment().path;
-    run.env = {std::string("PATH=") + (root_for_user || !path.set ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" : path.value)};
+    run.env = {std::string("PATH=") + (root_for_user || !path.set
+                                           ? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+                                           : path.value)};
     run.inputs = {{channel, 3}};
     if (trace::descriptor() >= 0) {
         run.inputs.push_back({trace::descriptor(), launcher::kTraceFd});
@@ -299,14 +313,16 @@ ProcessRequest holder_process(const std::string& program, bool root_for_user, in
 // the set-up instead: it holds the image's files already, under its own numbers.
 Result<launcher::HolderReply> start_holder(const ContainerSpec& spec, const Setup& s) {
     bool root_for_user = ::geteuid() == 0 && s.id.uid != 0;
-    launcher::HolderRequest rq{spec, s.id, s.backend, s.staging, s.image_dir, s.workdir, s.home, ::getpid(), root_for_user};
+    launcher::HolderRequest rq{spec,      s.id,   s.backend,  s.staging,    s.image_dir,
+                               s.workdir, s.home, ::getpid(), root_for_user};
     if (rq.spec.holder_program.empty()) rq.spec.holder_program = default_holder_program();
     std::string doc = launcher::holder_request_to_json(rq);
-    if (doc.size() > kMaxContainerSpecBytes) return make_error("the container's description is too large (" + std::to_string(doc.size()) + " bytes)");
+    if (doc.size() > kMaxContainerSpecBytes)
+        return make_error("the container's description is too large (" + std::to_string(doc.size()) + " bytes)");
     UniqueFd ours;
-    pid_t child = -1;       // 0 when detached: the holder is no child of ours
-    UniqueFd child_fd;      // our child by pidfd
-    UniqueFd detached_fd;   // a detached holder's pidfd (start_process takes it before its pid can be reused)
+    pid_t child = -1;      // 0 when detached: the holder is no child of ours
+    UniqueFd child_fd;     // our child by pidfd
+    UniqueFd detached_fd;  // a detached holder's pidfd (start_process takes it before its pid can be reused)
     const std::shared_ptr<StartedHolder>& waiting = spec.started_holder;
     if (waiting && waiting->pid > 0 && waiting->channel && root_for_user && !spec.detach) {
         // Its socket has had SO_PASSCRED since before it started (start_holder_acquiring), as below.
@@ -315,14 +331,16 @@ Result<launcher::HolderReply> start_holder(const ContainerSpec& spec, const Setu
         ours = std::move(waiting->channel);
     } else {
         int sv[2];
-        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return system_error("creating the holder's socket");
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+            return system_error("creating the holder's socket");
         ours = UniqueFd(sv[0]);
         UniqueFd theirs(sv[1]);
         ProcessRequest run = holder_process(rq.spec.holder_program, root_for_user, theirs.get());
         // The image's acquired files (acquire_image): the holder, its FUSE server or the loop device use
         // these descriptors, never the store's names, which another user may have renamed over by now.
         pass_image_descriptors(run, launcher::image_files(spec));
-        if (!spec.detach && !root_for_user) run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
+        if (!spec.detach && !root_for_user)
+            run.inputs.insert(run.inputs.end(), {{STDOUT_FILENO, STDOUT_FILENO}, {STDERR_FILENO, STDERR_FILENO}});
         run.daemonize = spec.detach;
         // The kernel tells us who sent each message (SO_PASSCRED, set before the holder can say
         // anything): a "userns PID" request is believed only from PID itself, so a detached holder
@@ -350,7 +368,9 @@ Result<launcher::HolderReply> start_holder(const ContainerSpec& spec, const Setu
         if (child < 0) return;
         kill_child();
         const UniqueFd& fd = child > 0 ? child_fd : detached_fd;
-        struct pollfd p {fd.get(), POLLIN, 0};
+        struct pollfd p {
+            fd.get(), POLLIN, 0
+        };
         if (fd && ::poll(&p, 1, 5000) == 0) {
             log::warning("the container holder did not end within 5 s of SIGKILL");
             return;
@@ -380,11 +400,14 @@ Result<launcher::HolderReply> start_holder(const ContainerSpec& spec, const Setu
         }
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
         if (left <= 0) {
-            gave_up = "no answer within " + std::to_string(spec.config.setup_timeout_seconds) +
-                      " s (setup_timeout_seconds in gantry.conf; is the image or a mount source on a stalled file system?)";
+            gave_up =
+                "no answer within " + std::to_string(spec.config.setup_timeout_seconds) +
+                " s (setup_timeout_seconds in gantry.conf; is the image or a mount source on a stalled file system?)";
             break;
         }
-        struct pollfd p {ours.get(), POLLIN, 0};
+        struct pollfd p {
+            ours.get(), POLLIN, 0
+        };
         int ready = ::poll(&p, 1, static_cast<int>(spec.should_stop ? std::min<long long>(left, 200) : left));
         if (ready <= 0) continue;  // EINTR or time to look at the stop request and the deadline
         union {
@@ -460,13 +483,15 @@ Result<Container> Container::create(const ContainerSpec& spec) {
         trace::Phase p("check_user_paths");
         GANTRY_TRY(check_user_paths(spec, s.id));
     }
-    bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted && launcher::is_trusted_path(spec.image_path, spec.config.store_owner);
+    bool privileged_ok = launcher::running_as_real_root() && spec.image_trusted &&
+                         launcher::is_trusted_path(spec.image_path, spec.config.store_owner);
     for (const auto& layer : spec.image_layers)
         privileged_ok = privileged_ok && launcher::is_trusted_path(layer, spec.config.store_owner);
     auto backend = launcher::choose_backend(spec, privileged_ok);
     if (!backend) return backend.error();
     if (!spec.image_layers.empty() && *backend == MountBackend::extract)
-        return make_error("the image " + spec.image_path + " is stored as layers, which the extract backend cannot "
+        return make_error("the image " + spec.image_path +
+                          " is stored as layers, which the extract backend cannot "
                           "stack; use the kernel or fuse backend, or store it whole (gantry.conf layered_images = no)");
     s.backend = *backend;
     // Every privileged start of a kernel-backed container also releases the node-wide image mounts idle
@@ -498,7 +523,8 @@ Result<Container> Container::create(const ContainerSpec& spec) {
     GANTRY_TRY(ensure_private_dir(rdir));
     std::string state_file;
     if (!spec.name.empty()) {
-        if (!valid_name(spec.name)) return make_error("invalid container name '" + spec.name + "' (letters, digits, _ - .)");
+        if (!valid_name(spec.name))
+            return make_error("invalid container name '" + spec.name + "' (letters, digits, _ - .)");
         GANTRY_TRY(ensure_private_dir(rdir + "/containers"));
         state_file = state_path(spec.config, spec.name);
         if (Container::open(spec.name, spec.config)) return make_error("container " + spec.name + " already exists");
@@ -579,8 +605,12 @@ Result<Container> Container::open(const std::string& name, const Config& config)
 }
 
 Container::Container(Container&& o) noexcept
-    : state_(std::move(o.state_)), state_file_(std::move(o.state_file_)), owned_(o.owned_), is_child_(o.is_child_),
-      kernel_mount_(o.kernel_mount_), config_(std::move(o.config_)) {
+    : state_(std::move(o.state_)),
+      state_file_(std::move(o.state_file_)),
+      owned_(o.owned_),
+      is_child_(o.is_child_),
+      kernel_mount_(o.kernel_mount_),
+      config_(std::move(o.config_)) {
     o.owned_ = false;
     o.state_.holder_pid = -1;
 }
@@ -620,7 +650,9 @@ Status Container::stop() {
         // for past another 5 s. A holder runs as the user, who may keep it from ending on SIGTERM.
         UniqueFd pidfd(launcher::open_pidfd(pid));
         ::kill(pid, SIGTERM);
-        struct pollfd p {pidfd.get(), POLLIN, 0};
+        struct pollfd p {
+            pidfd.get(), POLLIN, 0
+        };
         if (pidfd && ::poll(&p, 1, 10000) == 0) {
             ::kill(pid, SIGKILL);
             if (::poll(&p, 1, 5000) == 0) {
@@ -639,7 +671,9 @@ Status Container::stop() {
     if (!pidfd) return system_error("stopping container " + state_.name);
     if (launcher::signal_pidfd(pidfd.get(), SIGTERM) != 0 && errno != ESRCH)
         return system_error("stopping container " + state_.name);
-    struct pollfd p {pidfd.get(), POLLIN, 0};
+    struct pollfd p {
+        pidfd.get(), POLLIN, 0
+    };
     if (::poll(&p, 1, 10000) == 0) launcher::signal_pidfd(pidfd.get(), SIGKILL);
     state_.holder_pid = -1;
     return {};
@@ -663,7 +697,9 @@ StartedHolder::~StartedHolder() {
     // Our unreaped child (the pid names it; the pidfd pins it): killed, then reaped within a bound
     // even if the kernel holds it in the user's store (a stalled FUSE file system).
     if (!pidfd || launcher::signal_pidfd(pidfd.get(), SIGKILL) != 0) ::kill(pid, SIGKILL);
-    struct pollfd p {pidfd.get(), POLLIN, 0};
+    struct pollfd p {
+        pidfd.get(), POLLIN, 0
+    };
     if (pidfd && ::poll(&p, 1, 5000) == 0) {
         log::warning("the container holder did not end within 5 s of SIGKILL");
         return;
@@ -672,11 +708,13 @@ StartedHolder::~StartedHolder() {
 }
 
 Result<HolderWithImage> start_holder_acquiring(const std::string& holder_program, const HolderAcquisition& acquisition,
-                                               std::chrono::milliseconds limit, const std::function<bool()>& should_stop) {
+                                               std::chrono::milliseconds limit,
+                                               const std::function<bool()>& should_stop) {
     const std::string what = "opening image " + acquisition.digest + " in " + acquisition.store_root + " as uid " +
                              std::to_string(acquisition.uid) + " in the container holder";
     GANTRY_TRY(validate_digest(acquisition.digest));
-    if (::geteuid() != 0 || acquisition.uid == 0) return make_error(what + ": only root starts a holder for a job user");
+    if (::geteuid() != 0 || acquisition.uid == 0)
+        return make_error(what + ": only root starts a holder for a job user");
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return system_error(what);
     auto holder = std::make_shared<StartedHolder>();
@@ -697,9 +735,9 @@ Result<HolderWithImage> start_holder_acquiring(const std::string& holder_program
     theirs.reset();
     // Every wait has an end (the limit, the step's stop request); on any failure `holder` goes, and
     // with it the process (killed and reaped).
-    auto image = receive_acquired_image(holder->channel.get(), acquisition.digest,
-                                        std::chrono::steady_clock::now() + limit, should_stop, what,
-                                        "the container holder " + holder_program);
+    auto image =
+        receive_acquired_image(holder->channel.get(), acquisition.digest, std::chrono::steady_clock::now() + limit,
+                               should_stop, what, "the container holder " + holder_program);
     if (!image) return image.error();
     return HolderWithImage{std::move(holder), std::move(*image)};
 }

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "gantry/spawn.hpp"
 #include "gantry/log.hpp"
+#include "gantry/spawn.hpp"
 #include "internal.hpp"
 
 namespace gantry::launcher {

@@ -180,7 +180,6 @@ Result<std::string> expand_variables(std::string_view text, const std::vector<st
     return out;
 }
 
-
 Result<std::vector<std::string>> parse_environment_file(std::string_view text, const std::vector<std::string>& env,
                                                         const std::string& origin, bool lenient) {
     std::vector<std::string> out;
@@ -303,7 +302,8 @@ EnrootImageSettings parse_enroot_rc(std::string_view rc) {
             } else if (starts_with(line, "cd '")) {
                 // As `gantry export` writes it (enroot_rc): cd 'DIR' || exit 1, quoted as ${DIR@Q} would.
                 size_t end = 3;
-                for (bool quoted = false; end < line.size() && (quoted || (line[end] != ' ' && line[end] != ';')); ++end) {
+                for (bool quoted = false; end < line.size() && (quoted || (line[end] != ' ' && line[end] != ';'));
+                     ++end) {
                     if (!quoted && line[end] == '\\' && end + 1 < line.size() && line[end + 1] == '\'')
                         ++end;  // \' outside quotes: a quote character, not a quote
                     else if (line[end] == '\'')
@@ -340,7 +340,8 @@ EnrootImageSettings parse_enroot_rc(std::string_view rc) {
 
 Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t uid, gid_t gid,
                                                  const std::vector<std::string>& env, const std::string& helper,
-                                                 std::chrono::seconds timeout, const std::function<bool()>& should_stop) {
+                                                 std::chrono::seconds timeout,
+                                                 const std::function<bool()>& should_stop) {
     ProcessRequest r;
     r.argv = {helper.empty() ? default_holder_program() : helper, "--enroot-settings", image};
     pass_image_descriptors(r, {image});
@@ -357,7 +358,8 @@ Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t
     r.should_stop = should_stop;
     auto ran = spawn(r);
     if (!ran) return ran.error().wrap(what);
-    if (std::string why = stop_reason(r, *ran, "check_timeout_seconds"); !why.empty()) return make_error(what + ": " + why);
+    if (std::string why = stop_reason(r, *ran, "check_timeout_seconds"); !why.empty())
+        return make_error(what + ": " + why);
     if (ran->status != 0) {
         std::string why = trim(ran->err);
         if (why.empty()) why = "the helper " + r.argv[0] + " exited with status " + std::to_string(ran->status);
@@ -376,10 +378,14 @@ Result<EnrootImageSettings> read_enroot_settings(const std::string& image, uid_t
         auto eq = entry.find('=');
         if (eq == std::string::npos) continue;
         std::string key = entry.substr(0, eq), value = entry.substr(eq + 1);
-        if (key == "@workdir" && !value.empty() && value[0] == '/') out.workdir = value;
-        else if (key == "@entrypoint") out.entrypoint.push_back(value);
-        else if (key == "@cmd") out.cmd.push_back(value);
-        else if (valid_name(key)) out.env.push_back(std::move(entry));
+        if (key == "@workdir" && !value.empty() && value[0] == '/')
+            out.workdir = value;
+        else if (key == "@entrypoint")
+            out.entrypoint.push_back(value);
+        else if (key == "@cmd")
+            out.cmd.push_back(value);
+        else if (valid_name(key))
+            out.env.push_back(std::move(entry));
     }
     return out;
 }

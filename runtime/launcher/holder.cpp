@@ -247,8 +247,8 @@ Result<std::string> read_request(int channel) {
 // or an error. Every target is one of the acquired range (kFirstImageDescriptor up), so nothing of
 // ours is there but the acquired files themselves, which first move above every target.
 Status place_acquired_files(AcquiredImage& acquired, const ContainerSpec& spec, int channel) {
-    const std::vector<std::string> named = spec.image_layers.empty() ? std::vector<std::string>{spec.image_path}
-                                                                     : spec.image_layers;
+    const std::vector<std::string> named =
+        spec.image_layers.empty() ? std::vector<std::string>{spec.image_path} : spec.image_layers;
     if (named.size() != acquired.files.size() || acquired.layered == spec.image_layers.empty())
         return make_error("the set-up names another image than the one this holder acquired");
     std::vector<int> targets;
@@ -283,7 +283,7 @@ Status place_acquired_files(AcquiredImage& acquired, const ContainerSpec& spec, 
     // The creator's trace descriptor (start_holder, only when it traces): kept from exec'd programs too.
     // (GANTRY_TRACE_FD, launcher::kTraceFdVariable: read in environment.cpp with the rest.)
     if (const auto& fd = environment().gantry_trace_fd; fd.set && std::atoi(fd.value.c_str()) == launcher::kTraceFd &&
-        ::fcntl(launcher::kTraceFd, F_SETFD, FD_CLOEXEC) == 0)
+                                                        ::fcntl(launcher::kTraceFd, F_SETFD, FD_CLOEXEC) == 0)
         trace::enable(launcher::kTraceFd);
     trace::point("holder main");
     AcquiredImage acquired;

@@ -158,8 +158,8 @@ Result<pid_t> start_fuse_server(const std::string& image, const std::string& tar
     ProcessRequest serve;
     std::string mountpoint = "/dev/fd/" + std::to_string(fuse.get());
     serve.argv = squashfuse ? std::vector<std::string>{daemon, "-f", image, mountpoint}
-                            : std::vector<std::string>{daemon, "--poll-us=" + std::to_string(config.fuse_poll_us), image,
-                                                       mountpoint};
+                            : std::vector<std::string>{daemon, "--poll-us=" + std::to_string(config.fuse_poll_us),
+                                                       image, mountpoint};
     serve.env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin"};
     serve.inputs = {{fuse.get(), fuse.get()}, {STDERR_FILENO, STDERR_FILENO}};
     pass_image_descriptors(serve, {image});  // the acquired file itself (acquire_image), not its name

@@ -18,7 +18,9 @@ namespace {
 constexpr size_t kMaxEnvironmentBytes = 64 << 10;  // an image's /etc/environment: a few lines in practice
 constexpr size_t kMaxRcBytes = 64 << 10;           // Enroot's /etc/rc: labels as comments, then ~12 lines
 
-void put(const std::string& entry) { std::fwrite(entry.c_str(), 1, entry.size() + 1, stdout); }  // NUL-terminated
+void put(const std::string& entry) {
+    std::fwrite(entry.c_str(), 1, entry.size() + 1, stdout);
+}  // NUL-terminated
 
 }  // namespace
 

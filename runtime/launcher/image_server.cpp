@@ -143,7 +143,9 @@ ucred peer_of(int sock) {
     return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred : none;
 }
 
-uid_t peer_uid(int sock) { return peer_of(sock).uid; }
+uid_t peer_uid(int sock) {
+    return peer_of(sock).uid;
+}
 
 Result<UniqueFd> connect_server(int dir, const std::string& path) {
     UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -283,8 +285,8 @@ namespace gantry {
 namespace {
 
 // `ready` is closed (and set to -1) once the server listens: a later error has nobody to go to.
-Status serve_image(const std::string& image, const std::vector<std::string>& layers, uid_t inner_uid,
-                   gid_t inner_gid, int idle_seconds, const Config& config, int dir, int& ready) {
+Status serve_image(const std::string& image, const std::vector<std::string>& layers, uid_t inner_uid, gid_t inner_gid,
+                   int idle_seconds, const Config& config, int dir, int& ready) {
     using namespace launcher;
     ::umask(077);
     auto served = served_key(image, layers);

@@ -68,21 +68,21 @@ struct Setup {
     std::string home;       // HOME inside
     std::string workdir;    // working directory inside
     pid_t fuse_daemon = -1;
-    std::vector<pid_t> layer_daemons;  // fuse, layered image: one server per layer (mount_image_fuse)
+    std::vector<pid_t> layer_daemons;    // fuse, layered image: one server per layer (mount_image_fuse)
     std::vector<UniqueFd> layer_leases;  // kernel, layered image: the image_lease of each layer's mount
-    UniqueFd image_lease;         // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp);
-                                  // fuse: the connection to the user's image server (image_server.cpp)
-    UniqueFd server_userns;       // fuse, shared: the image server's user namespace, which the container joins
-    UniqueFd image_tree;          // fuse, shared: a detached clone of the server's mount, attached at image_dir
-    pid_t server_pid = -1;        // fuse, shared: the server (its socket's peer) and its start time,
-    unsigned long long server_start_time = 0;  // reported to the creator with "ok" 
-    UniqueFd scratch_dir;         // extract backend: directory holding the unpacked tree
-    std::string scratch_name;     // its entry in scratch_dir, removed when the holder exits
-    UniqueFd rw_scratch_dir;      // --writable: scratch_path, holding the overlay's upper layer
-    std::string rw_scratch_name;  // its entry there (gantry-rw-*), removed when the holder exits
-    std::vector<UniqueFd> merged_dirs;  // read-only skeleton root: its overlays (e.g. /etc), made read-only last
-    int channel = -1;                   // the socket to the creator (holder.cpp)
-    bool creator_writes_maps = false;   // see HolderRequest
+    UniqueFd image_lease;    // kernel: shared lock on the node-wide mount's `users` file (shared_mounts.cpp);
+                             // fuse: the connection to the user's image server (image_server.cpp)
+    UniqueFd server_userns;  // fuse, shared: the image server's user namespace, which the container joins
+    UniqueFd image_tree;     // fuse, shared: a detached clone of the server's mount, attached at image_dir
+    pid_t server_pid = -1;   // fuse, shared: the server (its socket's peer) and its start time,
+    unsigned long long server_start_time = 0;  // reported to the creator with "ok"
+    UniqueFd scratch_dir;                      // extract backend: directory holding the unpacked tree
+    std::string scratch_name;                  // its entry in scratch_dir, removed when the holder exits
+    UniqueFd rw_scratch_dir;                   // --writable: scratch_path, holding the overlay's upper layer
+    std::string rw_scratch_name;               // its entry there (gantry-rw-*), removed when the holder exits
+    std::vector<UniqueFd> merged_dirs;         // read-only skeleton root: its overlays (e.g. /etc), made read-only last
+    int channel = -1;                          // the socket to the creator (holder.cpp)
+    bool creator_writes_maps = false;          // see HolderRequest
 };
 
 // rootfs.cpp: how one top-level entry of a read-only container's "/" is provided (mount_container_root).

@@ -16,8 +16,7 @@ Result<std::string> normalize_container_path(std::string_view path, const std::s
     // Security boundary: the checks below see the whole string, the kernel only up to a NUL. "/\0x"
     // passed "not the container root" and then mounted over it (found by tests/fuzz/fuzz_container_mounts).
     if (p.find('\0') != std::string::npos) return make_error(what + ": contains a NUL byte");
-    if (p[0] != '/' && p[0] != '.')
-        return make_error(what + " " + p + ": must be absolute or start with '.'");
+    if (p[0] != '/' && p[0] != '.') return make_error(what + " " + p + ": must be absolute or start with '.'");
     std::string out;
     for (const auto& part : split_list(p, '/')) {
         if (part == ".") continue;
@@ -50,20 +49,34 @@ Result<std::string> normalize_container_workdir(std::string_view path) {
 }
 
 bool apply_mount_flag(MountSpec& m, const std::string& f) {
-    if (f == "ro") m.read_only = true;
-    else if (f == "rw") m.read_only = false;
-    else if (f == "rbind") m.recursive = true;
-    else if (f == "bind") m.recursive = false;
-    else if (f == "nosuid") m.nosuid = true;
-    else if (f == "suid") m.nosuid = false;
-    else if (f == "nodev") m.nodev = true;
-    else if (f == "dev") m.nodev = false;
-    else if (f == "noexec") m.noexec = true;
-    else if (f == "exec") m.noexec = false;
-    else if (f == "private" || f == "rprivate") m.propagation = Propagation::private_;
-    else if (f == "slave" || f == "rslave") m.propagation = Propagation::slave;
-    else if (f == "shared" || f == "rshared") m.propagation = Propagation::shared;
-    else if (f == "unbindable" || f == "runbindable") m.propagation = Propagation::unbindable;
+    if (f == "ro")
+        m.read_only = true;
+    else if (f == "rw")
+        m.read_only = false;
+    else if (f == "rbind")
+        m.recursive = true;
+    else if (f == "bind")
+        m.recursive = false;
+    else if (f == "nosuid")
+        m.nosuid = true;
+    else if (f == "suid")
+        m.nosuid = false;
+    else if (f == "nodev")
+        m.nodev = true;
+    else if (f == "dev")
+        m.nodev = false;
+    else if (f == "noexec")
+        m.noexec = true;
+    else if (f == "exec")
+        m.noexec = false;
+    else if (f == "private" || f == "rprivate")
+        m.propagation = Propagation::private_;
+    else if (f == "slave" || f == "rslave")
+        m.propagation = Propagation::slave;
+    else if (f == "shared" || f == "rshared")
+        m.propagation = Propagation::shared;
+    else if (f == "unbindable" || f == "runbindable")
+        m.propagation = Propagation::unbindable;
     else if (m.kind == MountKind::tmpfs && f.find('=') != std::string::npos && f[0] != '=') {
         if (!m.data.empty()) m.data += ',';
         m.data += f;
@@ -94,8 +107,10 @@ Result<MountSpec> parse_mount(std::string_view entry) {
     if (parts.size() > 3) return make_error("mount " + m.text + ": expected SRC[:DST[:FLAGS]]");
     m.source = parts[0];
     if (m.source.empty()) return make_error("mount " + m.text + ": empty source");
-    if (m.source == "tmpfs") m.kind = MountKind::tmpfs;
-    else if (m.source == "umount") m.kind = MountKind::umount;
+    if (m.source == "tmpfs")
+        m.kind = MountKind::tmpfs;
+    else if (m.source == "umount")
+        m.kind = MountKind::umount;
     else if (m.source[0] != '/' && m.source[0] != '.')
         return make_error("mount " + m.text + ": source must be an absolute path, ./path, tmpfs or umount");
 
@@ -137,7 +152,8 @@ Status check_mount_sources(const std::vector<MountSpec>& mounts) {
         struct stat st {};
         if (::stat(m.source.c_str(), &st) != 0) {
             if (m.nofail) continue;  // the holder leaves it out
-            std::string what = (m.origin.empty() ? "" : m.origin + ": ") + "mounting " + m.source + " at " + m.destination;
+            std::string what =
+                (m.origin.empty() ? "" : m.origin + ": ") + "mounting " + m.source + " at " + m.destination;
             if (errno == ENOENT || errno == ENOTDIR)
                 return make_error(what + ": source path does not exist" +
                                   (m.origin.empty() ? "" : " (add nofail to its options to skip it when missing)"));

@@ -49,8 +49,12 @@ Status switch_to_user(uid_t uid, gid_t gid) {
     return {};
 }
 
-static std::string uid_map_line(const Identity& id) { return std::to_string(id.inner_uid) + " " + std::to_string(id.uid) + " 1\n"; }
-static std::string gid_map_line(const Identity& id) { return std::to_string(id.inner_gid) + " " + std::to_string(id.gid) + " 1\n"; }
+static std::string uid_map_line(const Identity& id) {
+    return std::to_string(id.inner_uid) + " " + std::to_string(id.uid) + " 1\n";
+}
+static std::string gid_map_line(const Identity& id) {
+    return std::to_string(id.inner_gid) + " " + std::to_string(id.gid) + " 1\n";
+}
 
 Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, int creator) {
     // A holder started by an ordinary user writes its own maps; it must be dumpable for that, since
@@ -61,8 +65,9 @@ Status enter_user_namespace(const Identity& id, const ExtraNamespaces& extra, in
     if (creator < 0 && ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) return system_error("setting the process dumpable");
     if (::unshare(namespace_flags(extra)) != 0) {
         if (errno == EPERM || errno == ENOSPC || errno == EINVAL)
-            return system_error("creating a user namespace (are unprivileged user namespaces enabled? "
-                                "see /proc/sys/user/max_user_namespaces)");
+            return system_error(
+                "creating a user namespace (are unprivileged user namespaces enabled? "
+                "see /proc/sys/user/max_user_namespaces)");
         return system_error("creating the container namespaces");
     }
     if (creator >= 0) {
@@ -100,7 +105,8 @@ Status write_id_maps(int pidfd, pid_t pid, const Identity& id) {
     // holder, which runs as them).
     UniqueFd proc(::open(("/proc/" + std::to_string(pid)).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!proc) return system_error("opening /proc/" + std::to_string(pid));
-    if (signal_pidfd(pidfd, 0) != 0) return make_error("the container holder (pid " + std::to_string(pid) + ") is gone");
+    if (signal_pidfd(pidfd, 0) != 0)
+        return make_error("the container holder (pid " + std::to_string(pid) + ") is gone");
     std::string dir = "/proc/self/fd/" + std::to_string(proc.get());
     GANTRY_TRY(write_proc_file(dir + "/setgroups", "deny"));
     GANTRY_TRY(write_proc_file(dir + "/uid_map", uid_map_line(id)));

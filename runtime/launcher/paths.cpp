@@ -13,7 +13,9 @@
 
 namespace gantry {
 
-std::string fd_path(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+std::string fd_path(int fd) {
+    return "/proc/self/fd/" + std::to_string(fd);
+}
 
 Result<UniqueFd> open_in_root(int root, const std::string& path) {
     std::string rel = path.size() > 1 ? path.substr(1) : ".";

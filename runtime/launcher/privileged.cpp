@@ -30,7 +30,9 @@
 
 namespace gantry::launcher {
 
-bool running_as_real_root() { return ::getuid() == 0 && ::geteuid() == 0; }
+bool running_as_real_root() {
+    return ::getuid() == 0 && ::geteuid() == 0;
+}
 
 bool is_trusted_path(const std::string& path, const std::string& store_owner) {
     Config owner_only;
@@ -110,7 +112,8 @@ Status mount_layers_kernel(Setup& s) {
     if (!dirs) return dirs.error();
     for (size_t i = 0; i < shared.size(); ++i)
         if (::move_mount(shared[i].tree.get(), "", AT_FDCWD, (*dirs)[i].c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
-            return system_error("attaching the mount of " + layers[i] + " (" + shared[i].mount_point + ") at " + (*dirs)[i]);
+            return system_error("attaching the mount of " + layers[i] + " (" + shared[i].mount_point + ") at " +
+                                (*dirs)[i]);
     return mount_layer_stack(s, *dirs);
 }
 
@@ -120,7 +123,8 @@ Status mount_image_kernel(Setup& s) {
     const std::string& image = s.spec->image_path;
     if (!s.spec->image_layers.empty()) {
         if (!running_as_real_root() || !s.spec->image_trusted)
-            return make_error("refusing to kernel-mount the layers of " + image + ": not a trusted store image or not root");
+            return make_error("refusing to kernel-mount the layers of " + image +
+                              ": not a trusted store image or not root");
         return mount_layers_kernel(s);
     }
     if (!running_as_real_root() || !s.spec->image_trusted || !is_trusted_path(image, s.spec->config.store_owner))

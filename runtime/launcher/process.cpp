@@ -26,8 +26,12 @@ extern char** environ;
 namespace gantry {
 namespace launcher {
 
-int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
-int signal_pidfd(int pidfd, int sig) { return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0)); }
+int open_pidfd(pid_t pid) {
+    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+int signal_pidfd(int pidfd, int sig) {
+    return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
 
 unsigned long long process_start_time(pid_t pid) {
     if (pid <= 0) return 0;
@@ -89,7 +93,8 @@ pid_t pid_in_own_view(pid_t pid, unsigned long long pidns) {
         if (candidate <= 0 || *end != '\0') continue;
         std::string dir = std::string("/proc/") + e->d_name;
         struct stat ns {};
-        if (::stat((dir + "/ns/pid").c_str(), &ns) != 0 || static_cast<unsigned long long>(ns.st_ino) != pidns) continue;
+        if (::stat((dir + "/ns/pid").c_str(), &ns) != 0 || static_cast<unsigned long long>(ns.st_ino) != pidns)
+            continue;
         std::ifstream in(dir + "/status");
         std::stringstream text;
         text << in.rdbuf();
@@ -140,7 +145,8 @@ Status join(const ContainerState& state, const JoinHandles& h) {
     // The user namespace first: it gives the capabilities the other setns calls need.
     if (::setns(h.userns.get(), CLONE_NEWUSER) != 0) return system_error(what + ": entering its user namespace");
     if (::setns(h.mntns.get(), CLONE_NEWNS) != 0) return system_error(what + ": entering its mount namespace");
-    const std::pair<int, int> extra[] = {{h.netns.get(), CLONE_NEWNET}, {h.ipcns.get(), CLONE_NEWIPC}, {h.utsns.get(), CLONE_NEWUTS}};
+    const std::pair<int, int> extra[] = {
+        {h.netns.get(), CLONE_NEWNET}, {h.ipcns.get(), CLONE_NEWIPC}, {h.utsns.get(), CLONE_NEWUTS}};
     for (const auto& [fd, type] : extra)
         if (fd >= 0 && ::setns(fd, type) != 0) return system_error(what + ": entering its namespaces");
     if (::fchdir(h.root.get()) != 0 || ::chroot(".") != 0) return system_error(what + ": entering its root");

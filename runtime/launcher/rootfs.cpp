@@ -21,8 +21,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -79,7 +79,6 @@ bool is_below(const std::string& path, const std::string& dir) {
     return dir == "/" || path == dir || starts_with(path, dir + "/");
 }
 
-
 std::string read_in_root(int root, const std::string& path) {
     auto fd = open_in_root(root, path);
     if (!fd) return {};
@@ -110,10 +109,14 @@ Status precreate_in_upper(int image, int upper, const std::string& path, NodeTyp
 
 uint64_t propagation_flag(Propagation p) {
     switch (p) {
-        case Propagation::slave: return MS_SLAVE;
-        case Propagation::shared: return MS_SHARED;
-        case Propagation::unbindable: return MS_UNBINDABLE;
-        case Propagation::private_: break;
+        case Propagation::slave:
+            return MS_SLAVE;
+        case Propagation::shared:
+            return MS_SHARED;
+        case Propagation::unbindable:
+            return MS_UNBINDABLE;
+        case Propagation::private_:
+            break;
     }
     return MS_PRIVATE;
 }
@@ -132,7 +135,8 @@ Result<UniqueFd> mount_point(Setup& s, const std::string& dst, NodeType type) {
             ours = p.ours;
         }
     }
-    if (!ours) return make_error("mount destination " + dst + " does not exist" + (owner.empty() ? "" : " in " + owner));
+    if (!ours)
+        return make_error("mount destination " + dst + " does not exist" + (owner.empty() ? "" : " in " + owner));
     return ensure_in_root(s.root.get(), dst, type);
 }
 
@@ -158,8 +162,8 @@ Status write_file_at(int dirfd, const std::string& name, const std::string& cont
 Status bind_into(Setup& s, const std::string& source, const std::string& dst, bool recursive, uint64_t attr_set,
                  Propagation propagation, bool propagation_recursive) {
     std::string what = "mounting " + source + " at " + dst;
-    int tree = static_cast<int>(::open_tree(AT_FDCWD, source.c_str(),
-                                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0)));
+    int tree = static_cast<int>(
+        ::open_tree(AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0)));
     if (tree < 0) return system_error(what);
     UniqueFd tree_fd(tree);
     struct stat st {};
@@ -274,9 +278,9 @@ Status stack_layers(const std::string& base, const std::vector<std::string>& nam
     int err = errno;
     if (::fchdir(here.get()) != 0) return system_error("returning from " + base);
     if (rc != 0)
-        return system_error("stacking the " + std::to_string(names.size()) + " layers of " + what +
-                                " with overlayfs at " + target,
-                            err);
+        return system_error(
+            "stacking the " + std::to_string(names.size()) + " layers of " + what + " with overlayfs at " + target,
+            err);
     return {};
 }
 
@@ -608,8 +612,7 @@ Status mount_proc_and_sys(Setup& s) {
 }
 
 Status set_up_dev(Setup& s) {
-    if (s.spec->config.host_dev)
-        return bind_into(s, "/dev", "/dev", true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
+    if (s.spec->config.host_dev) return bind_into(s, "/dev", "/dev", true, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
     GANTRY_TRY(tmpfs_into(s, "/dev", "mode=0755,size=65536k", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
     for (const char* node : {"null", "zero", "full", "random", "urandom", "tty"}) {
         std::string host = std::string("/dev/") + node;
@@ -620,12 +623,17 @@ Status set_up_dev(Setup& s) {
     GANTRY_TRY(bind_into(s, "/dev/pts", "/dev/pts", false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
     GANTRY_TRY(tmpfs_into(s, "/dev/shm", "mode=1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
     if (::access("/dev/mqueue", F_OK) == 0)
-        GANTRY_TRY(bind_into(s, "/dev/mqueue", "/dev/mqueue", false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+        GANTRY_TRY(bind_into(s, "/dev/mqueue", "/dev/mqueue", false,
+                             MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
     auto dev = open_in_root(s.root.get(), "/dev");
     if (!dev) return dev.error();
     UniqueFd dir(::openat(dev->get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    for (auto [name, target] : {std::pair{"ptmx", "pts/ptmx"}, {"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
-                                {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}, {"core", "/proc/kcore"}}) {
+    for (auto [name, target] : {std::pair{"ptmx", "pts/ptmx"},
+                                {"fd", "/proc/self/fd"},
+                                {"stdin", "/proc/self/fd/0"},
+                                {"stdout", "/proc/self/fd/1"},
+                                {"stderr", "/proc/self/fd/2"},
+                                {"core", "/proc/kcore"}}) {
         if (::symlinkat(target, dir.get(), name) != 0) return system_error(std::string("creating /dev/") + name);
     }
     return {};

@@ -32,7 +32,8 @@ Result<PreparedSpec> container_spec_for(RunRequest request) {
                          (request.image_source == ImageSource::local_file && requester == 0);
     // The plugin acquires every store image before it gets here (plugin/stepd.cpp): only descriptors.
     spec.image_acquired = request.image_source != ImageSource::local_file && descriptor_of_path(spec.image_path) >= 0;
-    for (const auto& layer : spec.image_layers) spec.image_acquired = spec.image_acquired && descriptor_of_path(layer) >= 0;
+    for (const auto& layer : spec.image_layers)
+        spec.image_acquired = spec.image_acquired && descriptor_of_path(layer) >= 0;
     spec.backend = request.backend;
     spec.mounts = std::move(request.mounts);
     ContainerDefaults site = container_defaults(spec.config);

@@ -116,7 +116,9 @@ Result<std::string> key_of_source(const std::string& text) {
     return stack_key(lines);
 }
 
-std::string images_dir(const Config& config) { return config.runtime_path + "/images"; }
+std::string images_dir(const Config& config) {
+    return config.runtime_path + "/images";
+}
 
 // Opens (making it if needed) a directory that must be root's alone. Refuses a symlink or a directory
 // somebody else owns or may write: whoever could write there could swap the mount point.
@@ -144,10 +146,10 @@ Result<UniqueFd> open_images_dir(const Config& config) {
     return open_root_dir(base.get(), "images", images_dir(config));
 }
 
-
 // The squashfs is mounted on <key>/root when that directory sits on another filesystem than <key>/.
 bool is_mounted(int key_dir) {
-    struct stat dir {}, mnt {};
+    struct stat dir {
+    }, mnt{};
     if (::fstat(key_dir, &dir) != 0 || ::fstatat(key_dir, "root", &mnt, AT_SYMLINK_NOFOLLOW) != 0) return false;
     return dir.st_dev != mnt.st_dev;
 }
@@ -249,8 +251,8 @@ namespace {
 
 // The protocol both kinds share: under <key>/lock, take a reference, make the mount with `make` when
 // it is not there (writing `source`), check its file system type, and clone it for the container.
-Result<SharedImageMount> acquire(const std::string& key, const std::string& what, const std::string& source,
-                                 long magic, const std::function<Status(int dir, const std::string& mnt)>& make,
+Result<SharedImageMount> acquire(const std::string& key, const std::string& what, const std::string& source, long magic,
+                                 const std::function<Status(int dir, const std::string& mnt)>& make,
                                  const Config& config) {
     auto images = open_images_dir(config);
     if (!images) return images.error();
@@ -297,8 +299,9 @@ Result<SharedImageMount> acquire_shared_mount(const std::string& image, const Co
     if (!key) return key.error();
     char real[PATH_MAX];
     const std::string source = std::string(::realpath(image.c_str(), real) != nullptr ? real : image.c_str()) + "\n";
-    return acquire(*key, image, source, kSquashfsMagic,
-                   [&](int, const std::string& mnt) { return loop_mount(image, mnt); }, config);
+    return acquire(
+        *key, image, source, kSquashfsMagic, [&](int, const std::string& mnt) { return loop_mount(image, mnt); },
+        config);
 }
 
 Result<SharedImageMount> acquire_shared_stack(const std::vector<std::string>& layers, const Config& config) {
@@ -331,7 +334,8 @@ Result<SharedImageMount> acquire_shared_stack(const std::vector<std::string>& la
             parts.push_back(std::move(*part));
         }
         // An empty directory at the bottom: overlayfs needs two lower layers without an upper one.
-        if (::mkdirat(dir, "empty", 0755) != 0 && errno != EEXIST) return system_error("creating the stack's empty layer");
+        if (::mkdirat(dir, "empty", 0755) != 0 && errno != EEXIST)
+            return system_error("creating the stack's empty layer");
         const std::string opts = "lowerdir=" + lowers + key + "/empty,userxattr";
         // Safe: every layer passed the trusted-path check (our writer's bytes in a store only a trusted
         // account writes; the caller checked), they are mounted ro,nosuid,nodev in root's 0700

@@ -22,10 +22,10 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Propagation, {{Propagation::private_, "private"},
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PullLimits, max_layer_bytes, max_image_bytes, max_layer_entries)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Config, store_path, store_owner, private_images, runtime_path, scratch_path,
-                                   mount_backend, mount_idle_seconds, fuse_shared, fuse_server, fuse_poll_us, compressor,
-                                   compression_level, block_size, max_connections, limits, insecure_registries,
-                                   ca_bundle, host_dev, host_root, gpu, efa, efa_host_libs, pmix, pytorch, batch_srun,
-                                   source)
+                                   mount_backend, mount_idle_seconds, fuse_shared, fuse_server, fuse_poll_us,
+                                   compressor, compression_level, block_size, max_connections, limits,
+                                   insecure_registries, ca_bundle, host_dev, host_root, gpu, efa, efa_host_libs, pmix,
+                                   pytorch, batch_srun, source)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ImageConfig, architecture, os, env, entrypoint, cmd, working_dir, user, volumes,
                                    labels, diff_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MountSpec, kind, source, destination, read_only, recursive, nosuid, nodev, noexec,
@@ -37,9 +37,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeviceSymlink, path, target)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SysfsView, path, entries, files)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerEdits, devices, mounts, symlinks, sysfs_views, env, ld_library_dirs,
                                    warnings, summary)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerSpec, image_path, image_layers, image_trusted, image_config, backend, mounts, writable,
-                                   remap_root, mount_home, unshare, workdir, env_names, env_values, uid, gid, name,
-                                   detach, config, devices, holder_program, fuse_server_scope)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ContainerSpec, image_path, image_layers, image_trusted, image_config, backend,
+                                   mounts, writable, remap_root, mount_home, unshare, workdir, env_names, env_values,
+                                   uid, gid, name, detach, config, devices, holder_program, fuse_server_scope)
 
 std::string container_spec_to_json(const ContainerSpec& spec) {
     return nlohmann::json(spec).dump();
@@ -65,7 +65,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderRequest, spec, id, backend, staging, im
 NLOHMANN_JSON_SERIALIZE_ENUM(HolderReply::Kind, {{HolderReply::Kind::userns, "userns"},
                                                  {HolderReply::Kind::ready, "ready"},
                                                  {HolderReply::Kind::failed, "failed"}})
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderReply, kind, pid, start_time, pid_namespace, server_pid, server_start_time, message)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(HolderReply, kind, pid, start_time, pid_namespace, server_pid, server_start_time,
+                                   message)
 
 std::string holder_reply_to_line(const HolderReply& reply) {
     // The error handler replaces bytes that are not UTF-8 (a path in a message) instead of throwing.

@@ -200,7 +200,7 @@ struct Connection::State {
     // Per transfer (one hop of a redirect chain).
     const Request* request = nullptr;
     Response* response = nullptr;
-    bool started = false;  // the sink has been told the status
+    bool started = false;       // the sink has been told the status
     bool have_headers = false;  // status and headers read from libcurl (first body byte, or the end)
     HeaderCount header_count;
 

@@ -33,16 +33,16 @@ TransportSettings settings_from_environment(const std::string& extra_ca_file = {
 struct Response;
 
 struct Request {
-    std::string method = "GET";         // GET, HEAD, POST or PUT
+    std::string method = "GET";  // GET, HEAD, POST or PUT
     std::string url;
-    std::vector<std::string> headers;   // "Name: value"; never secrets (see authorization)
-    std::string authorization;          // Authorization value; dropped on a redirect to another origin
-    std::string body;                   // POST and PUT
+    std::vector<std::string> headers;  // "Name: value"; never secrets (see authorization)
+    std::string authorization;         // Authorization value; dropped on a redirect to another origin
+    std::string body;                  // POST and PUT
     // Receives the body of a 2xx answer. Called first with (head, nullptr, 0) once the status and
     // headers are known, so that a sink can tell 200 from 206. Returning false aborts the transfer.
     std::function<bool(const Response& head, const char* data, size_t size)> sink;
-    size_t max_body = 8u << 20;         // without a sink: the largest 2xx body kept in Response::body
-    long timeout_s = 0;                 // whole transfer; 0: none (stalls are caught by a speed limit)
+    size_t max_body = 8u << 20;  // without a sink: the largest 2xx body kept in Response::body
+    long timeout_s = 0;          // whole transfer; 0: none (stalls are caught by a speed limit)
     long connect_timeout_ms = 30000;
     // Redirects followed (GET and HEAD only; a POST's or PUT's 3xx is returned as it came): http/https
     // only, never https -> http. 0: every 3xx is returned to the caller.
@@ -52,15 +52,15 @@ struct Request {
 };
 
 struct Response {
-    long status = 0;                              // 0 when no HTTP answer came (see curl_error)
-    std::map<std::string, std::string> headers;   // lower-case names; repeated headers joined by ", "
-    std::string body;                             // without a sink; for errors, the first 64 KiB
-    std::string url;                              // the URL that answered (after redirects)
-    int curl_code = 0;                            // CURLcode; 0 when the transfer worked
-    std::string curl_error;                       // libcurl's message when curl_code != 0
-    bool cancelled = false;                       // cancel or stop was set
-    bool sink_aborted = false;                    // the sink returned false
-    bool body_too_large = false;                  // the body exceeded max_body
+    long status = 0;                             // 0 when no HTTP answer came (see curl_error)
+    std::map<std::string, std::string> headers;  // lower-case names; repeated headers joined by ", "
+    std::string body;                            // without a sink; for errors, the first 64 KiB
+    std::string url;                             // the URL that answered (after redirects)
+    int curl_code = 0;                           // CURLcode; 0 when the transfer worked
+    std::string curl_error;                      // libcurl's message when curl_code != 0
+    bool cancelled = false;                      // cancel or stop was set
+    bool sink_aborted = false;                   // the sink returned false
+    bool body_too_large = false;                 // the body exceeded max_body
     // The answer's headers passed kMaxResponseHeaderBytes: the transfer stopped, status and headers
     // are left empty (nothing of such an answer is used) and curl_error says why.
     bool headers_too_large = false;

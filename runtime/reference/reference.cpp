@@ -14,7 +14,9 @@ Error bad(std::string_view text, const std::string& why) {
     return make_error("invalid image reference '" + std::string(text) + "': " + why + kForms);
 }
 
-bool is_lower_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+bool is_lower_alnum(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
 
 // OCI distribution: path components are [a-z0-9]+ joined by '.', '_', '__' or runs of '-'.
 bool valid_component(std::string_view c) {
@@ -36,7 +38,9 @@ bool valid_component(std::string_view c) {
 
 bool valid_tag(std::string_view t) {
     if (t.empty() || t.size() > 128) return false;
-    auto word = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; };
+    auto word = [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    };
     if (!word(t.front())) return false;
     for (char c : t)
         if (!word(c) && c != '.' && c != '-') return false;
@@ -76,8 +80,8 @@ namespace {
 // else Enroot's "registry#": a single-label host printed as "myreg/team/app" would be read back as
 // Docker Hub's team, and `gantry pull` of what a message printed would ask another registry.
 std::string registry_prefix(const std::string& registry) {
-    bool docker_reads_it = registry.find_first_of(".:") != std::string::npos || registry == "localhost" ||
-                           registry == kImportedNamespace;
+    bool docker_reads_it =
+        registry.find_first_of(".:") != std::string::npos || registry == "localhost" || registry == kImportedNamespace;
     return registry + (docker_reads_it ? "/" : "#");
 }
 }  // namespace
@@ -117,7 +121,8 @@ Result<ImageReference> parse_reference(std::string_view text) {
     auto at_digest = s.find("@sha256:");
     if (at_digest == std::string_view::npos) at_digest = s.rfind('@');
     if (at_digest != std::string_view::npos && s.substr(at_digest + 1).find(':') != std::string_view::npos &&
-        s.substr(at_digest + 1).find('/') == std::string_view::npos && s.substr(at_digest + 1).find('#') == std::string_view::npos) {
+        s.substr(at_digest + 1).find('/') == std::string_view::npos &&
+        s.substr(at_digest + 1).find('#') == std::string_view::npos) {
         std::string d(s.substr(at_digest + 1));
         auto st = validate_digest(d);
         if (!st) return bad(text, st.error().message);

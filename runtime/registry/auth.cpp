@@ -124,7 +124,9 @@ Authenticator::Authenticator(CredentialLookup lookup, std::string sources,
       extra_ca_file_(std::move(extra_ca_file)),
       fallback_(std::move(fallback)) {}
 
-std::string Authenticator::scope_of(const ImageReference& ref) { return "repository:" + ref.repository + ":pull"; }
+std::string Authenticator::scope_of(const ImageReference& ref) {
+    return "repository:" + ref.repository + ":pull";
+}
 
 const std::optional<Credentials>& Authenticator::credentials_locked(const ImageReference& ref) {
     std::string key = ref.user + "@" + ref.registry;
@@ -144,8 +146,9 @@ std::string Authenticator::authorization(const ImageReference& ref) {
     if (reg == registries_.end()) return {};
     if (reg->second.scheme == RegistryState::Scheme::basic) {
         const auto& creds = credentials_locked(ref);
-        return creds && creds->identity_token.empty() ? "Basic " + base64_encode(creds->username + ":" + creds->password)
-                                                      : std::string();
+        return creds && creds->identity_token.empty()
+                   ? "Basic " + base64_encode(creds->username + ":" + creds->password)
+                   : std::string();
     }
     if (reg->second.scheme == RegistryState::Scheme::bearer) {
         auto t = tokens_.find(ref.registry + " " + scope_of(ref));
@@ -197,8 +200,7 @@ bool Authenticator::fall_back_locked(const ImageReference& ref) {
     return true;
 }
 
-Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageReference& ref,
-                                         const AuthChallenge& c) {
+Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageReference& ref, const AuthChallenge& c) {
     auto realm_it = c.params.find("realm");
     if (realm_it == c.params.end() || realm_it->second.empty())
         return make_error(ref.registry + " asked for a Bearer token but named no realm to get it from");
@@ -224,9 +226,10 @@ Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageRefer
                                       creds->identity_token, extra_ca_file_);
         if (!t) return t.error().wrap("authentication to " + ref.registry + " (tried: " + creds->source + ")");
         int64_t margin = std::min<int64_t>(10, t->expires_in / 10);
-        tokens_[ref.registry + " " + scope_of(ref)] =
-            Token{"Bearer " + t->token, std::chrono::steady_clock::now() + std::chrono::seconds(t->expires_in - margin)};
-        log::debug("got a token for " + ref.registry + "/" + ref.repository + " with the identity token from " + creds->source);
+        tokens_[ref.registry + " " + scope_of(ref)] = Token{
+            "Bearer " + t->token, std::chrono::steady_clock::now() + std::chrono::seconds(t->expires_in - margin)};
+        log::debug("got a token for " + ref.registry + "/" + ref.repository + " with the identity token from " +
+                   creds->source);
         return {};
     }
     std::string url = realm + (realm.find('?') == std::string::npos ? "?" : "&");
@@ -239,8 +242,8 @@ Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageRefer
     req.headers.push_back("Accept: application/json");
     if (creds) req.authorization = "Basic " + base64_encode(creds->username + ":" + creds->password);
     auto resp = conn.perform(req);
-    const std::string what = "getting a token for " + ref.registry + "/" + ref.repository + " from " +
-                             net::redact_url(realm);
+    const std::string what =
+        "getting a token for " + ref.registry + "/" + ref.repository + " from " + net::redact_url(realm);
     if (!resp) return resp.error().wrap(what);
     if (resp->curl_code != 0) return make_error(what + ": " + resp->curl_error);
     if (resp->status == 401 || resp->status == 403) {
@@ -261,7 +264,8 @@ Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageRefer
     if (token.empty()) return make_error(what + ": the answer holds no token");
     int64_t lifetime = 60;
     auto exp = j.find("expires_in");
-    if (exp != j.end() && exp->is_number() && exp->get<double>() > 0) lifetime = static_cast<int64_t>(exp->get<double>());
+    if (exp != j.end() && exp->is_number() && exp->get<double>() > 0)
+        lifetime = static_cast<int64_t>(exp->get<double>());
     // Stop using a token a little before it expires, so that it does not run out in flight.
     int64_t margin = std::min<int64_t>(10, lifetime / 10);
     tokens_[ref.registry + " " + scope_of(ref)] =
@@ -271,8 +275,8 @@ Status Authenticator::fetch_token_locked(net::Connection& conn, const ImageRefer
     return {};
 }
 
-Status Authenticator::on_unauthorized(net::Connection& conn, const ImageReference& ref,
-                                      const net::Response& response, const std::string& sent) {
+Status Authenticator::on_unauthorized(net::Connection& conn, const ImageReference& ref, const net::Response& response,
+                                      const std::string& sent) {
     auto challenges = parse_www_authenticate(response.header("www-authenticate"));
     const AuthChallenge* bearer = nullptr;
     const AuthChallenge* basic = nullptr;
@@ -296,8 +300,8 @@ Status Authenticator::on_unauthorized(net::Connection& conn, const ImageReferenc
         const auto& creds = credentials_locked(ref);
         if (!creds) return no_credentials(ref);
         if (!creds->identity_token.empty())
-            return make_error(ref.registry + " asks for Basic authentication, but the credentials from " + creds->source +
-                              " are an identity token (usable only with a Bearer token service)");
+            return make_error(ref.registry + " asks for Basic authentication, but the credentials from " +
+                              creds->source + " are an identity token (usable only with a Bearer token service)");
         if (state.scheme == RegistryState::Scheme::basic && !sent.empty()) {
             if (fall_back_locked(ref)) return {};
             const auto& now = credentials_locked(ref);

@@ -1,7 +1,8 @@
 // Internal: registry authentication for one client: anonymous first, then what the registry's
 // WWW-Authenticate challenge asks for: a Bearer token from its realm (reused for its lifetime; traded
 // for an identity token by OAuth2 POST when the credentials are one) or Basic credentials. Where the
-// credentials come from is runtime/auth's business (gantry/auth.hpp). Thread-safe: blob workers share one Authenticator.
+// credentials come from is runtime/auth's business (gantry/auth.hpp). Thread-safe: blob workers share one
+// Authenticator.
 #pragma once
 
 #include <chrono>
@@ -57,7 +58,7 @@ private:
     std::function<bool(const std::string&)> plain_http_ok_;
     std::string extra_ca_file_;
     std::map<std::string, RegistryState> registries_;
-    std::map<std::string, Token> tokens_;  // by registry + " " + scope
+    std::map<std::string, Token> tokens_;                            // by registry + " " + scope
     std::map<std::string, std::optional<Credentials>> credentials_;  // by user@registry
     CredentialLookup fallback_;
     std::map<std::string, std::string> fell_back_;  // user@registry -> the refused source

@@ -74,8 +74,7 @@ void BlobProgress::add(int64_t delta) {
 }
 
 Status RegistryClient::Impl::fetch_blob(net::Connection& conn, const ImageReference& ref, const Descriptor& blob,
-                                        const std::string& dir, BlobProgress& progress,
-                                        const std::atomic<bool>* stop) {
+                                        const std::string& dir, BlobProgress& progress, const std::atomic<bool>* stop) {
     const std::string what = "fetching blob " + blob.digest + " from " + ref.registry + "/" + ref.repository;
     const std::string final_path = dir + "/" + digest_hex(blob.digest);
     const std::string partial = final_path + ".partial";
@@ -142,7 +141,7 @@ Status RegistryClient::Impl::fetch_blob(net::Connection& conn, const ImageRefere
         if (offset < blob.size) {
             const uint64_t start = offset;
             std::optional<Error> fatal;  // stops at once: no retry
-            bool start_over = false;      // the server ignored or botched our Range: from byte 0 next time
+            bool start_over = false;     // the server ignored or botched our Range: from byte 0 next time
             net::Request req;
             req.url = repository_url(ref) + "/blobs/" + blob.digest;
             if (start > 0) req.headers.push_back("Range: bytes=" + std::to_string(start) + "-");

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "gantry/registry.hpp"
-#include "registry/auth.hpp"
 #include "net/http.hpp"
+#include "registry/auth.hpp"
 
 namespace gantry {
 
@@ -69,7 +69,7 @@ struct RegistryClient::Impl {
 
     // `send` with retries (connection errors, 408, 429, 5xx) and backoff; for small bodies.
     Result<net::Response> send_with_retry(net::Connection& conn, const ImageReference& ref, net::Request& req,
-                                           const std::string& what);
+                                          const std::string& what);
 
     // Waits before retry number `attempt` (1 = the first retry); false when cancelled meanwhile.
     bool backoff(int attempt, const net::Response& last, const std::atomic<bool>* stop) const;
@@ -81,8 +81,8 @@ struct RegistryClient::Impl {
                                            const std::string& expect);
 
     // Downloads one blob into dir/<hex> (blob_fetch.cpp).
-    Status fetch_blob(net::Connection& conn, const ImageReference& ref, const Descriptor& blob,
-                      const std::string& dir, BlobProgress& progress, const std::atomic<bool>* stop);
+    Status fetch_blob(net::Connection& conn, const ImageReference& ref, const Descriptor& blob, const std::string& dir,
+                      BlobProgress& progress, const std::atomic<bool>* stop);
 
     // Connection error or HTTP 408/429/5xx: worth another try.
     static bool retryable(const net::Response& r);

@@ -46,8 +46,12 @@ std::string bare_media_type(std::string_view content_type) {
     return s;
 }
 
-bool is_index_type(const std::string& t) { return t == kMediaOciIndex || t == kMediaDockerList; }
-bool is_manifest_type(const std::string& t) { return t == kMediaOciManifest || t == kMediaDockerManifest; }
+bool is_index_type(const std::string& t) {
+    return t == kMediaOciIndex || t == kMediaDockerList;
+}
+bool is_manifest_type(const std::string& t) {
+    return t == kMediaOciManifest || t == kMediaDockerManifest;
+}
 
 Error schema1_error() {
     return make_error(
@@ -101,11 +105,9 @@ Result<ParsedManifest> parse_manifest(std::string_view body, std::string_view co
             m.media_type != kMediaDockerSchema1Signed)
             m.media_type = infer_type(j);
     }
-    if (m.media_type == kMediaDockerSchema1 || m.media_type == kMediaDockerSchema1Signed ||
-        schema_version(j, 2) == 1)
+    if (m.media_type == kMediaDockerSchema1 || m.media_type == kMediaDockerSchema1Signed || schema_version(j, 2) == 1)
         return schema1_error();
-    if (schema_version(j, 2) != 2)
-        return make_error("unsupported manifest schemaVersion " + j["schemaVersion"].dump());
+    if (schema_version(j, 2) != 2) return make_error("unsupported manifest schemaVersion " + j["schemaVersion"].dump());
 
     if (is_index_type(m.media_type)) {
         m.kind = ParsedManifest::Kind::index;
@@ -180,8 +182,8 @@ Result<Descriptor> select_platform(const ParsedManifest& index, const Platform& 
     if (best != nullptr) return best->descriptor;
     // An index that names no platforms at all and holds one image: that image.
     if (with_platform == 0 && manifests == 1) return only_manifest->descriptor;
-    return make_error("no image for platform " + wanted.str() + " in the index (available: " +
-                      (available.empty() ? "none" : available) + ")");
+    return make_error("no image for platform " + wanted.str() +
+                      " in the index (available: " + (available.empty() ? "none" : available) + ")");
 }
 
 }  // namespace gantry

@@ -18,9 +18,9 @@ struct ArchAlias {
     const char* variant;
 };
 constexpr ArchAlias kAliases[] = {
-    {"x86_64", "amd64", ""},  {"x86-64", "amd64", ""},  {"aarch64", "arm64", "v8"}, {"armv8l", "arm64", "v8"},
-    {"armhf", "arm", "v7"},   {"armv7l", "arm", "v7"},  {"armel", "arm", "v6"},     {"armv6l", "arm", "v6"},
-    {"i386", "386", ""},      {"i686", "386", ""},      {"x86", "386", ""},
+    {"x86_64", "amd64", ""}, {"x86-64", "amd64", ""}, {"aarch64", "arm64", "v8"}, {"armv8l", "arm64", "v8"},
+    {"armhf", "arm", "v7"},  {"armv7l", "arm", "v7"}, {"armel", "arm", "v6"},     {"armv6l", "arm", "v6"},
+    {"i386", "386", ""},     {"i686", "386", ""},     {"x86", "386", ""},
 };
 
 }  // namespace
@@ -85,10 +85,10 @@ Result<Platform> Platform::parse(const std::string& text) {
     for (const auto& part : parts) {
         if (part.empty()) return make_error("invalid platform '" + text + "': empty component" + form);
         for (char c : part)
-            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                  c == '-' || c == '.'))
-                return make_error("invalid platform '" + text + "': unexpected character '" + std::string(1, c) +
-                                  "'" + form);
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+                  c == '.'))
+                return make_error("invalid platform '" + text + "': unexpected character '" + std::string(1, c) + "'" +
+                                  form);
     }
     Platform p;
     p.os = lower(parts[0]);

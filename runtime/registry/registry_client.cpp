@@ -14,8 +14,8 @@
 #include <random>
 #include <thread>
 
-#include "gantry/environment.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
 #include "gantry/version.hpp"
@@ -35,7 +35,9 @@ std::string sources_for(const RegistryOptions& o) {
     return o.credentials ? "the configured credential lookup" : default_credential_sources();
 }
 
-bool is_manifest_type(const std::string& t) { return t == kMediaOciManifest || t == kMediaDockerManifest; }
+bool is_manifest_type(const std::string& t) {
+    return t == kMediaOciManifest || t == kMediaDockerManifest;
+}
 
 std::string bare_type(std::string t) {
     t = t.substr(0, t.find(';'));
@@ -48,7 +50,7 @@ int default_max_connections() {
     cpu_set_t set;
     CPU_ZERO(&set);
     int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-                                                              : static_cast<int>(std::thread::hardware_concurrency());
+                                                            : static_cast<int>(std::thread::hardware_concurrency());
     if (cpus <= 0) cpus = 1;
     return std::min(8, std::max(4, 2 * cpus));
 }
@@ -57,9 +59,10 @@ RegistryClient::Impl::Impl(const Config& cfg, RegistryOptions opts)
     : config(cfg),
       options(std::move(opts)),
       transport(net::make_transport(net::settings_from_environment(cfg.ca_bundle))),
-      auth(options.credentials ? options.credentials : default_credential_lookup(), sources_for(options),
-           [this](const std::string& host) { return plain_http_ok(host); }, config.ca_bundle,
-           options.credentials ? CredentialLookup{} : default_credential_fallback()) {
+      auth(
+          options.credentials ? options.credentials : default_credential_lookup(), sources_for(options),
+          [this](const std::string& host) { return plain_http_ok(host); }, config.ca_bundle,
+          options.credentials ? CredentialLookup{} : default_credential_fallback()) {
     if (auto st = check_readable(config.ca_bundle, "ca_bundle in gantry.conf"); !st) settings_status = st;
     if (auto st = check_readable(environment().ssl_cert_file.value, "SSL_CERT_FILE"); !st) settings_status = st;
     if (options.max_attempts < 1) options.max_attempts = 1;
@@ -90,7 +93,8 @@ bool RegistryClient::Impl::plain_http_ok(const std::string& host_or_hostport) co
     for (const auto& r : config.insecure_registries) {
         if (r == host_or_hostport) return true;
         // "host" in the list covers every port of that host
-        if (r.find(':') == std::string::npos && host_or_hostport.substr(0, host_or_hostport.rfind(':')) == r) return true;
+        if (r.find(':') == std::string::npos && host_or_hostport.substr(0, host_or_hostport.rfind(':')) == r)
+            return true;
     }
     return false;
 }
@@ -105,13 +109,14 @@ bool RegistryClient::Impl::cancelled(const std::atomic<bool>* stop) const {
     return (options.cancel != nullptr && options.cancel->load()) || (stop != nullptr && stop->load());
 }
 
-Result<net::Response> RegistryClient::Impl::send(net::Connection& conn, const ImageReference& ref,
-                                                  net::Request& req) {
+Result<net::Response> RegistryClient::Impl::send(net::Connection& conn, const ImageReference& ref, net::Request& req) {
     // Every request to a registry passes here: an imported image's name is never sent anywhere, so
     // that no registry (nor a host called "local") can answer for an image someone imported.
     if (ref.names_imported_image())
-        return make_error(ref.str() + " names an imported image (local/...), which no registry holds; import it "
-                          "first (gantry import --tag " + ref.str() + " SOURCE, docs/user.md)");
+        return make_error(ref.str() +
+                          " names an imported image (local/...), which no registry holds; import it "
+                          "first (gantry import --tag " +
+                          ref.str() + " SOURCE, docs/user.md)");
     for (int round = 0;; ++round) {
         req.authorization = auth.authorization(ref);
         auto resp = conn.perform(req);
@@ -123,7 +128,8 @@ Result<net::Response> RegistryClient::Impl::send(net::Connection& conn, const Im
             log::debug(ref.registry + " does not speak TLS; using plain HTTP (loopback or insecure_registries)");
             {
                 std::lock_guard<std::mutex> lock(plain_mutex_);
-                if (std::find(plain_registries_.begin(), plain_registries_.end(), ref.registry) == plain_registries_.end())
+                if (std::find(plain_registries_.begin(), plain_registries_.end(), ref.registry) ==
+                    plain_registries_.end())
                     plain_registries_.push_back(ref.registry);
             }
             req.url = "http://" + req.url.substr(std::string("https://").size());
@@ -184,8 +190,7 @@ bool RegistryClient::Impl::backoff(int attempt, const net::Response& last, const
     static thread_local std::minstd_rand rng(std::random_device{}());
     delay *= std::uniform_real_distribution<double>(0.8, 1.2)(rng);
     std::string ra = last.header("retry-after");
-    if (!ra.empty() && std::all_of(ra.begin(), ra.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-        ra.size() < 6)
+    if (!ra.empty() && std::all_of(ra.begin(), ra.end(), [](char c) { return c >= '0' && c <= '9'; }) && ra.size() < 6)
         delay = std::min(60.0, std::max(delay, static_cast<double>(std::stoi(ra))));
     auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(delay);
     while (std::chrono::steady_clock::now() < until) {
@@ -196,7 +201,7 @@ bool RegistryClient::Impl::backoff(int attempt, const net::Response& last, const
 }
 
 Result<net::Response> RegistryClient::Impl::send_with_retry(net::Connection& conn, const ImageReference& ref,
-                                                             net::Request& req, const std::string& what) {
+                                                            net::Request& req, const std::string& what) {
     req.cancel = options.cancel;
     for (int attempt = 1;; ++attempt) {
         auto resp = send(conn, ref, req);
@@ -243,7 +248,9 @@ Result<FetchedManifest> RegistryClient::Impl::fetch_manifest(const ImageReferenc
 RegistryClient::RegistryClient(const Config& config, RegistryOptions options)
     : impl_(new Impl(config, std::move(options))) {}
 
-RegistryClient::~RegistryClient() { delete impl_; }
+RegistryClient::~RegistryClient() {
+    delete impl_;
+}
 
 int RegistryClient::max_connections() const {
     if (impl_->options.max_connections > 0) return impl_->options.max_connections;
@@ -297,8 +304,8 @@ Result<ResolvedImage> RegistryClient::resolve(const ImageReference& ref, const P
         auto m = impl_->fetch_manifest(ref, entry->digest, entry->digest);
         if (!m) return m.error();
         if (m->bytes.size() != entry->size)
-            return make_error("fetching manifest " + ref.registry + "/" + ref.repository + "@" + entry->digest +
-                              ": " + std::to_string(m->bytes.size()) + " bytes, the index says " +
+            return make_error("fetching manifest " + ref.registry + "/" + ref.repository + "@" + entry->digest + ": " +
+                              std::to_string(m->bytes.size()) + " bytes, the index says " +
                               std::to_string(entry->size));
         if (m->parsed.kind != ParsedManifest::Kind::manifest)
             return make_error("resolving " + ref.str() + ": the index entry for " + platform.str() +

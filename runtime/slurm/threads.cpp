@@ -1,4 +1,5 @@
-// NewBlockedThreads (include/gantry/threads.hpp): the plugin's watch on slurmstepd's new threads, read from /proc/self/task.
+// NewBlockedThreads (include/gantry/threads.hpp): the plugin's watch on slurmstepd's new threads, read from
+// /proc/self/task.
 #include "gantry/threads.hpp"
 
 #include <dirent.h>

@@ -38,10 +38,10 @@ constexpr std::string_view kOpaqueMarker = ".wh..wh..opq";
 // member was hidden by a higher layer while the link itself wins, its metadata is kept here (`shadow`)
 // and its data is fetched by a second read of the layer (rare: see fetch_shadowed_data).
 struct LinkTarget {
-    uint64_t ordinal = 0;              // position of the data-bearing member in the layer's tar
-    Inode* inode = nullptr;            // the inode this member became, once it is in the image
-    std::unique_ptr<Inode> shadow;     // metadata of a hidden member, until a link adopts it
-    bool deleted = false;              // a skipped device: links to it are skipped too
+    uint64_t ordinal = 0;           // position of the data-bearing member in the layer's tar
+    Inode* inode = nullptr;         // the inode this member became, once it is in the image
+    std::unique_ptr<Inode> shadow;  // metadata of a hidden member, until a link adopts it
+    bool deleted = false;           // a skipped device: links to it are skipped too
 };
 
 struct PendingData {
@@ -187,14 +187,14 @@ private:
 
     Error over_ratio() {
         const bool floor = stream_budget_ == limits_.ratio_floor_bytes;
-        return breach("max_layer_ratio",
-                      "expands beyond " + limit_value("max_layer_ratio", limits_.max_layer_ratio, false) +
-                          " times its compressed size of " + format_bytes(compressed_) +
-                          (floor ? ", and past the " + format_bytes(limits_.ratio_floor_bytes) +
-                                       " any layer may expand to,"
-                                 : std::string()) +
-                          " uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf if the "
-                          "image is genuine");
+        return breach(
+            "max_layer_ratio",
+            "expands beyond " + limit_value("max_layer_ratio", limits_.max_layer_ratio, false) +
+                " times its compressed size of " + format_bytes(compressed_) +
+                (floor ? ", and past the " + format_bytes(limits_.ratio_floor_bytes) + " any layer may expand to,"
+                       : std::string()) +
+                " uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf if the "
+                "image is genuine");
     }
 
     Error over_budget() {
@@ -359,7 +359,8 @@ private:
     // hidden file on the chance that a link to it follows.
     Status fetch_shadowed_data(const LayerBlob& blob) {
         if (pending_.empty()) return {};
-        std::sort(pending_.begin(), pending_.end(), [](const PendingData& a, const PendingData& b) { return a.ordinal < b.ordinal; });
+        std::sort(pending_.begin(), pending_.end(),
+                  [](const PendingData& a, const PendingData& b) { return a.ordinal < b.ordinal; });
         auto opened = LayerReader::open(blob.path, blob.media_type, false);
         if (!opened) return opened.error();
         LayerReader& reader = **opened;
@@ -379,12 +380,12 @@ private:
     ConversionStats& stats_;
     const PullLimits& limits_;
     std::optional<std::string> broken_limit_;
-    uint64_t expanded_ = 0;     // what the layers converted so far expanded to
-    uint64_t budget_ = 0;       // what this layer may expand to
+    uint64_t expanded_ = 0;       // what the layers converted so far expanded to
+    uint64_t budget_ = 0;         // what this layer may expand to
     uint64_t stream_budget_ = 0;  // what its decompressed stream may come to (budget_ and the ratio)
     uint64_t compressed_ = 0;     // the blob's size
-    bool image_binds_ = false;  // the budget is what is left of max_image_bytes
-    uint64_t file_bytes_ = 0;   // sizes of this layer's files written so far, holes included
+    bool image_binds_ = false;    // the budget is what is left of max_image_bytes
+    uint64_t file_bytes_ = 0;     // sizes of this layer's files written so far, holes included
     int layer_ = 0;
     std::vector<LinkTarget> targets_;
     std::unordered_map<std::string, size_t> target_index_;

@@ -25,8 +25,8 @@
 #include <unordered_map>
 
 #include "gantry/squashfs.hpp"
-#include "sqfs_handles.hpp"
 #include "image_tree.hpp"
+#include "sqfs_handles.hpp"
 #include "squashfs_writer.hpp"
 
 namespace gantry {
@@ -34,9 +34,9 @@ namespace {
 
 using squashfs::ImageTree;
 using squashfs::Inode;
-using squashfs::SquashfsWriter;
 using squashfs::SqfsFree;
 using squashfs::SqfsPtr;
+using squashfs::SquashfsWriter;
 using squashfs::TreeNode;
 
 struct TreeFree {
@@ -322,7 +322,7 @@ Result<ConversionStats> compose_layers_to_image(const std::vector<std::string>& 
 }
 
 Result<ConversionStats> compose_layers_for_overlay(const std::vector<std::string>& layers, const std::string& output,
-                                                  const SquashfsOptions& options, const std::string& opaque_xattr) {
+                                                   const SquashfsOptions& options, const std::string& opaque_xattr) {
     if (layers.empty()) return make_error("writing " + output + ": no layers to compose");
     try {
         return rewrite(layers, output, {}, options, &opaque_xattr, true);

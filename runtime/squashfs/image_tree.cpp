@@ -10,7 +10,9 @@
 
 namespace gantry::squashfs {
 
-Inode::~Inode() { sqfs_free(file); }
+Inode::~Inode() {
+    sqfs_free(file);
+}
 
 std::unique_ptr<Inode> default_directory() {
     auto in = std::make_unique<Inode>();
@@ -80,7 +82,9 @@ std::string join_path(const std::vector<std::string>& components) {
     return out;
 }
 
-ImageTree::ImageTree() { root_.implied = true; }
+ImageTree::ImageTree() {
+    root_.implied = true;
+}
 
 Inode* ImageTree::adopt(std::unique_ptr<Inode> inode) {
     inodes_.push_back(std::move(inode));

@@ -25,9 +25,9 @@ struct Inode {
     uint32_t mode = 0;  // full st_mode: type and permission bits (setuid/setgid/sticky kept)
     uint32_t uid = 0, gid = 0;
     int64_t mtime = 0;
-    std::string symlink_target;                                // verbatim, never resolved
+    std::string symlink_target;                               // verbatim, never resolved
     std::vector<std::pair<std::string, std::string>> xattrs;  // key, value
-    uint64_t size = 0;                                         // regular files: bytes of data
+    uint64_t size = 0;                                        // regular files: bytes of data
     // Regular files: the inode libsquashfs's block processor builds while the data streams in; it
     // keeps a pointer to this member and may reallocate it until the processor is finished.
     sqfs_inode_generic_t* file = nullptr;

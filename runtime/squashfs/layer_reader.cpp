@@ -31,9 +31,12 @@ const unsigned char kZstdMagic[] = {0x28, 0xb5, 0x2f, 0xfd};
 
 const char* compression_name(LayerCompression c) {
     switch (c) {
-        case LayerCompression::gzip: return "gzip";
-        case LayerCompression::zstd: return "zstd";
-        case LayerCompression::plain: return "uncompressed tar";
+        case LayerCompression::gzip:
+            return "gzip";
+        case LayerCompression::zstd:
+            return "zstd";
+        case LayerCompression::plain:
+            return "uncompressed tar";
     }
     return "?";
 }
@@ -72,7 +75,9 @@ LayerReader::~LayerReader() {
     if (ar_ != nullptr) archive_read_free(ar_);
 }
 
-void LayerReader::start_decoder() { decoder_ = std::thread([this] { decode_loop(); }); }
+void LayerReader::start_decoder() {
+    decoder_ = std::thread([this] { decode_loop(); });
+}
 
 void LayerReader::stop_decoder() {
     if (!decoder_.joinable()) return;
@@ -154,7 +159,9 @@ Result<std::unique_ptr<LayerReader>> LayerReader::open(const std::string& path, 
             if (!zs) return make_error("media type " + media_type + " says zstd, but the blob has no zstd header");
             r->compression_ = LayerCompression::zstd;
             break;
-        case MediaTypeHint::plain: r->compression_ = LayerCompression::plain; break;
+        case MediaTypeHint::plain:
+            r->compression_ = LayerCompression::plain;
+            break;
         case MediaTypeHint::unknown:
             // No usable media type (older tools, local files): trust the magic bytes.
             r->compression_ = gz ? LayerCompression::gzip : zs ? LayerCompression::zstd : LayerCompression::plain;
@@ -224,14 +231,22 @@ Result<size_t> LayerReader::fill_input() {
 namespace {
 const char* isal_error_name(int rc) {
     switch (rc) {
-        case ISAL_INVALID_BLOCK: return "invalid deflate block";
-        case ISAL_INVALID_SYMBOL: return "invalid deflate symbol";
-        case ISAL_INVALID_LOOKBACK: return "invalid lookback distance";
-        case ISAL_INVALID_WRAPPER: return "invalid gzip header";
-        case ISAL_UNSUPPORTED_METHOD: return "unsupported compression method";
-        case ISAL_INCORRECT_CHECKSUM: return "incorrect checksum";
-        case ISAL_NEED_DICT: return "needs a preset dictionary";
-        default: return "error";
+        case ISAL_INVALID_BLOCK:
+            return "invalid deflate block";
+        case ISAL_INVALID_SYMBOL:
+            return "invalid deflate symbol";
+        case ISAL_INVALID_LOOKBACK:
+            return "invalid lookback distance";
+        case ISAL_INVALID_WRAPPER:
+            return "invalid gzip header";
+        case ISAL_UNSUPPORTED_METHOD:
+            return "unsupported compression method";
+        case ISAL_INCORRECT_CHECKSUM:
+            return "incorrect checksum";
+        case ISAL_NEED_DICT:
+            return "needs a preset dictionary";
+        default:
+            return "error";
     }
 }
 }  // namespace

@@ -1,9 +1,9 @@
 // Reading one layer blob as a stream of tar entries: the blob is decompressed here (gzip with ISA-L's
-// igzip where it was built in, else zlib; zstd with libzstd; or plain), every uncompressed byte goes through SHA-256 for the diff_id check, and
-// the raw tar is handed to libarchive with no libarchive filter. Decompressing ourselves is what lets
-// one pass both verify the diff_id and parse the tar. Decompression and hashing run on a thread of
-// their own, a bounded queue of chunks ahead of the tar parser, so that they overlap the merge and the
-// squashfs writer instead of taking turns with them on one core.
+// igzip where it was built in, else zlib; zstd with libzstd; or plain), every uncompressed byte goes through SHA-256
+// for the diff_id check, and the raw tar is handed to libarchive with no libarchive filter. Decompressing ourselves is
+// what lets one pass both verify the diff_id and parse the tar. Decompression and hashing run on a thread of their own,
+// a bounded queue of chunks ahead of the tar parser, so that they overlap the merge and the squashfs writer instead of
+// taking turns with them on one core.
 #pragma once
 
 #include <archive.h>

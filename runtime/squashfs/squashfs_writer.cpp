@@ -44,7 +44,9 @@ struct StoreOnlyCompressor {
     bool uncompress;
 };
 
-void store_only_destroy(sqfs_object_t* obj) { std::free(obj); }
+void store_only_destroy(sqfs_object_t* obj) {
+    std::free(obj);
+}
 
 sqfs_object_t* store_only_copy(const sqfs_object_t* obj) {
     auto* copy = static_cast<StoreOnlyCompressor*>(std::malloc(sizeof(StoreOnlyCompressor)));
@@ -54,11 +56,16 @@ sqfs_object_t* store_only_copy(const sqfs_object_t* obj) {
 
 void store_only_config(const sqfs_compressor_t* cmp, sqfs_compressor_config_t* cfg) {
     const auto* self = reinterpret_cast<const StoreOnlyCompressor*>(cmp);
-    sqfs_compressor_config_init(cfg, SQFS_COMP_GZIP, self->block_size, self->uncompress ? SQFS_COMP_FLAG_UNCOMPRESS : 0);
+    sqfs_compressor_config_init(cfg, SQFS_COMP_GZIP, self->block_size,
+                                self->uncompress ? SQFS_COMP_FLAG_UNCOMPRESS : 0);
 }
 
-int store_only_write_options(sqfs_compressor_t*, sqfs_file_t*) { return 0; }
-int store_only_read_options(sqfs_compressor_t*, sqfs_file_t*) { return 0; }
+int store_only_write_options(sqfs_compressor_t*, sqfs_file_t*) {
+    return 0;
+}
+int store_only_read_options(sqfs_compressor_t*, sqfs_file_t*) {
+    return 0;
+}
 
 sqfs_s32 store_only_do_block(sqfs_compressor_t* cmp, const sqfs_u8* in, sqfs_u32 size, sqfs_u8* out, sqfs_u32 outsize) {
     const auto* self = reinterpret_cast<const StoreOnlyCompressor*>(cmp);
@@ -155,22 +162,38 @@ uint32_t clamp_time(int64_t t) {
 
 const char* sqfs_error_name(int code) {
     switch (code) {
-        case SQFS_ERROR_ALLOC: return "out of memory";
-        case SQFS_ERROR_IO: return "I/O error";
-        case SQFS_ERROR_COMPRESSOR: return "compressor error";
-        case SQFS_ERROR_INTERNAL: return "internal libsquashfs error";
-        case SQFS_ERROR_CORRUPTED: return "corrupted data";
-        case SQFS_ERROR_UNSUPPORTED: return "unsupported";
-        case SQFS_ERROR_OVERFLOW: return "size overflow";
-        case SQFS_ERROR_OUT_OF_BOUNDS: return "out of bounds";
-        case SQFS_ERROR_SUPER_BLOCK_SIZE: return "invalid block size";
-        case SQFS_ERROR_NOT_DIR: return "not a directory";
-        case SQFS_ERROR_NO_ENTRY: return "no such entry";
-        case SQFS_ERROR_LINK_LOOP: return "hard link loop";
-        case SQFS_ERROR_NOT_FILE: return "not a regular file";
-        case SQFS_ERROR_ARG_INVALID: return "invalid argument";
-        case SQFS_ERROR_SEQUENCE: return "calls out of sequence";
-        default: return "unknown libsquashfs error";
+        case SQFS_ERROR_ALLOC:
+            return "out of memory";
+        case SQFS_ERROR_IO:
+            return "I/O error";
+        case SQFS_ERROR_COMPRESSOR:
+            return "compressor error";
+        case SQFS_ERROR_INTERNAL:
+            return "internal libsquashfs error";
+        case SQFS_ERROR_CORRUPTED:
+            return "corrupted data";
+        case SQFS_ERROR_UNSUPPORTED:
+            return "unsupported";
+        case SQFS_ERROR_OVERFLOW:
+            return "size overflow";
+        case SQFS_ERROR_OUT_OF_BOUNDS:
+            return "out of bounds";
+        case SQFS_ERROR_SUPER_BLOCK_SIZE:
+            return "invalid block size";
+        case SQFS_ERROR_NOT_DIR:
+            return "not a directory";
+        case SQFS_ERROR_NO_ENTRY:
+            return "no such entry";
+        case SQFS_ERROR_LINK_LOOP:
+            return "hard link loop";
+        case SQFS_ERROR_NOT_FILE:
+            return "not a regular file";
+        case SQFS_ERROR_ARG_INVALID:
+            return "invalid argument";
+        case SQFS_ERROR_SEQUENCE:
+            return "calls out of sequence";
+        default:
+            return "unknown libsquashfs error";
     }
 }
 
@@ -201,7 +224,7 @@ SquashfsWriter::~SquashfsWriter() {
 }
 
 Result<std::unique_ptr<SquashfsWriter>> SquashfsWriter::create(const std::string& path,
-                                                                const SquashfsOptions& options) {
+                                                               const SquashfsOptions& options) {
     const uint32_t bs = options.block_size;
     if (bs < 4096 || bs > SQFS_MAX_BLOCK_SIZE || (bs & (bs - 1)) != 0)
         return make_error("squashfs block size " + std::to_string(bs) + " is not a power of two from 4 KiB to 1 MiB");
@@ -244,7 +267,8 @@ Result<std::unique_ptr<SquashfsWriter>> SquashfsWriter::create(const std::string
         }
         cfg.flags |= SQFS_COMP_FLAG_UNCOMPRESS;
         rc = sqfs_compressor_create(&cfg, &w->uncmp_);
-        if (rc != 0) return make_error("cannot create the " + options.compressor + " decompressor: " + sqfs_error_name(rc));
+        if (rc != 0)
+            return make_error("cannot create the " + options.compressor + " decompressor: " + sqfs_error_name(rc));
     }
 
     // Flags 0: the file must not exist yet (a stale one is the caller's business, not ours to clobber).
@@ -252,7 +276,8 @@ Result<std::unique_ptr<SquashfsWriter>> SquashfsWriter::create(const std::string
     w->file_ = sqfs_open_file(path.c_str(), 0);
     if (w->file_ == nullptr) return system_error("creating " + path, errno != 0 ? errno : EEXIST);
     w->sync_ = options.sync;
-    if (w->sync_) w->writeback_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // best effort: -1 = no early writeback
+    if (w->sync_)
+        w->writeback_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // best effort: -1 = no early writeback
 
     // Reproducible output: the same layers give the same bytes, so the image time is fixed at 0.
     if (sqfs_super_init(&w->super_, bs, 0, id) != 0) return make_error("cannot initialise the super block");
@@ -310,7 +335,9 @@ Status SquashfsWriter::append_zeros(uint64_t count) {
     return {};
 }
 
-Status SquashfsWriter::end_file() { return check(sqfs_block_processor_end_file(proc_), "writing file data"); }
+Status SquashfsWriter::end_file() {
+    return check(sqfs_block_processor_end_file(proc_), "writing file data");
+}
 
 namespace {
 
@@ -355,8 +382,9 @@ public:
         for (auto& [name, child] : dir.children) {
             if (!child->emitted()) continue;
             const Inode& in = *child->inode;
-            GANTRY_TRY(check(sqfs_dir_writer_add_entry(dw_, name.c_str(), in.ino, in.ref, static_cast<sqfs_u16>(in.mode)),
-                             "adding directory entry", name));
+            GANTRY_TRY(
+                check(sqfs_dir_writer_add_entry(dw_, name.c_str(), in.ino, in.ref, static_cast<sqfs_u16>(in.mode)),
+                      "adding directory entry", name));
         }
         GANTRY_TRY(check(sqfs_dir_writer_end(dw_), "finishing a directory listing"));
 
@@ -390,7 +418,8 @@ private:
         if (in.xattrs.empty()) return sqfs_u32{0xFFFFFFFF};
         GANTRY_TRY(check(sqfs_xattr_writer_begin(xw_, 0), "recording xattrs"));
         for (const auto& [key, value] : in.xattrs)
-            GANTRY_TRY(check(sqfs_xattr_writer_add(xw_, key.c_str(), value.data(), value.size()), "recording xattr", key));
+            GANTRY_TRY(
+                check(sqfs_xattr_writer_add(xw_, key.c_str(), value.data(), value.size()), "recording xattr", key));
         sqfs_u32 index = 0;
         GANTRY_TRY(check(sqfs_xattr_writer_end(xw_, &index), "recording xattrs"));
         return index;
@@ -457,7 +486,8 @@ private:
         Defer free_node([&] {
             if (owned) std::free(node);
         });
-        if (*xattr != 0xFFFFFFFF) GANTRY_TRY(check(sqfs_inode_set_xattr_index(node, *xattr), "writing xattrs of", name));
+        if (*xattr != 0xFFFFFFFF)
+            GANTRY_TRY(check(sqfs_inode_set_xattr_index(node, *xattr), "writing xattrs of", name));
         GANTRY_TRY(fill_base(*node, in));
         return write_inode(*node, in, "file");
     }

@@ -113,7 +113,9 @@ Result<UniqueFd> open_archive_file(const std::string& path) {
     else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
         why = "is writable by its group or by all users, who could change it while root reads it";
     if (!why.empty())
-        return make_error(path + " " + why + "; root imports only a root-owned file: import it as its owner (runuser -u OWNER -- gantry import ...), or copy it to a "
+        return make_error(path + " " + why +
+                          "; root imports only a root-owned file: import it as its owner (runuser -u OWNER -- gantry "
+                          "import ...), or copy it to a "
                           "root-owned file first (install -m 0600 FILE /root/...)");
     if (::fcntl(fd.get(), F_SETFL, 0) != 0) return system_error("opening " + path);  // regular: blocking reads
     return fd;
@@ -174,8 +176,10 @@ Result<ImportResult> import_image(const Config& config, const ImageStore& store,
     std::vector<ImageReference> refs;
     for (const auto& r : options.tags) {
         if (!r.names_imported_image())
-            return make_error(context + ": --tag " + r.str() + " names a registry's image; an imported image's name "
-                              "is under local/ (e.g. local/" + imported_name(r).repository + ":" + r.tag + ")");
+            return make_error(context + ": --tag " + r.str() +
+                              " names a registry's image; an imported image's name "
+                              "is under local/ (e.g. local/" +
+                              imported_name(r).repository + ":" + r.tag + ")");
         refs.push_back(r);
     }
     for (const auto& t : image->repo_tags)
@@ -192,7 +196,8 @@ Result<ImportResult> import_image(const Config& config, const ImageStore& store,
         bool layered = options.layered;
         if (layered && image->layers.size() > kMaxLayeredLayers) {
             log::warning(context + ": it has " + std::to_string(image->layers.size()) + " layers, more than the " +
-                         std::to_string(kMaxLayeredLayers) + " a layered image stacks; storing it as one whole squashfs");
+                         std::to_string(kMaxLayeredLayers) +
+                         " a layered image stacks; storing it as one whole squashfs");
             layered = false;
         }
         if (!store.find(result.digest) && layered) {
@@ -209,9 +214,9 @@ Result<ImportResult> import_image(const Config& config, const ImageStore& store,
             blobs.path = [&](size_t i, const std::string&) { return image->blobs[i].path; };
             std::atomic<bool> cancel{false};
             std::atomic<uint64_t> bytes_done{0};
-            auto stored = store_image_as_layers(config, store, context + " as layers", result.digest, image->layers,
-                                                diff_ids, std::move(meta), blobs, {},
-                                                [](const std::function<void(PullProgress&)>&) {}, cancel, bytes_done);
+            auto stored = store_image_as_layers(
+                config, store, context + " as layers", result.digest, image->layers, diff_ids, std::move(meta), blobs,
+                {}, [](const std::function<void(PullProgress&)>&) {}, cancel, bytes_done);
             if (!stored) return stored.error();
             result.produced = true;
             result.stats = stored->stats;

@@ -31,7 +31,9 @@ ImportWatch::ImportWatch(const std::string& store_root, const Config& config, st
     thread_ = std::thread([this, s = std::move(*store)]() mutable { run(std::move(s)); });
 }
 
-ImportWatch::~ImportWatch() { stop(); }
+ImportWatch::~ImportWatch() {
+    stop();
+}
 
 void ImportWatch::stop() {
     {

@@ -1,6 +1,5 @@
 // The pull pipeline (see include/gantry/pull.hpp). Downloads run on the registry client's workers;
 // this thread converts, starting with the top layer as soon as its blob is verified.
-#include "gantry/environment.hpp"
 #include "gantry/pull.hpp"
 
 #include <sys/stat.h>
@@ -17,6 +16,7 @@
 
 #include "gantry/acquire.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/image_config.hpp"
 #include "gantry/log.hpp"
@@ -189,7 +189,8 @@ Result<PullResult> pull_image(const Config& config, const ImageStore& store, con
     const bool imported_name = ref.names_imported_image();
     const PullPolicy policy = imported_name ? PullPolicy::never : options.policy;
     if (registry_authorizes && imported_name)
-        return make_error(ref.str() + " names an imported image, and in this store every image is authorized by "
+        return make_error(ref.str() +
+                          " names an imported image, and in this store every image is authorized by "
                           "a registry (private_images or a store_owner pull); run it by a registry reference, or "
                           "as a file (gantry export IMAGE -o FILE.sqsh)");
     if (registry_authorizes && policy == PullPolicy::never)
@@ -606,8 +607,9 @@ Result<PullResult> store_image_as_layers(const Config& config, const ImageStore&
     // tars they expand to (as the registry client's own check for a whole image).
     if (declared > max_image_bytes)
         return make_error(context + ": the manifest declares " + format_bytes(declared) +
-                          " of compressed layers, more than max_image_bytes = " + std::to_string(max_image_bytes) + " (" +
-                          format_bytes(max_image_bytes) + ") allows uncompressed; raise max_image_bytes in gantry.conf "
+                          " of compressed layers, more than max_image_bytes = " + std::to_string(max_image_bytes) +
+                          " (" + format_bytes(max_image_bytes) +
+                          ") allows uncompressed; raise max_image_bytes in gantry.conf "
                           "if the image is genuine");
     uint64_t bytes_total = 0;
     for (const auto& d : to_fetch) bytes_total += d.size;
@@ -707,7 +709,8 @@ Result<PullResult> store_image_as_layers(const Config& config, const ImageStore&
                     expanded = add(expanded, member_bytes[i]);
                     continue;
                 }
-                const std::string out = *staging + "/member-" + std::to_string(i) + ".sqsh." + std::to_string(::getpid());
+                const std::string out =
+                    *staging + "/member-" + std::to_string(i) + ".sqsh." + std::to_string(::getpid());
                 made.push_back(out);
                 auto stats = convert(i, out);
                 if (!stats) return stats.error();

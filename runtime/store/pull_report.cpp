@@ -31,12 +31,9 @@ std::string_view to_string(PullErrorKind kind) {
 }
 
 std::string encode_pull_report(const PullReport& r) {
-    nlohmann::json j = {{"digest", r.digest},
-                        {"squashfs", r.squashfs_path},
-                        {"layers", r.layer_paths},
-                        {"config", r.config_json},
-                        {"outcome", r.outcome},
-                        {"error", {{"kind", to_string(r.error)}, {"message", r.message}}}};
+    nlohmann::json j = {{"digest", r.digest},      {"squashfs", r.squashfs_path},
+                        {"layers", r.layer_paths}, {"config", r.config_json},
+                        {"outcome", r.outcome},    {"error", {{"kind", to_string(r.error)}, {"message", r.message}}}};
     // Replace invalid UTF-8 (a registry's error text) rather than throwing.
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -5,7 +5,6 @@
 // and its subdirectories are opened once (subdirectories with O_NOFOLLOW), and every file inside is
 // opened, created, renamed and removed relative to those descriptors, never through a symlink, and
 // read with a size cap (docs/store.md, "Trust model").
-#include "gantry/environment.hpp"
 #include "gantry/store.hpp"
 
 #include <fcntl.h>
@@ -19,12 +18,13 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/log.hpp"
 #include "gantry/strings.hpp"
 
@@ -113,9 +113,13 @@ Result<ImageMetadata> metadata_from_json(const std::string& text, const std::str
 }
 
 json to_json(const LayerRecord& r) {
-    return {{"chain_id", r.chain_id},       {"diff_id", r.diff_id},         {"parent", r.parent},
-            {"blob_digest", r.blob_digest}, {"uncompressed_bytes", r.uncompressed_bytes},
-            {"layer_bytes", r.layer_bytes}, {"converted_at", r.converted_at},
+    return {{"chain_id", r.chain_id},
+            {"diff_id", r.diff_id},
+            {"parent", r.parent},
+            {"blob_digest", r.blob_digest},
+            {"uncompressed_bytes", r.uncompressed_bytes},
+            {"layer_bytes", r.layer_bytes},
+            {"converted_at", r.converted_at},
             {"group_diff_ids", r.group_diff_ids}};
 }
 
@@ -239,8 +243,9 @@ std::string ImageStore::resolve_path(const Config& config, const std::string& cl
 Result<ImageStore> ImageStore::open(const std::string& root, bool create, const Config& config,
                                     std::optional<uid_t> acting_for) {
     if (root.empty())
-        return make_error("no image store: HOME is not set (nor XDG_CACHE_HOME), so there is no ~/.cache/gantry; set "
-                          "store_path in gantry.conf (docs/admin.md) or GANTRY_STORE, or pass --store DIR");
+        return make_error(
+            "no image store: HOME is not set (nor XDG_CACHE_HOME), so there is no ~/.cache/gantry; set "
+            "store_path in gantry.conf (docs/admin.md) or GANTRY_STORE, or pass --store DIR");
     if (root.front() != '/') return make_error("image store path '" + root + "' must be absolute");
     const std::string context = "opening image store " + root;
     if (create) {
@@ -288,7 +293,9 @@ std::string ImageStore::staging_dir(const std::string& digest) const {
     return root_ + "/staging/" + digest_hex(digest);
 }
 
-const Directory& ImageStore::images_dir() const { return dirs_->images; }
+const Directory& ImageStore::images_dir() const {
+    return dirs_->images;
+}
 
 bool ImageStore::accepted_owner(uid_t uid) const {
     return uid == 0 || uid == ::geteuid() || uid == dirs_->store_owner || uid == dirs_->acting_for;
@@ -312,7 +319,8 @@ Error not_accepted(const std::string& path, const struct stat& st) {
 
 int64_t ImageStore::used_at(const std::string& name, int64_t otherwise) const {
     struct stat st {};
-    if (::fstatat(dirs_->used.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && st.st_mtime != 0)
+    if (::fstatat(dirs_->used.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+        st.st_mtime != 0)
         return static_cast<int64_t>(st.st_mtime);
     return otherwise;
 }
@@ -366,7 +374,8 @@ Result<std::vector<StoredImage>> ImageStore::list(std::vector<std::string>* igno
     std::set<std::string> hexes;
     for (const auto& name : *names) {
         for (const char* suffix : {".sqsh", ".json"})
-            if (ends_with(name, suffix) && is_hex_digest(name.substr(0, name.size() - 5))) hexes.insert(name.substr(0, 64));
+            if (ends_with(name, suffix) && is_hex_digest(name.substr(0, name.size() - 5)))
+                hexes.insert(name.substr(0, 64));
     }
     for (const auto& hex : hexes) {
         auto img = load("sha256:" + hex);
@@ -521,7 +530,8 @@ Status ImageStore::publish_layered(const std::string& digest, ImageMetadata meta
     uint64_t bytes = 0;
     for (const auto& chain : metadata.layer_chain) {
         auto layer = find_layer(chain);
-        if (!layer) return make_error("publishing layered image " + digest + ": its layer " + chain + " is not in the store");
+        if (!layer)
+            return make_error("publishing layered image " + digest + ": its layer " + chain + " is not in the store");
         bytes += layer->record.layer_bytes;
     }
     // As publish(): files of this digest from an account the store does not trust go first.
@@ -649,11 +659,14 @@ Result<UniqueFd> ImageStore::open_layer_in_use(const std::string& chain_id) cons
     return open_shared(layer_name(chain_id, ".sqsh"), layer_name(chain_id, ""), "layer");
 }
 
-Result<UniqueFd> ImageStore::open_shared(const std::string& name, const std::string& used_name, const char* what) const {
+Result<UniqueFd> ImageStore::open_shared(const std::string& name, const std::string& used_name,
+                                         const char* what) const {
     auto f = open_regular_at(dirs_->images, name, O_RDONLY);
     if (!f) return f.error().wrap(std::string("opening ") + what);
-    if (!accepted_file(f->st)) return not_accepted(dirs_->images.path_of(name), f->st).wrap(std::string("opening ") + what);
-    if (::flock(f->fd.get(), LOCK_SH) != 0) return system_error(std::string("locking ") + what + " " + dirs_->images.path_of(name));
+    if (!accepted_file(f->st))
+        return not_accepted(dirs_->images.path_of(name), f->st).wrap(std::string("opening ") + what);
+    if (::flock(f->fd.get(), LOCK_SH) != 0)
+        return system_error(std::string("locking ") + what + " " + dirs_->images.path_of(name));
     touch_name(used_name);
     return std::move(f->fd);
 }
@@ -665,8 +678,7 @@ Status ImageStore::remove_layer(const std::string& chain_id) const {
     const Dirs& d = *dirs_;
     const std::string sqsh = layer_name(chain_id, ".sqsh");
     UniqueFd guard;
-    if (!lockable_exclusively(d.images, sqsh, &guard))
-        return Error{"layer " + chain_id + " is in use", EBUSY, 0};
+    if (!lockable_exclusively(d.images, sqsh, &guard)) return Error{"layer " + chain_id + " is in use", EBUSY, 0};
     if (::unlinkat(d.images.fd(), sqsh.c_str(), 0) != 0 && errno != ENOENT)
         return system_error("removing " + d.images.path_of(sqsh));
     ::unlinkat(d.images.fd(), layer_name(chain_id, ".json").c_str(), 0);

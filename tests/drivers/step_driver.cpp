@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
     if (!prepared) return fail(prepared.error().message);
     char host[HOST_NAME_MAX + 1] = {};
     (void)::gethostname(host, sizeof host - 1);
-    if (name.empty() || scope == "job") prepared->spec.fuse_server_scope = "job " + std::to_string(jobid) + " on " + host;
+    if (name.empty() || scope == "job")
+        prepared->spec.fuse_server_scope = "job " + std::to_string(jobid) + " on " + host;
     auto created = Container::create(prepared->spec);
     if (!created) return fail(created.error().message);
     ContainerState state = created->state();
@@ -88,7 +89,8 @@ int main(int argc, char** argv) {
     if (auto placed = place_in_cgroups_of(task, state, level); !placed) return fail(placed.error().message);
     if (auto placed = place_image_server_in_job_cgroups(task, state); !placed) return fail(placed.error().message);
     if (auto recorded = record_job_cgroups(config, jobid, task); !recorded) return fail(recorded.error().message);
-    std::printf("holder %d\nserver %d\nready\n", static_cast<int>(state.holder_pid), static_cast<int>(state.server_pid));
+    std::printf("holder %d\nserver %d\nready\n", static_cast<int>(state.holder_pid),
+                static_cast<int>(state.server_pid));
     std::fflush(stdout);
     // slurmstepd lives until the step ends: so does this stand-in, until SIGTERM. An unnamed
     // container's handle is then dropped, as the plugin's finish_step stops it.

@@ -1,9 +1,10 @@
 // CDI specs (YAML or JSON; the first byte picks): parse_cdi_spec and check_cdi_spec, and for a spec
 // that passes, cdi_edits over it as the only file in /etc/cdi of a scratch host root, asking for its
 // first device, so that the edits (mounts, device nodes, hooks' symlinks) are built from it too.
-#include <fstream>
 #include <stdlib.h>
 #include <sys/stat.h>
+
+#include <fstream>
 
 #include "devices/internal.hpp"
 #include "fuzz.hpp"
@@ -37,8 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     Config config;
     config.host_root = root;
-    auto edits = devices::cdi_edits(config, {(*doc)["kind"].get<std::string>() + "=" +
-                                             devs[0]["name"].get<std::string>()});
+    auto edits =
+        devices::cdi_edits(config, {(*doc)["kind"].get<std::string>() + "=" + devs[0]["name"].get<std::string>()});
     ::unlink(file.c_str());
     if (edits) {
         // Where the container sees each mount and link: absolute paths, as the launcher requires.

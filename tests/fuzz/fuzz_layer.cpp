@@ -128,8 +128,8 @@ void check_image(const std::string& image, std::set<std::string>& paths,
     sqfs_super_t super{};
     FUZZ_CHECK(sqfs_super_read(&super, file.get()) == 0);
     sqfs_compressor_config_t cfg{};
-    FUZZ_CHECK(sqfs_compressor_config_init(&cfg, static_cast<SQFS_COMPRESSOR>(super.compression_id),
-                                           super.block_size, SQFS_COMP_FLAG_UNCOMPRESS) == 0);
+    FUZZ_CHECK(sqfs_compressor_config_init(&cfg, static_cast<SQFS_COMPRESSOR>(super.compression_id), super.block_size,
+                                           SQFS_COMP_FLAG_UNCOMPRESS) == 0);
     sqfs_compressor_t* raw_cmp = nullptr;
     FUZZ_CHECK(sqfs_compressor_create(&cfg, &raw_cmp) == 0);
     std::unique_ptr<sqfs_compressor_t, Destroy<sqfs_compressor_t>> cmp(raw_cmp);

@@ -5,8 +5,12 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace gantry;
-    static const char* const kTypes[] = {kMediaOciManifest, kMediaOciIndex, kMediaDockerManifest, kMediaDockerList,
-                                         "", "application/json; charset=utf-8"};
+    static const char* const kTypes[] = {kMediaOciManifest,
+                                         kMediaOciIndex,
+                                         kMediaDockerManifest,
+                                         kMediaDockerList,
+                                         "",
+                                         "application/json; charset=utf-8"};
     if (size == 0) return 0;
     const char* type = kTypes[data[0] % (sizeof kTypes / sizeof kTypes[0])];
     auto body = fuzz::text_of(data + 1, size - 1);

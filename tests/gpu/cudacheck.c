@@ -41,13 +41,13 @@ static const char kPtx[] =
     "  ret;\n"
     "}\n";
 
-#define LOAD(var, name)                                                   \
-    do {                                                                  \
-        *(void**)(&var) = dlsym(cuda, name);                              \
-        if (!var) {                                                       \
-            fprintf(stderr, "cudacheck: libcuda.so.1 lacks %s\n", name);  \
-            return 1;                                                     \
-        }                                                                 \
+#define LOAD(var, name)                                                  \
+    do {                                                                 \
+        *(void**)(&var) = dlsym(cuda, name);                             \
+        if (!var) {                                                      \
+            fprintf(stderr, "cudacheck: libcuda.so.1 lacks %s\n", name); \
+            return 1;                                                    \
+        }                                                                \
     } while (0)
 
 #define CHECK(call)                                                          \
@@ -71,8 +71,8 @@ int main(void) {
     CUresult (*cuModuleLoadData)(CUmodule*, const void*), (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
     CUresult (*cuMemAlloc)(CUdeviceptr*, size_t), (*cuMemFree)(CUdeviceptr);
     CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t), (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
-    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               void*, void**, void**);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                               void**, void**);
     CUresult (*cuCtxSynchronize)(void);
     LOAD(cuInit, "cuInit");
     LOAD(cuDeviceGetCount, "cuDeviceGetCount");

@@ -3,7 +3,6 @@
 // files), credential helpers run as real executables, the Enroot $(command) policy, the helper
 // timeout, ECR host recognition and request signing. The hidden "[.driver]" case prints a signed ECR
 // request for tests/integration/auth.bats to check against botocore.
-#include "gantry/environment.hpp"
 #include "gantry/auth.hpp"
 
 #include <sys/stat.h>
@@ -16,6 +15,7 @@
 #include <iostream>
 #include <string>
 
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/log.hpp"
 #include "gantry/sigv4.hpp"
@@ -531,8 +531,12 @@ TEST_CASE("the default chain: order and sources named", "[auth][chain]") {
 }
 
 TEST_CASE("base64: RFC 4648 vectors, unpadded and URL-safe input, bad input refused") {
-    const std::pair<const char*, const char*> vectors[] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
-                                                           {"foo", "Zm9v"},  {"foob", "Zm9vYg=="},  {"fooba", "Zm9vYmE="},
+    const std::pair<const char*, const char*> vectors[] = {{"", ""},
+                                                           {"f", "Zg=="},
+                                                           {"fo", "Zm8="},
+                                                           {"foo", "Zm9v"},
+                                                           {"foob", "Zm9vYg=="},
+                                                           {"fooba", "Zm9vYmE="},
                                                            {"foobar", "Zm9vYmFy"}};
     for (const auto& [plain, coded] : vectors) {
         CHECK(base64_encode(plain) == coded);
@@ -540,8 +544,9 @@ TEST_CASE("base64: RFC 4648 vectors, unpadded and URL-safe input, bad input refu
     }
     CHECK(base64_decode("Zm9vYg") == std::optional<std::string>("foob"));  // padding left out
     CHECK(base64_decode("Zm9vYmE") == std::optional<std::string>("fooba"));
-    CHECK(base64_decode("-_8=") == base64_decode("+/8="));                   // URL-safe alphabet
-    CHECK(base64_decode(base64_encode(std::string("\0\xff\x10", 3))) == std::optional<std::string>(std::string("\0\xff\x10", 3)));
+    CHECK(base64_decode("-_8=") == base64_decode("+/8="));  // URL-safe alphabet
+    CHECK(base64_decode(base64_encode(std::string("\0\xff\x10", 3))) ==
+          std::optional<std::string>(std::string("\0\xff\x10", 3)));
     CHECK_FALSE(base64_decode("Zm9vY").has_value());  // a lone trailing character
     CHECK_FALSE(base64_decode("Zm 9v").has_value());
     CHECK_FALSE(base64_decode("Zm9v!").has_value());
@@ -603,10 +608,10 @@ TEST_CASE("credential JSON (IMDS, container endpoint, credential_process) and EC
           "imds: the answer holds no AccessKeyId/SecretAccessKey");
 
     const std::time_t now = 1700000000;
-    auto t = auth::parse_ecr_token_answer(
-        R"({"authorizationData":[{"authorizationToken":")" + base64_encode("AWS:pa:ss") +
-            R"(","expiresAt":1700003600.5,"proxyEndpoint":"https://x"}]})",
-        now, "ecr");
+    auto t =
+        auth::parse_ecr_token_answer(R"({"authorizationData":[{"authorizationToken":")" + base64_encode("AWS:pa:ss") +
+                                         R"(","expiresAt":1700003600.5,"proxyEndpoint":"https://x"}]})",
+                                     now, "ecr");
     REQUIRE(t.ok());
     CHECK(t->username == "AWS");
     CHECK(t->password == "pa:ss");
@@ -618,8 +623,8 @@ TEST_CASE("credential JSON (IMDS, container endpoint, credential_process) and EC
     CHECK(no_expiry->expires_at == now + 12 * 3600);
     // Below one second after the epoch (it would floor to 0, "unknown"): the default too; 1 is a time.
     auto expiry_at = [&](const std::string& value) {
-        return auth::parse_ecr_token_answer(R"({"authorizationData":[{"authorizationToken":")" + base64_encode("AWS:p") +
-                                                R"(","expiresAt":)" + value + "}]}",
+        return auth::parse_ecr_token_answer(R"({"authorizationData":[{"authorizationToken":")" +
+                                                base64_encode("AWS:p") + R"(","expiresAt":)" + value + "}]}",
                                             now, "ecr")
             ->expires_at;
     };

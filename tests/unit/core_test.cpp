@@ -119,8 +119,9 @@ TEST_CASE("gantry.conf: pull limits") {
     CHECK(c->limits.max_layer_bytes == 1);
     CHECK(c->limits.max_image_bytes == 1ULL << 40);
     CHECK(c->limits.max_layer_entries == 9223372036854775807ULL);
-    for (const char* bad : {"max_layer_bytes = 0\n", "max_image_bytes = -5\n", "max_layer_entries = 10M\n",
-                            "max_image_bytes = 9223372036854775808\n", "max_layer_bytes =\n", "max_layer_ratio = 0\n"}) {
+    for (const char* bad :
+         {"max_layer_bytes = 0\n", "max_image_bytes = -5\n", "max_layer_entries = 10M\n",
+          "max_image_bytes = 9223372036854775808\n", "max_layer_bytes =\n", "max_layer_ratio = 0\n"}) {
         auto r = gantry::parse_config(bad, "c");
         INFO(bad);
         REQUIRE_FALSE(r.ok());
@@ -481,8 +482,7 @@ TEST_CASE("gantry.conf: load_config reads the enroot.conf it names") {
 }
 
 TEST_CASE("configuration files: size limit at its boundary, FIFOs, devices and directories refused, /dev/null empty") {
-    std::string dir =
-        std::filesystem::temp_directory_path() / ("gantry-config-files-" + std::to_string(::getpid()));
+    std::string dir = std::filesystem::temp_directory_path() / ("gantry-config-files-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     const size_t max = gantry::kMaxConfigFileBytes;
@@ -661,7 +661,8 @@ TEST_CASE("telemetry: p50/p99 by nearest rank, stragglers over 2x the median", "
     REQUIRE(s.stragglers.size() == 1);
     CHECK(s.stragglers[0].node == "slow");
     CHECK(s.stragglers[0].worst == "pull");
-    auto total = std::find_if(s.phases.begin(), s.phases.end(), [](const PhaseSummary& p) { return p.phase == "total"; });
+    auto total =
+        std::find_if(s.phases.begin(), s.phases.end(), [](const PhaseSummary& p) { return p.phase == "total"; });
     REQUIRE(total != s.phases.end());
     CHECK(total->nodes == 11);
     CHECK(total->p50 == 1005);

@@ -53,8 +53,9 @@ std::optional<Config> make_fake_hardware(const TempRoot& r) {
     if (::geteuid() != 0) FAIL("needs root: fakehw.sh makes device nodes (mknod); run `ctest -L root` as root");
     Config c;
     c.host_root = r.path + "/hw";
-    REQUIRE(std::system((std::string(GANTRY_SOURCE_DIR) + "/tests/harness/fakehw.sh " + c.host_root + " >/dev/null")
-                            .c_str()) == 0);
+    REQUIRE(std::system(
+                (std::string(GANTRY_SOURCE_DIR) + "/tests/harness/fakehw.sh " + c.host_root + " >/dev/null").c_str()) ==
+            0);
     return c;
 }
 
@@ -127,12 +128,14 @@ TEST_CASE("GPU request: the job's NVIDIA_VISIBLE_DEVICES never widens Slurm's al
     CHECK(gpu_request({"SLURM_JOB_GPUS=", "NVIDIA_VISIBLE_DEVICES=all"}, {})->kind == GpuRequest::Kind::nothing);
     auto outside = gpu_request({"SLURM_STEP_GPUS=2", "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,0"}, {});
     REQUIRE_FALSE(outside.ok());
-    CHECK(outside.error().message.find("GPU GPU-aaaa is not allocated to this step (SLURM_STEP_GPUS=2)") != std::string::npos);
+    CHECK(outside.error().message.find("GPU GPU-aaaa is not allocated to this step (SLURM_STEP_GPUS=2)") !=
+          std::string::npos);
     auto cdi = gpu_request({"SLURM_JOB_GPUS=0", "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"}, {});
     REQUIRE_FALSE(cdi.ok());
     CHECK(cdi.error().message.find("CDI device names cannot be checked") != std::string::npos);
     // Narrowing to nothing, or to the driver alone, stays possible.
-    CHECK(gpu_request({"SLURM_STEP_GPUS=0,1", "NVIDIA_VISIBLE_DEVICES=none"}, {})->kind == GpuRequest::Kind::driver_only);
+    CHECK(gpu_request({"SLURM_STEP_GPUS=0,1", "NVIDIA_VISIBLE_DEVICES=none"}, {})->kind ==
+          GpuRequest::Kind::driver_only);
     CHECK(gpu_request({"SLURM_STEP_GPUS=0,1", "NVIDIA_VISIBLE_DEVICES=void"}, {})->kind == GpuRequest::Kind::nothing);
 
     // The image's Env (CUDA images: all) applies only when the job says nothing, and an allocation
@@ -626,8 +629,7 @@ TEST_CASE("a GPU UUID that procfs does not show comes from NVML; a real nvidia-s
         std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), out, line;
         std::istringstream lines(text);
         while (std::getline(lines, line))
-            out += (line.rfind("GPU UUID:", 0) == 0 ? "GPU UUID: \t " + unknown_uuid : line) +
-                   "\n";
+            out += (line.rfind("GPU UUID:", 0) == 0 ? "GPU UUID: \t " + unknown_uuid : line) + "\n";
         std::ofstream(file, std::ios::trunc) << out;
     }
     for (const auto& g : host_gpus(fake)) CHECK(g.uuid != uuid2);
@@ -640,7 +642,8 @@ TEST_CASE("a GPU UUID that procfs does not show comes from NVML; a real nvidia-s
             d.path.find("caps") == std::string::npos)
             gpus += d.path + " ";
     CHECK(gpus == "/dev/nvidia2 ");
-    auto unknown = select_devices(c, {"NVIDIA_VISIBLE_DEVICES=GPU-fake0000-0000-0000-0000-000000000009"}, ImageConfig{});
+    auto unknown =
+        select_devices(c, {"NVIDIA_VISIBLE_DEVICES=GPU-fake0000-0000-0000-0000-000000000009"}, ImageConfig{});
     REQUIRE_FALSE(unknown.ok());
     CHECK(unknown.error().message.find("no GPU 'GPU-fake0000-0000-0000-0000-000000000009'") != std::string::npos);
 

@@ -286,8 +286,8 @@ std::string read_all(const std::string& path) {
 struct XattrImage {
     TempDir dir;
     std::string image;
-    std::string shared = std::string(100, 's');   // the same value on two files: stored once, out of line
-    std::string large = pattern(4000, 3);          // at a limit the test sets
+    std::string shared = std::string(100, 's');  // the same value on two files: stored once, out of line
+    std::string large = pattern(4000, 3);        // at a limit the test sets
     XattrImage() {
         fs::path src = dir.path / "src";
         fs::create_directories(src);
@@ -313,7 +313,8 @@ void put_le32(std::string& bytes, size_t at, uint32_t v) {
 
 TEST_CASE("xattrs read back, values stored once included, bounded by the limits") {
     XattrImage t;
-    if (t.image.empty()) FAIL("user xattrs or mksquashfs unavailable under /tmp: the image this test reads was not made");
+    if (t.image.empty())
+        FAIL("user xattrs or mksquashfs unavailable under /tmp: the image this test reads was not made");
     auto xattrs_of = [](SquashfsImage& img, const char* name) {
         auto xs = img.xattrs(must_find(img, 1, name).ino);
         REQUIRE(xs.ok());
@@ -351,7 +352,8 @@ TEST_CASE("xattrs read back, values stored once included, bounded by the limits"
 
 TEST_CASE("sizes an image declares are checked before they are held") {
     XattrImage t;
-    if (t.image.empty()) FAIL("user xattrs or mksquashfs unavailable under /tmp: the image this test reads was not made");
+    if (t.image.empty())
+        FAIL("user xattrs or mksquashfs unavailable under /tmp: the image this test reads was not made");
     const std::string good = read_all(t.image);
     const std::string bad_path = t.image + ".bad";
 
@@ -407,7 +409,8 @@ TEST_CASE("a file's block list is bounded before it is held") {
     // Extended file inodes (these files have xattrs) whose 64-bit size claims 2^40 bytes: 2^23
     // blocks, more than a few hundred bytes of inode table could list. Refused, never allocated.
     XattrImage x;
-    if (x.image.empty()) FAIL("user xattrs or mksquashfs unavailable under /tmp: the image this test reads was not made");
+    if (x.image.empty())
+        FAIL("user xattrs or mksquashfs unavailable under /tmp: the image this test reads was not made");
     std::string bytes = read_all(x.image);
     auto le = [&](size_t at, int n) {
         uint64_t v = 0;

@@ -2,7 +2,6 @@
 // entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, the
 // plan of a read-only container's top-level entries, the fake-root system call filter, and the
 // Enroot-format drop-ins and image environment.
-#include "gantry/environment.hpp"
 #include "gantry/launcher.hpp"
 
 #include <fcntl.h>
@@ -15,8 +14,8 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -27,9 +26,10 @@
 #include "../../runtime/launcher/holder_reply.hpp"
 #include "../../runtime/launcher/internal.hpp"
 #include "gantry/dropins.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/mounts.hpp"
-#include "gantry/workdir.hpp"
 #include "gantry/squashfs.hpp"
+#include "gantry/workdir.hpp"
 
 using namespace gantry;
 
@@ -676,7 +676,8 @@ TEST_CASE("drop-ins: directories in lexical order, owner and mode checked") {
         REQUIRE(r.ok());
         auto checked = check_mount_sources(r->mounts);
         REQUIRE_FALSE(checked.ok());
-        CHECK(checked.error().message.find(mount_dir.path + "/20-more.fstab:1: mounting /nonexistent/y at /y: source path does not exist") == 0);
+        CHECK(checked.error().message.find(
+                  mount_dir.path + "/20-more.fstab:1: mounting /nonexistent/y at /y: source path does not exist") == 0);
         CHECK(checked.error().message.find("nofail") != std::string::npos);
     }
     SECTION("a group-writable file is refused before it is parsed") {
@@ -844,7 +845,8 @@ TEST_CASE("image environment: root reads a user's image as that user", "[root]")
     CHECK(denied.error().message == "opening image " + image + ": Permission denied");
 }
 
-TEST_CASE("Container::create as root for a user: every layer file is checked as the user, a FIFO below fails at once", "[root]") {
+TEST_CASE("Container::create as root for a user: every layer file is checked as the user, a FIFO below fails at once",
+          "[root]") {
     // Issue #34: only the top layer was checked, and a FIFO as a lower layer held root's mount for ever.
     ScratchDir dir;
     std::string top = make_enroot_image(dir, "A=1\n");
@@ -1005,15 +1007,17 @@ TEST_CASE("holder replies: one typed JSON line each way, strict on the way in") 
 
 TEST_CASE("NSpid lines: the pid in the reader's namespace first, the process's own last") {
     using launcher::parse_nspid;
-    CHECK(parse_nspid("Name:\tsleep\nPid:\t4711\nNSpid:\t4711\t12\t1\nNSpgid:\t4711\n") == std::vector<pid_t>{4711, 12, 1});
+    CHECK(parse_nspid("Name:\tsleep\nPid:\t4711\nNSpid:\t4711\t12\t1\nNSpgid:\t4711\n") ==
+          std::vector<pid_t>{4711, 12, 1});
     CHECK(parse_nspid("NSpid:\t9\n") == std::vector<pid_t>{9});
-    CHECK(parse_nspid("Name:\tx\nPid:\t9\n").empty());        // a kernel before 4.1: no NSpid line
+    CHECK(parse_nspid("Name:\tx\nPid:\t9\n").empty());                        // a kernel before 4.1: no NSpid line
     CHECK(parse_nspid("Name:\tx\nNSpid:\t9\tz\n") == std::vector<pid_t>{9});  // stops at the first non-number
-    CHECK(parse_nspid("Name:\tx\nNSpid:\t9\t0\n").empty());  // never a pid 0 or below
-    CHECK(parse_nspid("Name:\tx\nNSpgid:\t9\n").empty());     // another field of the same prefix
+    CHECK(parse_nspid("Name:\tx\nNSpid:\t9\t0\n").empty());                   // never a pid 0 or below
+    CHECK(parse_nspid("Name:\tx\nNSpgid:\t9\n").empty());                     // another field of the same prefix
 }
 
-TEST_CASE("a pid of another pid namespace is translated into ours (namespace/linux: the job's pids, the epilog's view)") {
+TEST_CASE(
+    "a pid of another pid namespace is translated into ours (namespace/linux: the job's pids, the epilog's view)") {
     // A child in a new pid namespace (a job's under Slurm's namespace/linux) starts the process that
     // is pid 1 there; it reports its own view (pid, namespace) and the child reports our view of it.
     int report[2];
@@ -1066,7 +1070,7 @@ TEST_CASE("a pid of another pid namespace is translated into ours (namespace/lin
     CHECK(launcher::pid_in_own_view(1, pidns) == outer);
     CHECK(launcher::pid_in_own_view(static_cast<pid_t>(outer), launcher::own_pid_namespace()) == outer);
     CHECK(launcher::pid_in_own_view(static_cast<pid_t>(outer), 0) == outer);  // a record from before: ours
-    CHECK(launcher::pid_in_own_view(2, pidns) == -1);                        // nobody else lives there
+    CHECK(launcher::pid_in_own_view(2, pidns) == -1);                         // nobody else lives there
     unsigned long long start = launcher::process_start_time(static_cast<pid_t>(outer));
     REQUIRE(start != 0);
     if (launcher::own_pid_namespace() == launcher::kInitPidNamespace) CHECK(launcher::sees_every_process_of(pidns));
@@ -1099,8 +1103,10 @@ TEST_CASE("a pid of another pid namespace is translated into ours (namespace/lin
     int status = 0;
     REQUIRE(::waitpid(child, &status, 0) == child);  // its pid 1 gone, the child's wait returned
     CHECK(launcher::pid_in_own_view(1, pidns) == -1);
-    if (old_xdg != nullptr) ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
-    else ::unsetenv("XDG_RUNTIME_DIR");
+    if (old_xdg != nullptr)
+        ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
+    else
+        ::unsetenv("XDG_RUNTIME_DIR");
     reread_environment();
     std::string rm = "rm -rf '" + dir + "'";
     CHECK(std::system(rm.c_str()) == 0);
@@ -1168,13 +1174,14 @@ TEST_CASE("a job's image servers: recorded, then ended with the job only while t
         ::kill(p, SIGKILL);
         ::waitpid(p, nullptr, 0);
     }
-    if (old_xdg != nullptr) ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
-    else ::unsetenv("XDG_RUNTIME_DIR");
+    if (old_xdg != nullptr)
+        ::setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
+    else
+        ::unsetenv("XDG_RUNTIME_DIR");
     reread_environment();
     std::string rm = "rm -rf '" + dir + "'";
     CHECK(std::system(rm.c_str()) == 0);
 }
-
 
 // Recorded /proc/PID/cgroup lines of a task slurmstepd has placed, per Slurm release and cgroup
 // version, with the cgroup mounts of such a node (mountinfo lines).
@@ -1224,7 +1231,8 @@ TEST_CASE("cgroup placement: recorded task cgroups of Slurm 22.05 (v1), 24.11/25
                 "/sys/fs/cgroup/memory/slurm/uid_1000/job_12/step_0/task_0",
                 "/sys/fs/cgroup/devices/slurm/uid_1000/job_12/step_0",
                 "/sys/fs/cgroup/cpu,cpuacct/system.slice/slurmd.service",
-                "/sys/fs/cgroup/systemd/system.slice/slurmd.service", "/sys/fs/cgroup/unified/system.slice/slurmd.service"});
+                "/sys/fs/cgroup/systemd/system.slice/slurmd.service",
+                "/sys/fs/cgroup/unified/system.slice/slurmd.service"});
         CHECK(target_dirs(kSlurm2205V1, kV1Mounts, CgroupLevel::job) ==
               V{"/sys/fs/cgroup/freezer/slurm/uid_1000/job_12", "/sys/fs/cgroup/memory/slurm/uid_1000/job_12",
                 "/sys/fs/cgroup/devices/slurm/uid_1000/job_12"});
@@ -1274,7 +1282,8 @@ TEST_CASE("cgroup placement: recorded task cgroups of Slurm 22.05 (v1), 24.11/25
 }
 
 TEST_CASE("layer stacks: the node-wide key follows the layers and their order; too deep a stack is E2BIG", "[root]") {
-    if (!launcher::running_as_real_root()) FAIL("needs root: the node-wide stack is root's; run `ctest -L root` as root");
+    if (!launcher::running_as_real_root())
+        FAIL("needs root: the node-wide stack is root's; run `ctest -L root` as root");
     ScratchDir dir;
     std::vector<std::string> layers;
     for (int i = 0; i < 120; ++i) {

@@ -2,8 +2,6 @@
 // HTTP servers on loopback sockets (each answers from a script and records what it was sent): the
 // Authorization value kept on a same-origin redirect and dropped on a cross-origin one (ECR -> S3),
 // POST bodies, a POST's 3xx returned rather than followed, the header size limit, and fetch's errors.
-#include "../../runtime/net/http.hpp"
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../runtime/net/http.hpp"
 #include "gantry/fd.hpp"
 
 using namespace gantry;
@@ -143,7 +142,8 @@ TEST_CASE("Redirects: Authorization kept on the same origin, dropped on another 
 }
 
 TEST_CASE("Redirects: none followed with max_redirects 0, nor for a POST", "[net][redirect]") {
-    ScriptedServer server({answer("302 Found", "Location: /elsewhere\r\n"), answer("303 See Other", "Location: /x\r\n")});
+    ScriptedServer server(
+        {answer("302 Found", "Location: /elsewhere\r\n"), answer("303 See Other", "Location: /x\r\n")});
     net::Request get;
     get.url = server.url("/latest/api/token");
     get.max_redirects = 0;
@@ -175,7 +175,8 @@ TEST_CASE("fetch: an answer whose headers pass the limit, and no answer at all, 
         req.url = server.url("/v2/credentials?token=secret");
         auto resp = net::fetch(req, net::settings_from_environment());
         REQUIRE_FALSE(resp.ok());
-        CHECK(resp.error().message.rfind("GET " + server.url("/v2/credentials?…") + ": the server's response headers passed 256 KiB", 0) == 0);
+        CHECK(resp.error().message.rfind(
+                  "GET " + server.url("/v2/credentials?…") + ": the server's response headers passed 256 KiB", 0) == 0);
         refused_url = server.url();
     }
     // The server is gone: nothing listens on its port any more.

@@ -1,7 +1,7 @@
 // Unit tests for image reference parsing: both spellings, Docker Hub defaults, and bad input.
-#include <catch2/catch.hpp>
-
 #include "gantry/reference.hpp"
+
+#include <catch2/catch.hpp>
 
 using gantry::parse_reference;
 
@@ -72,8 +72,8 @@ TEST_CASE("local squashfs paths are recognised and refused as references") {
 }
 
 TEST_CASE("bad references give one clear line") {
-    for (const char* text : {"", "UPPER/case", "ubuntu:", "ubuntu:bad/tag", "repo@sha256:short", "a b",
-                             "#repo", "reg#", "@reg#repo", "foo//bar", "-lead", "ubuntu:tag with space"}) {
+    for (const char* text : {"", "UPPER/case", "ubuntu:", "ubuntu:bad/tag", "repo@sha256:short", "a b", "#repo", "reg#",
+                             "@reg#repo", "foo//bar", "-lead", "ubuntu:tag with space"}) {
         auto r = parse_reference(text);
         INFO(text);
         CHECK_FALSE(r.ok());

@@ -1,7 +1,6 @@
 // Unit tests of the registry client's building blocks: WWW-Authenticate parsing, manifest and index
 // parsing, platform parsing and selection, media-type fallback, schema1 rejection. The hidden
 // "[.driver]" case lets tests/integration/registry_client.bats drive the real client from a script.
-#include "gantry/environment.hpp"
 #include "gantry/registry.hpp"
 
 #include <sys/stat.h>
@@ -14,6 +13,7 @@
 #include <string>
 
 #include "gantry/config.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/reference.hpp"
 
 using namespace gantry;
@@ -96,10 +96,11 @@ TEST_CASE("Platform parsing and printing", "[registry][platform]") {
 }
 
 TEST_CASE("OCI manifest: parsed; mediaType absent -> Content-Type decides", "[registry][manifest]") {
-    std::string body = R"({"schemaVersion":2,"config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":")" +
-                       kDigestA + R"(","size":123},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":")" +
-                       kDigestB + R"(","size":4567},{"mediaType":"application/vnd.oci.image.layer.v1.tar+zstd","digest":")" +
-                       kDigestC + R"(","size":89}]})";
+    std::string body =
+        R"({"schemaVersion":2,"config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":")" + kDigestA +
+        R"(","size":123},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":")" + kDigestB +
+        R"(","size":4567},{"mediaType":"application/vnd.oci.image.layer.v1.tar+zstd","digest":")" + kDigestC +
+        R"(","size":89}]})";
     auto m = parse_manifest(body, "application/vnd.oci.image.manifest.v1+json; charset=utf-8");
     REQUIRE(m.ok());
     CHECK(m->kind == ParsedManifest::Kind::manifest);
@@ -124,16 +125,18 @@ TEST_CASE("OCI manifest: parsed; mediaType absent -> Content-Type decides", "[re
 
 TEST_CASE("Docker schema2 manifest and manifest list", "[registry][manifest]") {
     std::string body = R"({"schemaVersion":2,"mediaType":"application/vnd.docker.distribution.manifest.v2+json",
-        "config":{"mediaType":"application/vnd.docker.container.image.v1+json","digest":")" + kDigestA + R"(","size":10},
-        "layers":[{"mediaType":"application/vnd.docker.image.rootfs.diff.tar.gzip","digest":")" + kDigestB + R"(","size":20}]})";
+        "config":{"mediaType":"application/vnd.docker.container.image.v1+json","digest":")" +
+                       kDigestA + R"(","size":10},
+        "layers":[{"mediaType":"application/vnd.docker.image.rootfs.diff.tar.gzip","digest":")" +
+                       kDigestB + R"(","size":20}]})";
     auto m = parse_manifest(body, "text/plain");
     REQUIRE(m.ok());
     CHECK(m->media_type == kMediaDockerManifest);
     CHECK(m->layers.size() == 1);
 
     std::string list = R"({"schemaVersion":2,"mediaType":"application/vnd.docker.distribution.manifest.list.v2+json",
-        "manifests":[{"mediaType":"application/vnd.docker.distribution.manifest.v2+json","digest":")" + kDigestC +
-                       R"(","size":1,"platform":{"architecture":"amd64","os":"linux"}}]})";
+        "manifests":[{"mediaType":"application/vnd.docker.distribution.manifest.v2+json","digest":")" +
+                       kDigestC + R"(","size":1,"platform":{"architecture":"amd64","os":"linux"}}]})";
     auto l = parse_manifest(list, "");
     REQUIRE(l.ok());
     CHECK(l->kind == ParsedManifest::Kind::index);
@@ -152,37 +155,39 @@ TEST_CASE("schema1 and malformed manifests are rejected with a clear message", "
 
     CHECK_FALSE(parse_manifest("not json", kMediaOciManifest).ok());
     CHECK_FALSE(parse_manifest(R"({"schemaVersion":"2"})", kMediaOciManifest).ok());
-    auto bad_digest = parse_manifest(R"({"schemaVersion":2,"config":{"digest":"md5:x","size":1},"layers":[]})",
-                                     kMediaOciManifest);
+    auto bad_digest =
+        parse_manifest(R"({"schemaVersion":2,"config":{"digest":"md5:x","size":1},"layers":[]})", kMediaOciManifest);
     REQUIRE_FALSE(bad_digest.ok());
     CHECK(bad_digest.error().message.find("config") != std::string::npos);
-    auto no_size = parse_manifest(
-        R"({"schemaVersion":2,"config":{"digest":")" + kDigestA + R"("},"layers":[]})", kMediaOciManifest);
+    auto no_size = parse_manifest(R"({"schemaVersion":2,"config":{"digest":")" + kDigestA + R"("},"layers":[]})",
+                                  kMediaOciManifest);
     REQUIRE_FALSE(no_size.ok());
-    auto helm = parse_manifest(R"({"schemaVersion":2,"config":{"mediaType":"application/vnd.cncf.helm.config.v1+json","digest":")" +
-                                   kDigestA + R"(","size":1},"layers":[]})",
-                               kMediaOciManifest);
+    auto helm = parse_manifest(
+        R"({"schemaVersion":2,"config":{"mediaType":"application/vnd.cncf.helm.config.v1+json","digest":")" + kDigestA +
+            R"(","size":1},"layers":[]})",
+        kMediaOciManifest);
     REQUIRE_FALSE(helm.ok());
     CHECK(helm.error().message.find("not a container image") != std::string::npos);
 }
 
 TEST_CASE("platform selection in an index", "[registry][platform]") {
-    auto idx = parse_manifest(
-        index_json(entry(kDigestA, R"({"os":"linux","architecture":"amd64"})") + "," +
-                   entry(kDigestB, R"({"os":"linux","architecture":"arm64","variant":"v8"})") + "," +
-                   entry(kDigestC, R"({"os":"linux","architecture":"arm","variant":"v6"})") + "," +
-                   entry(kDigestD, R"({"os":"unknown","architecture":"unknown"})")),
-        "");
+    auto idx =
+        parse_manifest(index_json(entry(kDigestA, R"({"os":"linux","architecture":"amd64"})") + "," +
+                                  entry(kDigestB, R"({"os":"linux","architecture":"arm64","variant":"v8"})") + "," +
+                                  entry(kDigestC, R"({"os":"linux","architecture":"arm","variant":"v6"})") + "," +
+                                  entry(kDigestD, R"({"os":"unknown","architecture":"unknown"})")),
+                       "");
     REQUIRE(idx.ok());
     REQUIRE(idx->kind == ParsedManifest::Kind::index);
     CHECK(select_platform(*idx, plat("linux/amd64"))->digest == kDigestA);
-    CHECK(select_platform(*idx, plat("linux/arm64"))->digest == kDigestB);      // no variant = v8
+    CHECK(select_platform(*idx, plat("linux/arm64"))->digest == kDigestB);  // no variant = v8
     CHECK(select_platform(*idx, plat("linux/arm64/v8"))->digest == kDigestB);
-    CHECK(select_platform(*idx, plat("linux/arm/v7"))->digest == kDigestC);     // v6 runs on v7
+    CHECK(select_platform(*idx, plat("linux/arm/v7"))->digest == kDigestC);  // v6 runs on v7
     auto none = select_platform(*idx, plat("linux/riscv64"));
     REQUIRE_FALSE(none.ok());
-    CHECK(none.error().message == "no image for platform linux/riscv64 in the index (available: linux/amd64, "
-                                  "linux/arm64/v8, linux/arm/v6)");
+    CHECK(none.error().message ==
+          "no image for platform linux/riscv64 in the index (available: linux/amd64, "
+          "linux/arm64/v8, linux/arm/v6)");
     CHECK_FALSE(select_platform(*idx, plat("windows/amd64")).ok());
     CHECK_FALSE(select_platform(*idx, plat("linux/arm/v5")).ok());  // v6 does not run on v5
 
@@ -269,7 +274,8 @@ TEST_CASE("docker config.json credentials", "[registry][credentials]") {
 
     CHECK_FALSE(docker_config_credentials(ref).has_value());  // no file
     // "auth" is base64("AWS:pa:ss") -- the password may contain ':'.
-    write(R"({"auths":{"https://127.0.0.1:5000/v2/":{"auth":"QVdTOnBhOnNz"},"other:1":{"username":"u","password":"p"}}})");
+    write(
+        R"({"auths":{"https://127.0.0.1:5000/v2/":{"auth":"QVdTOnBhOnNz"},"other:1":{"username":"u","password":"p"}}})");
     auto c = docker_config_credentials(ref);
     REQUIRE(c.has_value());
     CHECK(c->username == "AWS");
@@ -288,7 +294,10 @@ TEST_CASE("docker config.json credentials", "[registry][credentials]") {
     write("{not json");
     CHECK_FALSE(docker_config_credentials(ref).has_value());
 
-    if (old != nullptr) setenv("DOCKER_CONFIG", saved.c_str(), 1); else unsetenv("DOCKER_CONFIG");
+    if (old != nullptr)
+        setenv("DOCKER_CONFIG", saved.c_str(), 1);
+    else
+        unsetenv("DOCKER_CONFIG");
     reread_environment();
     std::remove((dir + "/config.json").c_str());
     rmdir(dir.c_str());
@@ -319,7 +328,8 @@ TEST_CASE("registry driver", "[.driver]") {
     config.ca_bundle = env("GANTRY_REG_CA_BUNDLE");
     if (!env("GANTRY_REG_INSECURE").empty()) config.insecure_registries = {env("GANTRY_REG_INSECURE")};
     RegistryOptions options;
-    if (!env("GANTRY_REG_MAX_CONNECTIONS").empty()) options.max_connections = std::stoi(env("GANTRY_REG_MAX_CONNECTIONS"));
+    if (!env("GANTRY_REG_MAX_CONNECTIONS").empty())
+        options.max_connections = std::stoi(env("GANTRY_REG_MAX_CONNECTIONS"));
     if (!env("GANTRY_REG_ATTEMPTS").empty()) options.max_attempts = std::stoi(env("GANTRY_REG_ATTEMPTS"));
     if (!env("GANTRY_REG_RETRY_BASE_S").empty()) options.retry_base_s = std::stod(env("GANTRY_REG_RETRY_BASE_S"));
     uint64_t last_progress = 0;

@@ -20,8 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -58,7 +58,7 @@ struct Member {
     unsigned mode = 0644;
     int64_t uid = 0, gid = 0, mtime = kTime;
     std::string data;
-    std::string link;       // symlink target, or hard link target
+    std::string link;  // symlink target, or hard link target
     bool hardlink = false;
     std::vector<std::pair<std::string, std::string>> xattrs;
 };
@@ -182,7 +182,9 @@ LayerBlob blob_of_tar(const fs::path& dir, const std::string& tar, Comp comp) {
     b.diff_id = gantry::Sha256::of(tar);
     std::string bytes = tar;
     switch (comp) {
-        case Comp::plain: b.media_type = "application/vnd.oci.image.layer.v1.tar"; break;
+        case Comp::plain:
+            b.media_type = "application/vnd.oci.image.layer.v1.tar";
+            break;
         case Comp::gzip:
             bytes = gzip(tar);
             b.media_type = "application/vnd.docker.image.rootfs.diff.tar.gzip";
@@ -202,10 +204,12 @@ LayerBlob blob(const fs::path& dir, const Layer& layer, Comp comp = Comp::gzip, 
     return blob_of_tar(dir, layer.tar(gnu), comp);
 }
 
-int run(const std::string& cmd) { return std::system(cmd.c_str()); }
+int run(const std::string& cmd) {
+    return std::system(cmd.c_str());
+}
 
 struct Entry {
-    char type = '?';  // f d l p s c b
+    char type = '?';    // f d l p s c b
     unsigned mode = 0;  // permission bits incl. setuid/setgid/sticky
     unsigned uid = 0, gid = 0;
     int64_t mtime = 0;
@@ -246,7 +250,8 @@ Tree read_tree(const fs::path& root) {
             std::string key(names + i);
             char value[4096];
             ssize_t vn = ::lgetxattr(p.c_str(), key.c_str(), value, sizeof(value));
-            if (vn >= 0 && key.rfind("security.selinux", 0) != 0) e.xattrs[key] = std::string(value, static_cast<size_t>(vn));
+            if (vn >= 0 && key.rfind("security.selinux", 0) != 0)
+                e.xattrs[key] = std::string(value, static_cast<size_t>(vn));
             i += static_cast<ssize_t>(key.size()) + 1;
         }
         tree[it->path().lexically_relative(root).string()] = e;  // fs::relative would follow symlinks
@@ -277,7 +282,9 @@ struct Image {
     Tree tree() { return unsquash(out(), tmp.path / "x"); }
 };
 
-bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+bool contains(const std::string& haystack, const std::string& needle) {
+    return haystack.find(needle) != std::string::npos;
+}
 
 }  // namespace
 
@@ -307,19 +314,19 @@ TEST_CASE("merge rules: whiteouts and opaque directories only hide lower layers"
     // Layer 2 (top) is walked first.
     CHECK(t.whiteout({"etc", "gone"}, 2));
     CHECK(t.make_opaque({"opq"}, 2));
-    REQUIRE(t.place({"opq", "new"}, 2, false) != nullptr);       // same layer: kept
-    CHECK(t.place({"opq", "old"}, 1, false) == nullptr);         // lower: hidden by the opaque dir
-    REQUIRE(t.place({"opq"}, 1, true) != nullptr);               // ...but the directory itself comes through
-    CHECK(t.place({"etc", "gone"}, 1, false) == nullptr);        // whited out
+    REQUIRE(t.place({"opq", "new"}, 2, false) != nullptr);  // same layer: kept
+    CHECK(t.place({"opq", "old"}, 1, false) == nullptr);    // lower: hidden by the opaque dir
+    REQUIRE(t.place({"opq"}, 1, true) != nullptr);          // ...but the directory itself comes through
+    CHECK(t.place({"etc", "gone"}, 1, false) == nullptr);   // whited out
     CHECK(t.place({"etc", "gone", "deeper"}, 1, false) == nullptr);
     REQUIRE(t.place({"etc", "kept"}, 1, false) != nullptr);
-    REQUIRE(t.place({"f"}, 2, false) != nullptr);                 // a file in the top layer...
-    CHECK(t.place({"f", "child"}, 1, false) == nullptr);          // ...replaces a lower directory
+    REQUIRE(t.place({"f"}, 2, false) != nullptr);         // a file in the top layer...
+    CHECK(t.place({"f", "child"}, 1, false) == nullptr);  // ...replaces a lower directory
     CHECK(t.place({"f"}, 1, true) == nullptr);
-    REQUIRE(t.place({"d", "x"}, 2, false) != nullptr);            // a directory in the top layer...
-    CHECK(t.place({"d"}, 1, false) == nullptr);                   // ...replaces a lower file
-    CHECK(t.place({"f"}, 2, false) != nullptr);                   // same layer again: the later entry wins
-    CHECK(t.whiteout({"f"}, 2));                                  // a whiteout never hides its own layer
+    REQUIRE(t.place({"d", "x"}, 2, false) != nullptr);  // a directory in the top layer...
+    CHECK(t.place({"d"}, 1, false) == nullptr);         // ...replaces a lower file
+    CHECK(t.place({"f"}, 2, false) != nullptr);         // same layer again: the later entry wins
+    CHECK(t.whiteout({"f"}, 2));                        // a whiteout never hides its own layer
     CHECK(t.place({"f"}, 2, false) != nullptr);
 }
 
@@ -339,10 +346,15 @@ TEST_CASE("whiteouts, opaque directories and replacements across layers") {
     img.add(changes_lower(), Comp::plain)
         .add(Layer()
                  .file("etc/.wh.gone")
-                 .dir("opq").file("opq/.wh..wh..opq").file("opq/upper", "upper")
+                 .dir("opq")
+                 .file("opq/.wh..wh..opq")
+                 .file("opq/upper", "upper")
                  .file("d2f", "now a file")
-                 .dir("f2d").file("f2d/inside", "now a dir")
-                 .file(".wh.wd").dir("wd").file("wd/new", "new"),
+                 .dir("f2d")
+                 .file("f2d/inside", "now a dir")
+                 .file(".wh.wd")
+                 .dir("wd")
+                 .file("wd/new", "new"),
              Comp::zstd);
     auto r = img.convert();
     REQUIRE(r.ok());
@@ -525,7 +537,8 @@ TEST_CASE("the root directory takes the attributes of the top-most ./ entry") {
     img.add(low, Comp::plain).add(high, Comp::plain);
     REQUIRE(img.convert().ok());
     TempDir out;
-    REQUIRE(run("unsquashfs -n -q -d '" + (out.path / "r").string() + "' '" + img.out().string() + "' >/dev/null") == 0);
+    REQUIRE(run("unsquashfs -n -q -d '" + (out.path / "r").string() + "' '" + img.out().string() + "' >/dev/null") ==
+            0);
     struct stat st {};
     REQUIRE(::stat((out.path / "r").c_str(), &st) == 0);
     CHECK((st.st_mode & 07777) == 0751);
@@ -661,10 +674,12 @@ TEST_CASE("limits: max_layer_ratio bounds what a small compressed layer decompre
         auto r = img.convert(opt);
         REQUIRE_FALSE(r.ok());
         INFO(r.error().message);
-        CHECK(contains(r.error().message, "converting layer " + img.layers[0].digest + ": expands beyond max_layer_ratio = " +
-                                              std::to_string(needed - 1) + " times its compressed size of "));
-        CHECK(contains(r.error().message, " uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf "
-                                          "if the image is genuine"));
+        CHECK(contains(r.error().message, "converting layer " + img.layers[0].digest +
+                                              ": expands beyond max_layer_ratio = " + std::to_string(needed - 1) +
+                                              " times its compressed size of "));
+        CHECK(contains(r.error().message,
+                       " uncompressed (a decompression bomb?); raise max_layer_ratio in gantry.conf "
+                       "if the image is genuine"));
         REQUIRE(img.breach);
         CHECK(img.breach->limit == "max_layer_ratio");
         CHECK_FALSE(fs::exists(img.out()));
@@ -956,7 +971,12 @@ TEST_CASE("every compressor gives the same tree; output is reproducible") {
 TEST_CASE("the kernel mounts the image and sees the same tree", "[root]") {
     if (::geteuid() != 0) FAIL("needs root: a kernel (loop) mount; run `ctest -L root` as root");
     Image img;
-    img.add(Layer().dir("etc").file("etc/a", "a", 04711).hardlink("etc/b", "etc/a").symlink("s", "/etc/a").node("p", AE_IFIFO))
+    img.add(Layer()
+                .dir("etc")
+                .file("etc/a", "a", 04711)
+                .hardlink("etc/b", "etc/a")
+                .symlink("s", "/etc/a")
+                .node("p", AE_IFIFO))
         .add(Layer().file("etc/.wh.zzz").file("etc/c", "c"));
     REQUIRE(img.convert().ok());
     fs::create_directory(img.tmp.path / "mnt");
@@ -988,10 +1008,10 @@ TEST_CASE("overlay form: whiteouts become 0/0 character devices, hidden lower di
     l.dir("etc").file("etc/.wh.gone");
     l.dir("opq").file("opq/.wh..wh..opq").file("opq/new", "n");
     l.file(".wh.wd").dir("wd").file("wd/x", "x");  // deleted and recreated in one layer
-    l.file("a/b/.wh.c");                          // below directories the layer does not list
-    l.node("dev", AE_IFCHR);                      // devices are never carried: deleted
-    l.file("keep", "k").last().xattrs = {{"user.overlay.opaque", "y"}, {"trusted.overlay.redirect", "/x"},
-                                         {"user.note", "kept"}};
+    l.file("a/b/.wh.c");                           // below directories the layer does not list
+    l.node("dev", AE_IFCHR);                       // devices are never carried: deleted
+    l.file("keep", "k").last().xattrs = {
+        {"user.overlay.opaque", "y"}, {"trusted.overlay.redirect", "/x"}, {"user.note", "kept"}};
     const fs::path out = tmp.path / "layer.sqfs";
     auto r = gantry::convert_layer_for_overlay(blob(tmp.path, l), out.string(), {});
     REQUIRE(r.ok());
@@ -1035,12 +1055,21 @@ void add_overlay_test_layers(Image& img) {
     lower.symlink("sym", "etc/keep").node("fifo", AE_IFIFO);
     img.add(lower, Comp::plain)
         .add(Layer()
-                 .dir("etc").file("etc/.wh.gone").file("etc/new", "new", 0640)
-                 .dir("opq").file("opq/.wh..wh..opq").file("opq/upper", "upper")
+                 .dir("etc")
+                 .file("etc/.wh.gone")
+                 .file("etc/new", "new", 0640)
+                 .dir("opq")
+                 .file("opq/.wh..wh..opq")
+                 .file("opq/upper", "upper")
                  .file("d2f", "now a file")
-                 .dir("f2d").file("f2d/inside", "now a dir")
-                 .file(".wh.wd").dir("wd").file("wd/new", "new")
-                 .dir("deep").dir("deep/a").file("deep/a/.wh.b"),
+                 .dir("f2d")
+                 .file("f2d/inside", "now a dir")
+                 .file(".wh.wd")
+                 .dir("wd")
+                 .file("wd/new", "new")
+                 .dir("deep")
+                 .dir("deep/a")
+                 .file("deep/a/.wh.b"),
              Comp::zstd);
     Layer top;
     top.dir("etc").file("etc/keep", "replaced", 0600).node("etc/tty", AE_IFCHR);
@@ -1119,9 +1148,7 @@ TEST_CASE("overlay form refuses every hostile layer convert_layers refuses, with
              opt.limits.max_layer_entries = 2;
          }},
         {"a symlink target beyond PATH_MAX", "a symlink target longer than 4095 bytes",
-         [](Image& img, SquashfsOptions&) {
-             img.add(Layer().symlink("l", std::string(gantry::kMaxPathBytes, 't')));
-         }},
+         [](Image& img, SquashfsOptions&) { img.add(Layer().symlink("l", std::string(gantry::kMaxPathBytes, 't'))); }},
     };
     for (const auto& c : cases) {
         INFO(c.name);
@@ -1168,16 +1195,17 @@ TEST_CASE("compose: the layers in overlay form, composed into one file, give the
     CHECK(rc["etc/keep"].content == "exported");
     CHECK(rc["etc/keep"].mode == 0755);
     const fs::path bottom = img.tmp.path / "bottom.sqfs";
-    REQUIRE(gantry::compose_layers_to_image({layer_files[0]}, bottom.string(), {}, {}, gantry::kOverlayOpaqueXattr).ok());
+    REQUIRE(
+        gantry::compose_layers_to_image({layer_files[0]}, bottom.string(), {}, {}, gantry::kOverlayOpaqueXattr).ok());
     Tree lone = unsquash(bottom, img.tmp.path / "bottom");
     for (auto& [path, e] : lone) {
         INFO(path);
         CHECK(e.type != 'c');
         for (auto& [key, value] : e.xattrs) CHECK(key != gantry::kOverlayOpaqueXattr);
     }
-    CHECK_FALSE(gantry::compose_layers_to_image({}, (img.tmp.path / "none.sqfs").string(), {}, {},
-                                                gantry::kOverlayOpaqueXattr)
-                    .ok());
+    CHECK_FALSE(
+        gantry::compose_layers_to_image({}, (img.tmp.path / "none.sqfs").string(), {}, {}, gantry::kOverlayOpaqueXattr)
+            .ok());
 }
 
 TEST_CASE("groups: layers composed into one overlay-form layer stack like the layers one by one") {
@@ -1234,9 +1262,9 @@ TEST_CASE("groups: layers composed into one overlay-form layer stack like the la
     }
     CHECK(whiteouts > 0);
     CHECK(opaque > 0);
-    CHECK_FALSE(gantry::compose_layers_for_overlay({}, (img.tmp.path / "none.sqfs").string(), {},
-                                                   gantry::kOverlayOpaqueXattr)
-                    .ok());
+    CHECK_FALSE(
+        gantry::compose_layers_for_overlay({}, (img.tmp.path / "none.sqfs").string(), {}, gantry::kOverlayOpaqueXattr)
+            .ok());
 }
 
 TEST_CASE("overlay form: overlayfs over each layer's image shows the tree convert_layers merges", "[root]") {
@@ -1267,8 +1295,7 @@ TEST_CASE("overlay form: overlayfs over each layer's image shows the tree conver
             lowerdir = mnt.string() + (lowerdir.empty() ? "" : ":" + lowerdir);
         }
         const std::string merged = (dir / "merged").string();
-        const std::string options =
-            "ro,lowerdir=" + lowerdir + (opaque.rfind("user.", 0) == 0 ? ",userxattr" : "");
+        const std::string options = "ro,lowerdir=" + lowerdir + (opaque.rfind("user.", 0) == 0 ? ",userxattr" : "");
         REQUIRE(run("mount -t overlay overlay -o '" + options + "' '" + merged + "'") == 0);
         mounts.push_back(merged);
         Tree stacked = read_tree(merged);
@@ -1327,9 +1354,10 @@ TEST_CASE("driver", "[.driver]") {
         std::fprintf(stderr, "gantry: %s\n", r.error().message.c_str());  // one line, for scripts to match
         FAIL(r.error().message);
     }
-    std::printf("files=%llu dirs=%llu symlinks=%llu hardlinks=%llu others=%llu shadowed=%llu tar_bytes=%llu image_bytes=%llu\n",
-                static_cast<unsigned long long>(r->files), static_cast<unsigned long long>(r->directories),
-                static_cast<unsigned long long>(r->symlinks), static_cast<unsigned long long>(r->hardlinks),
-                static_cast<unsigned long long>(r->others), static_cast<unsigned long long>(r->shadowed_entries),
-                static_cast<unsigned long long>(r->uncompressed_bytes), static_cast<unsigned long long>(r->image_bytes));
+    std::printf(
+        "files=%llu dirs=%llu symlinks=%llu hardlinks=%llu others=%llu shadowed=%llu tar_bytes=%llu image_bytes=%llu\n",
+        static_cast<unsigned long long>(r->files), static_cast<unsigned long long>(r->directories),
+        static_cast<unsigned long long>(r->symlinks), static_cast<unsigned long long>(r->hardlinks),
+        static_cast<unsigned long long>(r->others), static_cast<unsigned long long>(r->shadowed_entries),
+        static_cast<unsigned long long>(r->uncompressed_bytes), static_cast<unsigned long long>(r->image_bytes));
 }

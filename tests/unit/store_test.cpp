@@ -3,7 +3,6 @@
 // and the trust model: what a hostile user of a shared store can plant (symlinks, FIFOs, huge files,
 // images and lock files of their own) never makes the store follow, hang, overwrite or use it.
 // Tests tagged [root] need root (chown, mount) and run as their own ctest, unit.store.root.
-#include "gantry/environment.hpp"
 #include "gantry/store.hpp"
 
 #include <fcntl.h>
@@ -24,6 +23,7 @@
 #include "gantry/acquire.hpp"
 #include "gantry/authorization_cache.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/import_watch.hpp"
 #include "gantry/pull_report.hpp"
@@ -111,8 +111,9 @@ TEST_CASE("publish makes an image visible only when complete") {
     CHECK(all->size() == 1);
 }
 
-TEST_CASE("acquire_image: the image's file opened once and checked on the descriptor; a rename over its name later "
-          "changes nothing held") {
+TEST_CASE(
+    "acquire_image: the image's file opened once and checked on the descriptor; a rename over its name later "
+    "changes nothing held") {
     TempStore t;
     auto store = t.open();
     auto d = fake_digest("acquired");
@@ -354,8 +355,10 @@ TEST_CASE("no HOME: no store path, and open names the settings instead of using 
     REQUIRE_FALSE(opened.ok());
     CHECK(opened.error().message.find("store_path") != std::string::npos);
     CHECK(opened.error().message.find("--store") != std::string::npos);
-    if (saved != nullptr) ::setenv("HOME", home.c_str(), 1);
-    else ::unsetenv("HOME");
+    if (saved != nullptr)
+        ::setenv("HOME", home.c_str(), 1);
+    else
+        ::unsetenv("HOME");
     reread_environment();
 }
 
@@ -390,8 +393,13 @@ TEST_CASE("trusted store: owned by root or the configured store_owner, writable 
 }
 
 TEST_CASE("pull report: what the plugin reads back from gantry pull --report-fd", "[store][report]") {
-    PullReport ok{"sha256:" + std::string(64, 'a'), "/fsx/gantry/images/" + std::string(64, 'a') + ".sqsh",
-                  {}, R"({"config":{"Env":["PATH=/bin"]}})", PullErrorKind::none, {}, "pulled"};
+    PullReport ok{"sha256:" + std::string(64, 'a'),
+                  "/fsx/gantry/images/" + std::string(64, 'a') + ".sqsh",
+                  {},
+                  R"({"config":{"Env":["PATH=/bin"]}})",
+                  PullErrorKind::none,
+                  {},
+                  "pulled"};
     auto back = decode_pull_report(encode_pull_report(ok));
     REQUIRE(back);
     CHECK(back->digest == ok.digest);
@@ -429,7 +437,6 @@ TEST_CASE("pull report: what the plugin reads back from gantry pull --report-fd"
     CHECK(decode_pull_report(big));
     big.insert(big.size() - 1, " ");
     CHECK_FALSE(decode_pull_report(big));
-
 }
 
 TEST_CASE("the safe remover follows no symlink: links are removed, their targets stay") {
@@ -840,15 +847,18 @@ TEST_CASE("deep images: at most kMaxLowers lowers, runs of kLayerGroupSize from 
         for (const auto& r : plan) {
             // A group starts at a multiple of the run length, and where it ends fixes where it starts
             // (layer_group_key names a group by its top layer alone).
-            if (r.grouped) CHECK(r.first == (r.end - 1) / kLayerGroupSize * kLayerGroupSize);
-            else CHECK(r.end == r.first + 1);
+            if (r.grouped)
+                CHECK(r.first == (r.end - 1) / kLayerGroupSize * kLayerGroupSize);
+            else
+                CHECK(r.end == r.first + 1);
         }
         if (n <= kMaxLowers) CHECK(plan.size() == n);  // shallow images: every layer its own lower
     }
     // Concrete plans: 20 layers = two runs of 8 and 4 layers; 90 (a deep NGC image) = 11 runs and 2;
     // 127 = 15 runs and one group of the last 7.
-    CHECK(plan_lowers(20) == std::vector<LowerRange>{{0, 8, true}, {8, 16, true}, {16, 17, false}, {17, 18, false},
-                                                     {18, 19, false}, {19, 20, false}});
+    CHECK(plan_lowers(20) ==
+          std::vector<LowerRange>{
+              {0, 8, true}, {8, 16, true}, {16, 17, false}, {17, 18, false}, {18, 19, false}, {19, 20, false}});
     CHECK(plan_lowers(90).size() == 13);
     CHECK(plan_lowers(90)[10] == LowerRange{80, 88, true});
     CHECK(plan_lowers(127).size() == 16);
@@ -872,7 +882,10 @@ TEST_CASE("a layer group is named by its top layer's chain ID, and its record mu
     group.uncompressed_bytes = 77;
     std::string tmp = store.staging_dir(key) + ".group";
     std::ofstream(tmp) << "group";
-    { auto fd = store.publish_layer(tmp, group); REQUIRE(fd.ok()); }
+    {
+        auto fd = store.publish_layer(tmp, group);
+        REQUIRE(fd.ok());
+    }
     auto found = store.find_layer(key);
     REQUIRE(found.has_value());
     CHECK(found->record.group_diff_ids == group.group_diff_ids);
@@ -968,8 +981,7 @@ TEST_CASE("a layer planted by another account, or through a symlink, is ignored"
     { auto fd = publish_fake_layer(store, s, 0, 10); }
     const std::string base = t.dir + "/images/layer-" + digest_hex(s.chain[0]);
     REQUIRE(store.find_layer(s.chain[0]).has_value());
-    for (const char* ext : {".sqsh", ".json"})
-        REQUIRE(::chown((base + ext).c_str(), kOtherUid, kOtherUid) == 0);
+    for (const char* ext : {".sqsh", ".json"}) REQUIRE(::chown((base + ext).c_str(), kOtherUid, kOtherUid) == 0);
     CHECK_FALSE(store.find_layer(s.chain[0]).has_value());
     CHECK_FALSE(store.open_layer_in_use(s.chain[0]).ok());
     std::vector<std::string> ignored;

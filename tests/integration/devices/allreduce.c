@@ -3,7 +3,7 @@
 #include <mpi.h>
 #include <stdio.h>
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
     int rank = 0, size = 0, len = 0;
     char host[MPI_MAX_PROCESSOR_NAME];
