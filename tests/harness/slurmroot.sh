@@ -756,7 +756,7 @@ cmd_node() {
 # alone when VALUE is empty), then every node's slurmd stopped and started again, as a site does after changing it; waits
 # until all nodes are idle. slurmctld keeps its own copy of the old file and logs a hash mismatch.
 cmd_slurmd_parameters() {
-  local value=${1:-} conf=$state/etc/slurm/slurm.conf node st i
+  local value=${1:-} conf=$state/etc/slurm/slurm.conf node
   gantry_require_root "slurm$tag.sh slurmd-parameters"
   load_cluster_state || die "the Slurm $release harness is not running; start it: $invoke start"
   [[ $value =~ ^[a-z_,=0-9]*$ ]] || die "slurmd-parameters: '$value' is not a SlurmdParameters value (letters, digits, _ , =)"
@@ -767,15 +767,21 @@ cmd_slurmd_parameters() {
   for node in $node_list; do stop_daemon "$run/nodes/$node/slurmd.pid" slurmd; done
   for node in $node_list; do spawn_slurmd "$node"; done
   for node in $node_list; do await_slurmd "$node"; done
-  local nodes
+  await_all_idle "restarting slurmd" "$run/nodes/*/slurmd.log"
+  note "slurmd restarted on ${node_list% } with SlurmdParameters=${value:-(none)}"
+}
+
+# await_all_idle WHAT LOGS: waits (at most 60 s, a bound, not a timing) until sinfo reports every node
+# of the cluster idle after WHAT; dies naming LOGS otherwise.
+await_all_idle() {
+  local nodes st i
   nodes=$(wc -w <<<"$node_list")
   for ((i = 0; i < 300; i++)); do
     st=$(in_root sinfo -h -N -o %t 2>/dev/null | sort | uniq -c | awk '{print $1, $2}' || true)
-    [ "$st" = "$nodes idle" ] && break
+    [ "$st" = "$nodes idle" ] && return 0
     sleep 0.2
   done
-  [ "$st" = "$nodes idle" ] || die "the nodes are not idle 60 s after restarting slurmd (sinfo: ${st:-nothing}); see $run/nodes/*/slurmd.log"
-  note "slurmd restarted on ${node_list% } with SlurmdParameters=${value:-(none)}"
+  die "the nodes are not idle 60 s after $1 (sinfo: ${st:-nothing}); see $2"
 }
 
 # cmd_namespace off|mnt|pid|pid,user: Slurm's namespace/linux (25.11 and later) on every node, as a
@@ -785,7 +791,7 @@ cmd_slurmd_parameters() {
 # own pid namespace for pid, and a user namespace too for pid,user), then slurmctld and every slurmd
 # restarted; waits until all nodes are idle. off takes it all out again. No job may run.
 cmd_namespace() {
-  local mode=${1:-} conf=$state/etc/slurm/slurm.conf yaml=$state/etc/slurm/namespace.yaml flags node st i nodes
+  local mode=${1:-} conf=$state/etc/slurm/slurm.conf yaml=$state/etc/slurm/namespace.yaml flags node
   gantry_require_root "slurm$tag.sh namespace"
   load_cluster_state || die "the Slurm $release harness is not running; start it: $invoke start"
   case $mode in
@@ -809,13 +815,7 @@ cmd_namespace() {
   spawn_slurmctld
   for node in $node_list; do spawn_slurmd "$node"; done
   for node in $node_list; do await_slurmd "$node"; done
-  nodes=$(wc -w <<<"$node_list")
-  for ((i = 0; i < 300; i++)); do
-    st=$(in_root sinfo -h -N -o %t 2>/dev/null | sort | uniq -c | awk '{print $1, $2}' || true)
-    [ "$st" = "$nodes idle" ] && break
-    sleep 0.2
-  done
-  [ "$st" = "$nodes idle" ] || die "the nodes are not idle 60 s after restarting Slurm with namespace $mode (sinfo: ${st:-nothing}); see $run/slurmctld.log and $run/nodes/*/slurmd.log"
+  await_all_idle "restarting Slurm with namespace $mode" "$run/slurmctld.log and $run/nodes/*/slurmd.log"
   note "Slurm restarted with namespace/linux ${mode}"
 }
 

@@ -458,3 +458,17 @@ gantry_nodes_restored() {
     sleep 0.5
   done
 }
+
+# epilog_done JOBID NODE: waits (at most 300 s, a bound for a hung epilog, not a timing) until the job
+# has left COMPLETING and NODE is no longer `completing`: slurmd has run the job's epilog there.
+epilog_done() {
+  local i state node_state
+  for ((i = 0; i < 1500; i++)); do
+    state=$(scontrol -o show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' || echo JobState=GONE)
+    node_state=$(sinfo -h -N -n "$2" -o '%t' | head -n1)
+    [ "$state" != JobState=COMPLETING ] && [[ "$node_state" != *comp* ]] && return 0
+    sleep 0.2
+  done
+  echo "job $1 still $state, node $2 $node_state after 300 s" >&2
+  return 1
+}
