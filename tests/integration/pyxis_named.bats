@@ -41,12 +41,15 @@ as_user() {
 
 # One job, one node: step "srv" (a named container with its own network and UTS namespaces) runs a TCP
 # server on the container's loopback and stays; later steps attach to it, or try what Pyxis refuses.
+# The server's stdin is a pipe that stays open: busybox nc, at EOF on its stdin (the step's is
+# /dev/null), shuts its side of the connection, and a client that sees that first exits 0 without
+# having sent its line (5 of 40 tries by hand; the received file was then empty).
 write_named_job() {
   cat >"$WORK/job.sh" <<JOB
 #!/bin/bash
 cd "$WORK"
 srun --overlap -n1 --container-image="$TINY" --container-name=srv --container-unshare=net,uts --container-mounts="$WORK:$WORK" sh -c \
-  'touch "$WORK/srv-up"; nc -l -p 5000 > "$WORK/received"; exec sleep 600' &
+  'touch "$WORK/srv-up"; sleep 600 | nc -l -p 5000 > "$WORK/received"' &
 for ((i = 0; i < 600; i++)); do [ -e "$WORK/srv-up" ] && break; sleep 0.1; done
 # Attached to the running container: the container's /, not the image's WorkingDir (/work).
 srun --overlap -n1 --container-name=srv pwd > pwd.out 2>&1
