@@ -7,6 +7,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -97,6 +98,11 @@ TransportSettings settings_from_environment(const std::string& extra_ca_file) {
     s.ca_dir = environment().ssl_cert_dir.value;
     s.extra_ca_file = extra_ca_file;
     s.user_agent = std::string("gantry/") + kVersion;
+    global_init();
+    if (const curl_version_info_data* v = curl_version_info(CURLVERSION_NOW); v != nullptr) {
+        if (v->age >= CURLVERSION_SEVENTH && v->cainfo != nullptr) s.system_ca_file = v->cainfo;
+        if (v->age >= CURLVERSION_SEVENTH && v->capath != nullptr) s.system_ca_dir = v->capath;
+    }
     return s;
 }
 
@@ -174,6 +180,17 @@ public:
 
     [[nodiscard]] const TransportSettings& settings() const { return settings_; }
     [[nodiscard]] CURLSH* share() const { return share_; }
+    // Whether a connection trusts by the system's certificate directory alone (see
+    // TransportSettings::system_ca_dir): until a chain failed that way once.
+    [[nodiscard]] bool directory_first() const { return system_store() && !bundle_needed_.load(); }
+    // Whether the store is the system's: nothing else named, or SSL_CERT_FILE / SSL_CERT_DIR naming
+    // the very same bundle and directory (many images and login shells export them).
+    [[nodiscard]] bool system_store() const {
+        const auto& s = settings_;
+        return !s.system_ca_dir.empty() && (s.ca_file.empty() || s.ca_file == s.system_ca_file) &&
+               (s.ca_dir.empty() || s.ca_dir == s.system_ca_dir);
+    }
+    void need_bundle() { bundle_needed_.store(true); }
 
 private:
     static void lock(CURL*, curl_lock_data data, curl_lock_access, void* user) {
@@ -185,6 +202,7 @@ private:
     static constexpr size_t kLocks = 16;
     TransportSettings settings_;
     CURLSH* share_ = nullptr;
+    std::atomic<bool> bundle_needed_{false};
     std::mutex locks_[kLocks];
 };
 
@@ -302,8 +320,17 @@ Result<Response> Connection::perform(const Request& request) {
         curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
-        if (!ts.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ts.ca_file.c_str());
-        if (!ts.ca_dir.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ts.ca_dir.c_str());
+        const bool directory_first = s_->transport->directory_first();
+        if (!s_->transport->system_store()) {
+            if (!ts.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ts.ca_file.c_str());
+            if (!ts.ca_dir.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, ts.ca_dir.c_str());
+        } else {
+            // The system's store: by its directory alone first, else the bundle and the directory
+            // (libcurl's own default).
+            const char* file = ts.system_ca_file.empty() || directory_first ? nullptr : ts.system_ca_file.c_str();
+            curl_easy_setopt(e, CURLOPT_CAINFO, file);
+            curl_easy_setopt(e, CURLOPT_CAPATH, ts.system_ca_dir.empty() ? nullptr : ts.system_ca_dir.c_str());
+        }
         if (!ts.extra_ca_file.empty()) {
             // The callback edits the store, so the store must not come from libcurl's shared cache.
             curl_easy_setopt(e, CURLOPT_CA_CACHE_TIMEOUT, 0L);
@@ -368,6 +395,17 @@ Result<Response> Connection::perform(const Request& request) {
         }
         log::debug(request.method + " " + redact_url(url) + " -> " +
                    (rc == CURLE_OK ? "HTTP " + std::to_string(response.status) : response.curl_error));
+        if ((rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE) && directory_first &&
+            !ts.system_ca_file.empty()) {
+            // The directory alone did not verify this chain (a certificate only in the bundle, or no
+            // hash-named files): the same hop again with the bundle, as libcurl's default would have
+            // had it. Nothing was sent: the handshake failed before the request.
+            log::debug("the system's certificate directory did not verify " + redact_url(url) + "; trying again with " +
+                       ts.system_ca_file);
+            s_->transport->need_bundle();
+            --hop;
+            continue;
+        }
         if (rc != CURLE_OK) return response;
 
         bool redirect = response.status == 301 || response.status == 302 || response.status == 303 ||

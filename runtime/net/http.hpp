@@ -24,10 +24,19 @@ struct TransportSettings {
     std::string ca_dir;         // empty: system
     std::string extra_ca_file;  // added to the store (gantry.conf ca_bundle), empty: none
     std::string user_agent;
+    // The system's CA store as libcurl was built to find it (a bundle file and a directory of
+    // hash-named certificates), used when ca_file and ca_dir are empty. With a directory, a
+    // connection first trusts by the directory alone: OpenSSL then reads only the certificates a
+    // chain names, where the bundle is parsed whole for every process (~150 certificates, 25 ms of
+    // a step's start here). A chain the directory cannot verify is tried again once with the bundle
+    // too (the Transport remembers it), so what is trusted is what libcurl's defaults trust.
+    std::string system_ca_file;
+    std::string system_ca_dir;
 };
 
 // The settings OpenSSL-based tools honour (libcurl does not read them itself): SSL_CERT_FILE and
-// SSL_CERT_DIR, the user agent gantry/VERSION, and `extra_ca_file` added to the store.
+// SSL_CERT_DIR, the user agent gantry/VERSION, `extra_ca_file` added to the store, and libcurl's
+// built-in CA locations (system_ca_file, system_ca_dir).
 TransportSettings settings_from_environment(const std::string& extra_ca_file = {});
 
 struct Response;

@@ -1,14 +1,20 @@
 // Unit tests of the one HTTP client (runtime/net): its URL helpers, and requests against small real
 // HTTP servers on loopback sockets (each answers from a script and records what it was sent): the
 // Authorization value kept on a same-origin redirect and dropped on a cross-origin one (ECR -> S3),
-// POST bodies, a POST's 3xx returned rather than followed, the header size limit, and fetch's errors.
+// POST bodies, a POST's 3xx returned rather than followed, the header size limit, fetch's errors, and
+// the system CA store trusted by its directory first (a real TLS server: openssl s_server).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,4 +192,136 @@ TEST_CASE("fetch: an answer whose headers pass the limit, and no answer at all, 
     auto resp = net::fetch(req, net::settings_from_environment());
     REQUIRE_FALSE(resp.ok());
     CHECK(resp.error().message.rfind("GET " + refused_url + ": ", 0) == 0);
+}
+
+namespace {
+
+int run_shell(const std::string& command) {
+    int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A loopback TLS server (`openssl s_server -www`, which answers any GET with a status page) with a
+// certificate of a CA made for the test, and that CA as a bundle file and as a directory of
+// hash-named certificates, as the system keeps its own.
+class TlsServer {
+public:
+    TlsServer() {
+        char tmpl[] = "/tmp/gantry-net-tls-XXXXXX";
+        REQUIRE(::mkdtemp(tmpl) != nullptr);
+        dir_ = tmpl;
+        const std::string d = dir_;
+        REQUIRE(run_shell("cd " + d +
+                          " && mkdir cadir emptydir && "
+                          "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=gantry-net-test-ca "
+                          "-keyout ca.key -out ca.pem >/dev/null 2>&1 && "
+                          "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout srv.key -out srv.csr "
+                          ">/dev/null 2>&1 && printf 'subjectAltName=IP:127.0.0.1\\n' > ext && "
+                          "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+                          "-extfile ext -out srv.pem >/dev/null 2>&1 && "
+                          "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=gantry-net-test-other "
+                          "-keyout other.key -out other.pem >/dev/null 2>&1 && "
+                          "cp ca.pem cadir/ && ln -s ca.pem cadir/$(openssl x509 -hash -noout -in ca.pem).0") == 0);
+        // A free port (the kernel's pick, released for the server: a race only with other tests).
+        UniqueFd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::bind(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+        socklen_t len = sizeof(addr);
+        REQUIRE(::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+        port_ = ntohs(addr.sin_port);
+        probe.reset();
+        pid_ = ::fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            const std::string accept = "127.0.0.1:" + std::to_string(port_);
+            const std::string cert = d + "/srv.pem", key = d + "/srv.key";
+            ::execlp("openssl", "openssl", "s_server", "-quiet", "-www", "-accept", accept.c_str(), "-cert",
+                     cert.c_str(), "-key", key.c_str(), static_cast<char*>(nullptr));
+            ::_exit(127);
+        }
+        // Up once it accepts a connection (at most 10 s).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        for (;;) {
+            UniqueFd c(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+            if (::connect(c.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
+            REQUIRE(std::chrono::steady_clock::now() < deadline);
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
+    ~TlsServer() {
+        if (pid_ > 0) {
+            ::kill(pid_, SIGTERM);
+            ::waitpid(pid_, nullptr, 0);
+        }
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+    }
+    TlsServer(const TlsServer&) = delete;
+    TlsServer& operator=(const TlsServer&) = delete;
+
+    [[nodiscard]] std::string url() const { return "https://127.0.0.1:" + std::to_string(port_) + "/"; }
+    [[nodiscard]] std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+private:
+    std::string dir_;
+    uint16_t port_ = 0;
+    pid_t pid_ = -1;
+};
+
+}  // namespace
+
+TEST_CASE("System CA store: trusted by its directory alone first, the bundle once the directory cannot verify",
+          "[net][tls]") {
+    TlsServer server;
+    net::Request req;
+    req.url = server.url();
+    req.connect_timeout_ms = 5000;
+    net::TransportSettings base;
+    base.user_agent = "gantry-test";
+
+    SECTION("the directory verifies: the bundle is never read (it does not exist)") {
+        auto s = base;
+        s.system_ca_file = server.path("no-such-bundle.pem");
+        s.system_ca_dir = server.path("cadir");
+        auto resp = net::fetch(req, s);
+        REQUIRE(resp.ok());
+        CHECK(resp->status == 200);
+        // The same, named by SSL_CERT_FILE / SSL_CERT_DIR equal to the system's.
+        s.ca_file = s.system_ca_file;
+        s.ca_dir = s.system_ca_dir;
+        auto named = net::fetch(req, s);
+        REQUIRE(named.ok());
+        CHECK(named->status == 200);
+    }
+    SECTION("the directory lacks the CA: the same request again with the bundle") {
+        auto s = base;
+        s.system_ca_file = server.path("ca.pem");
+        s.system_ca_dir = server.path("emptydir");
+        net::Connection conn(net::make_transport(s));
+        for (int i = 0; i < 2; ++i) {  // the second on the remembered bundle
+            auto resp = conn.perform(req);
+            REQUIRE(resp.ok());
+            CHECK(resp->curl_code == 0);
+            CHECK(resp->status == 200);
+        }
+    }
+    SECTION("neither holds the CA: a verification error, once") {
+        auto s = base;
+        s.system_ca_file = server.path("other.pem");  // another CA
+        s.system_ca_dir = server.path("emptydir");
+        auto resp = net::fetch(req, s);
+        REQUIRE_FALSE(resp.ok());
+        CHECK(resp.error().message.find("SSL certificate problem") != std::string::npos);
+    }
+    SECTION("SSL_CERT_FILE naming another bundle replaces the system's store") {
+        auto s = base;
+        s.system_ca_file = server.path("other.pem");
+        s.system_ca_dir = server.path("emptydir");
+        s.ca_file = server.path("ca.pem");
+        auto resp = net::fetch(req, s);
+        REQUIRE(resp.ok());
+        CHECK(resp->status == 200);
+    }
 }
