@@ -50,6 +50,9 @@ def phases_of(path):
     srun0, srun1 = first("srun init"), last("srun exit")
     prep0, prep1 = first("prepare_step +"), last("prepare_step -")
     task = last("join_step -")
+    local_user = first("srun local_user_init")
+    if None not in (srun0, local_user):
+        out["[t] srun init -> srun local_user_init"] = (local_user - srun0) / 1e6
     if None not in (srun0, prep0):
         out["[t] srun init -> slurmstepd prepares"] = (prep0 - srun0) / 1e6
     if None not in (prep0, prep1):

@@ -161,6 +161,13 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
     });
 }
 
+GANTRY_EXPORT int slurm_spank_local_user_init(spank_t, int, char**) {
+    return guarded("slurm_spank_local_user_init", [&] {
+        gantry::trace::point("srun local_user_init");
+        return 0;
+    });
+}
+
 GANTRY_EXPORT int slurm_spank_user_init(spank_t, int, char**) {
     return guarded("slurm_spank_user_init", [&] {
         // Slurm ignores this hook's result; failures are kept for slurm_spank_task_init.

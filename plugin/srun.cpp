@@ -15,6 +15,7 @@
 #include "gantry/reference.hpp"
 #include "gantry/registry.hpp"
 #include "gantry/strings.hpp"
+#include "gantry/trace.hpp"
 #include "options.hpp"
 #include "step.hpp"
 #include "step_internal.hpp"
@@ -95,7 +96,10 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     // again): the nodes know, srun does not, so node 0 tells the user instead (join_step). The tag is
     // still resolved here: a node that creates the container needs it, and it is one request per step.
     bool named = o.name.has_value();
-    Config config = load_plugin_config(settings);
+    Config config = [&] {
+        gantry::trace::Phase phase("srun load_plugin_config");
+        return load_plugin_config(settings);
+    }();
     if (!named && config.import_messages) tell_user("gantry: importing docker image: " + *o.image);
     auto ref = parse_reference(*o.image);
     if (!ref) return {};  // a bad name is reported by the nodes, in Pyxis's words
@@ -118,8 +122,15 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     // the nodes resolve the tag themselves, as without this, when it fails.
     RegistryOptions quick;
     quick.max_attempts = 2;
-    RegistryClient client(config, quick);
-    auto digest = client.resolve_digest(*ref, Platform::host());
+    std::optional<RegistryClient> client;
+    {
+        gantry::trace::Phase phase("srun RegistryClient");
+        client.emplace(config, quick);
+    }
+    auto digest = [&] {
+        gantry::trace::Phase phase("srun resolve_digest");
+        return client->resolve_digest(*ref, Platform::host());
+    }();
     if (digest) {
         const std::string pinned = *o.image + "@" + *digest;
         set_environment_variable(kResolvedVar, pinned);
