@@ -18,8 +18,11 @@
 namespace gantry {
 
 // Acquired descriptors get numbers from here up, clear of the fixed numbers helper programs are
-// given (0-4), so that every process down the line can receive each one under its own number.
-constexpr int kFirstImageDescriptor = 64;
+// given (0-5), so that every process down the line can receive each one under its own number.
+// Below 64 on purpose: a process's descriptor table starts with 64 slots, and growing it in a
+// process with threads (slurmstepd) waits for an RCU grace period (the kernel's expand_fdtable):
+// 10-20 ms of every step's start when a whole image's descriptor was numbered 64.
+constexpr int kFirstImageDescriptor = 16;
 
 struct AcquiredImage {
     std::string digest;

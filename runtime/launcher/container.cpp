@@ -730,6 +730,7 @@ Result<HolderWithImage> start_holder_acquiring(const std::string& holder_program
     if (!acquisition.resolved_tag.empty()) run.argv.push_back(acquisition.resolved_tag);
     auto started = start_process(run);
     if (!started) return started.error().wrap(what);
+    trace::point("holder started");
     holder->pid = *started;
     holder->pidfd = UniqueFd(launcher::open_pidfd(holder->pid));
     theirs.reset();
@@ -738,6 +739,7 @@ Result<HolderWithImage> start_holder_acquiring(const std::string& holder_program
     auto image =
         receive_acquired_image(holder->channel.get(), acquisition.digest, std::chrono::steady_clock::now() + limit,
                                should_stop, what, "the container holder " + holder_program);
+    trace::point("holder's image received");
     if (!image) return image.error();
     return HolderWithImage{std::move(holder), std::move(*image)};
 }
