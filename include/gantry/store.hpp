@@ -115,6 +115,9 @@ struct StoredImage {
     [[nodiscard]] bool layered() const { return squashfs_path.empty(); }
 };
 
+// How long a tag record naming the same digest stands before record_tag writes it again.
+inline constexpr int64_t kTagRecordRefreshSeconds = 600;
+
 struct TagRecord {
     std::string reference;  // canonical reference string
     std::string digest;
@@ -177,6 +180,8 @@ public:
     // Every image find accepts; `ignored`, when given, receives one line per file that was skipped.
     Result<std::vector<StoredImage>> list(std::vector<std::string>* ignored = nullptr) const;
 
+    // Records that `ref` named `digest` now; a record saying so that is under
+    // kTagRecordRefreshSeconds old is left as it is.
     Status record_tag(const ImageReference& ref, const std::string& digest) const;
     std::optional<TagRecord> lookup_tag(const ImageReference& ref) const;
     // The producer of `digest` and its last recorded progress, read-only and without waiting; nullopt

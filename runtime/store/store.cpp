@@ -394,7 +394,15 @@ Status ImageStore::record_tag(const ImageReference& ref, const std::string& dige
     GANTRY_TRY(check_root_may_modify());
     ImageReference r = ref;
     r.user.clear();
-    json j = {{"reference", r.str()}, {"digest", digest}, {"resolved_at", now_seconds()}};
+    // Every warm step of every node resolves its tag to the same digest: a record that says so and is
+    // recent is left as it is, saving each of them a write, fsync and rename on the shared file system
+    // (its time only dates the stored image in an error's hint, with_stored_tag_hint).
+    const int64_t now = now_seconds();
+    if (auto record = lookup_tag(ref); record && record->digest == digest && record->reference == r.str() &&
+                                       record->resolved_at <= now &&
+                                       now - record->resolved_at < kTagRecordRefreshSeconds)
+        return {};
+    json j = {{"reference", r.str()}, {"digest", digest}, {"resolved_at", now}};
     return write_file_atomic_at(dirs_->refs, ref_key(ref) + ".json", j.dump() + "\n", 0644);
 }
 

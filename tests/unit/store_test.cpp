@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -188,6 +189,40 @@ TEST_CASE("tag records map a reference to its digest") {
     ImageReference other = ref;
     other.tag = "v2";
     CHECK_FALSE(store.lookup_tag(other).has_value());
+}
+
+TEST_CASE("a recent tag record naming the same digest is not written again; another digest or an old one is") {
+    TempStore t;
+    auto store = t.open();
+    ImageReference ref{"", "127.0.0.1:5000", "team/img", "v1", ""};
+    auto d = fake_digest("tagged");
+    REQUIRE(store.record_tag(ref, d).ok());
+    auto first = store.lookup_tag(ref);
+    REQUIRE(first.has_value());
+    // The record's file by its inode: a write replaces it (a new file renamed over it).
+    std::string path;
+    for (const auto& e : std::filesystem::directory_iterator(t.dir + "/refs")) path = e.path().string();
+    REQUIRE(!path.empty());
+    struct stat before {};
+    REQUIRE(::stat(path.c_str(), &before) == 0);
+    REQUIRE(store.record_tag(ref, d).ok());
+    struct stat after {};
+    REQUIRE(::stat(path.c_str(), &after) == 0);
+    CHECK(after.st_ino == before.st_ino);
+    CHECK(store.lookup_tag(ref)->resolved_at == first->resolved_at);
+    // Another digest: written.
+    auto d2 = fake_digest("moved");
+    REQUIRE(store.record_tag(ref, d2).ok());
+    REQUIRE(::stat(path.c_str(), &after) == 0);
+    CHECK(after.st_ino != before.st_ino);
+    CHECK(store.lookup_tag(ref)->digest == d2);
+    // A record older than kTagRecordRefreshSeconds: written again, with the time now.
+    const int64_t old = first->resolved_at - kTagRecordRefreshSeconds - 5;
+    std::ofstream(path) << "{\"reference\":\"127.0.0.1:5000/team/img:v1\",\"digest\":\"" << d2
+                        << "\",\"resolved_at\":" << old << "}\n";
+    REQUIRE(store.lookup_tag(ref)->resolved_at == old);
+    REQUIRE(store.record_tag(ref, d2).ok());
+    CHECK(store.lookup_tag(ref)->resolved_at > old + kTagRecordRefreshSeconds);
 }
 
 TEST_CASE("one producer per digest across processes; a killed producer is replaced") {
