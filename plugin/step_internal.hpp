@@ -108,6 +108,7 @@ struct StepState {
     std::optional<JoinHandles> handles;       // the holder's namespaces and root, opened as root (task_init_privileged)
     std::optional<CgroupLevel> cgroup_level;  // where the holder goes: the step's or job's cgroups (none: global names)
     bool holder_placed = false;               // task_forked moved it
+    CgroupPlacement placement;                // task_forked's moves, finished by finish_step
     bool run_on_host = false;                 // no container for this step (no_exec, or no image)
     std::string digest;                       // the image every rank of the step runs, told to the tasks
     UniqueFd image_in_use;                    // shared lock: the image stays while the step runs

@@ -490,18 +490,19 @@ void task_forked(spank_t sp) {
     if (!item(sp, S_TASK_PID, &task) || task <= 0) return;
     st.holder_placed = true;
     // Slurm has put this task in the step's cgroups (proctrack_g_add) and holds it until every
-    // post-fork hook returned: the holder joins it there (or in the job's, for a named container).
-    if (auto placed = place_in_cgroups_of(task, st.joined, *st.cgroup_level); !placed)
-        log::warning("placing the container holder in the step's cgroups: " + placed.error().message);
-    // The job's shared image server (when this container's holder found or started one) belongs to
-    // the job, not to this step: it serves the job's later steps too, and the job epilog ends it.
-    if (auto placed = place_image_server_in_job_cgroups(task, st.joined); !placed)
-        log::warning("placing the job's image server in the job's cgroups: " + placed.error().message);
-    // cgroup/v2: the job's own leaf, if one was made, is ended and removed by the job epilog.
-    uint32_t jobid = 0;
-    if (item(sp, S_JOB_ID, &jobid))
-        if (auto recorded = record_job_cgroups(st.config, jobid, task); !recorded)
-            log::warning("recording the job's cgroup: " + recorded.error().message);
+    // post-fork hook returned: the holder joins it there (or in the job's, for a named container), and
+    // the job's shared image server (when this container's holder found or started one) the job's
+    // cgroups, not this step's: it serves the job's later steps too, and the job epilog ends it. The
+    // cgroups are read here, while Slurm holds the task; the moves finish in a thread of their own
+    // (finish_step waits for them), as the first one waits out an RCU grace period in the kernel.
+    {
+        trace::Phase phase("plan cgroup placement");
+        uint32_t jobid = 0;
+        (void)item(sp, S_JOB_ID, &jobid);
+        st.placement.start(task, st.joined, *st.cgroup_level, st.config, jobid);
+    }
+    // cgroup/v2: the job's own leaf, if one was made, is ended and removed by the job epilog (the
+    // placement notes it, record_job_cgroups).
 }
 
 void task_exited(spank_t sp, const Settings& settings) {
@@ -510,8 +511,24 @@ void task_exited(spank_t sp, const Settings& settings) {
     if (++state().tasks_exited >= local_tasks) finish_step(sp, settings);
 }
 
+void finish_cgroup_placement() {
+    StepState& st = state();
+    if (!st.placement.started()) return;
+    auto results = st.placement.finish();
+    // In start()'s order: the holder, its image server (when there is one), the job's cgroup record.
+    const bool server = st.joined.server_pid > 0;
+    for (size_t i = 0; i < results.size(); ++i) {
+        if (results[i]) continue;
+        const char* what = i == 0             ? "placing the container holder in the step's cgroups: "
+                           : i == 1 && server ? "placing the job's image server in the job's cgroups: "
+                                              : "recording the job's cgroup: ";
+        log::warning(what + results[i].error().message);
+    }
+}
+
 void finish_step(spank_t, const Settings&) {
     StepState& st = state();
+    finish_cgroup_placement();
     if (!st.save_path.empty() && st.joined.holder_pid > 0) {
         auto saved = save_container(st.joined, ProcessIdentity{st.uid, st.gid, st.groups}, st.save_path);
         // The message names --container-save and the path already (save_container's errors).

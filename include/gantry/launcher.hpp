@@ -286,6 +286,28 @@ Status record_job_image_server(const Config& config, uint32_t jobid, const Conta
 Status place_image_server_in_job_cgroups(pid_t model, const ContainerState& state);
 int end_job_image_servers(const Config& config, uint32_t jobid);
 
+// task_post_fork's cgroup work at once: place_in_cgroups_of for the holder at `level`,
+// place_image_server_in_job_cgroups for its image server (if any), then, with a job id,
+// record_job_cgroups. The task's cgroups are read by start() itself, while Slurm holds the task; the
+// writes are made by a thread of their own: the first move into a cgroup in a while waits for an RCU
+// grace period in the kernel (10-12 ms measured), which the task need not wait for. finish() waits for
+// the thread (at most `limit`) and returns each one's result in that order (the server's only when
+// there is one). Root only; a process forked meanwhile (a task) never joins or frees it.
+class CgroupPlacement {
+public:
+    CgroupPlacement() = default;
+    CgroupPlacement(const CgroupPlacement&) = delete;
+    CgroupPlacement& operator=(const CgroupPlacement&) = delete;
+    ~CgroupPlacement();
+    void start(pid_t model, const ContainerState& state, CgroupLevel level, const Config& config, uint32_t jobid);
+    [[nodiscard]] bool started() const { return impl_ != nullptr; }
+    std::vector<Status> finish(std::chrono::milliseconds limit = std::chrono::seconds(10));
+
+private:
+    struct Impl;
+    Impl* impl_ = nullptr;
+};
+
 // cgroup v2: the job's own leaf (JOB/gantry, see place_in_cgroups_of) once something was placed there,
 // noted in <runtime_dir>/servers/job_JOBID.cgroups (root's file) by record_job_cgroups; the job
 // epilog's end_job_cgroups kills what is left in each (cgroup.kill, or SIGKILL by pidfd before Linux

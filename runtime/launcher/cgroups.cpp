@@ -15,6 +15,7 @@
 // whatever the process tracking (linuxproc: no cgroups at all).
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -99,7 +101,7 @@ const CgroupHierarchy* hierarchy_for(const std::vector<CgroupHierarchy>& mounts,
 
 std::vector<CgroupTarget> cgroup_targets(std::string_view task_cgroups, const std::vector<CgroupHierarchy>& mounts,
                                          CgroupLevel level) {
-    std::vector<CgroupTarget> out;
+    std::vector<launcher::CgroupTarget> out;
     std::istringstream in{std::string(task_cgroups)};
     std::string line;
     while (std::getline(in, line)) {
@@ -211,21 +213,42 @@ Status make_leaf(const std::string& dir) {
     return {};
 }
 
-// One process (the leader: checked to be the one recorded, by start time and, with `owner`, real
-// uid) and its children (checked to be its children), into the cgroups `level` names for `model`;
-// each is held by a pidfd from before its check until after its write (move_process). A child that
-// ended meanwhile is passed over; the leader gone ends the move.
-Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsigned long long leader_start, uid_t owner,
-                            const std::string& what) {
+// Where one process (the leader) and its children go: the cgroups `level` names for `model`, read from
+// the kernel now (plan_move), and moved there later (carry_out), possibly by another thread.
+struct PlannedMove {
+    std::vector<launcher::CgroupTarget> targets;
+    pid_t leader = 0;
+    unsigned long long leader_start = 0;
+    uid_t owner = static_cast<uid_t>(-1);
+    std::string what;
+};
+
+Result<PlannedMove> plan_move(pid_t model, CgroupLevel level, pid_t leader, unsigned long long leader_start,
+                              uid_t owner, const std::string& what) {
     std::string task_cgroups = read_small("/proc/" + std::to_string(model) + "/cgroup");
     if (task_cgroups.empty()) return system_error("reading the cgroups of process " + std::to_string(model));
-    auto targets = launcher::cgroup_targets(task_cgroups,
+    PlannedMove plan;
+    plan.targets = launcher::cgroup_targets(task_cgroups,
                                             launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")), level);
+    plan.leader = leader;
+    plan.leader_start = leader_start;
+    plan.owner = owner;
+    plan.what = what;
+    return plan;
+}
+
+// The leader (checked to be the one recorded, by start time and, with `owner`, real uid) and its
+// children (checked to be its children) into the planned cgroups; each is held by a pidfd from before
+// its check until after its write (move_process). A child that ended meanwhile is passed over; the
+// leader gone ends the move. Only system calls and reads of /proc: safe in a thread of slurmstepd,
+// which forks tasks meanwhile (no lock of ours is held across them).
+Status carry_out(const PlannedMove& plan) {
     Status result;
     auto keep_first = [&](Status st) {
         if (!st && result) result = std::move(st);
     };
-    for (const auto& t : targets) {
+    const pid_t leader = plan.leader;
+    for (const auto& t : plan.targets) {
         if (t.make_leaf) {
             if (auto made = make_leaf(t.dir); !made) {
                 keep_first(std::move(made));
@@ -233,10 +256,10 @@ Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsign
             }
         }
         auto is_leader = [&] {
-            return launcher::process_start_time(leader) == leader_start &&
-                   (owner == static_cast<uid_t>(-1) || real_uid_of(leader) == owner);
+            return launcher::process_start_time(leader) == plan.leader_start &&
+                   (plan.owner == static_cast<uid_t>(-1) || real_uid_of(leader) == plan.owner);
         };
-        if (auto moved = move_process(t.dir + "/cgroup.procs", leader, is_leader, what); !moved) {
+        if (auto moved = move_process(t.dir + "/cgroup.procs", leader, is_leader, plan.what); !moved) {
             if (!is_leader()) return moved;
             keep_first(std::move(moved));
         }
@@ -244,13 +267,20 @@ Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsign
         // pidfd while it is still the leader's child and the leader still the one recorded.
         for (pid_t child : children_of(leader)) {
             auto is_child = [&] { return is_leader() && status_field(child, "PPid:") == leader; };
-            if (auto moved =
-                    move_process(t.dir + "/cgroup.procs", child, is_child, what + "'s child " + std::to_string(child));
+            if (auto moved = move_process(t.dir + "/cgroup.procs", child, is_child,
+                                          plan.what + "'s child " + std::to_string(child));
                 !moved && is_child())
                 keep_first(std::move(moved));
         }
     }
     return result;
+}
+
+Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsigned long long leader_start, uid_t owner,
+                            const std::string& what) {
+    auto plan = plan_move(model, level, leader, leader_start, owner, what);
+    if (!plan) return plan.error();
+    return carry_out(*plan);
 }
 
 }  // namespace
@@ -340,20 +370,31 @@ int end_job_image_servers(const Config& config, uint32_t jobid) {
     return killed;
 }
 
-Status record_job_cgroups(const Config& config, uint32_t jobid, pid_t model) {
-    // Privileged (root, task_post_fork), like record_job_image_server: notes the job's own leaf (the
-    // path computed from the task's cgroups, as place_in_cgroups_of does; only once it exists) in
-    // root's 0700 runtime directory, for the epilog. Nothing in it comes from the user.
+namespace {
+std::vector<launcher::CgroupTarget> job_targets_of(pid_t model) {
+    return launcher::cgroup_targets(read_small("/proc/" + std::to_string(model) + "/cgroup"),
+                                    launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")),
+                                    CgroupLevel::job);
+}
+
+Status record_job_cgroup_targets(const std::string& runtime, uint32_t jobid,
+                                 const std::vector<launcher::CgroupTarget>& targets) {
     std::string lines;
-    for (const auto& t : launcher::cgroup_targets(read_small("/proc/" + std::to_string(model) + "/cgroup"),
-                                                  launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")),
-                                                  CgroupLevel::job)) {
+    for (const auto& t : targets) {
         struct stat sb {};
         if (t.make_leaf && ::lstat(t.dir.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) lines += t.dir + "\n";
     }
     if (lines.empty()) return {};
-    GANTRY_TRY(launcher::ensure_own_dir(runtime_dir(config) + "/servers", 0700, true, "the image servers' directory"));
-    return append_record(job_servers_file(config, jobid) + ".cgroups", lines);
+    GANTRY_TRY(launcher::ensure_own_dir(runtime + "/servers", 0700, true, "the image servers' directory"));
+    return append_record(runtime + "/servers/job_" + std::to_string(jobid) + ".cgroups", lines);
+}
+}  // namespace
+
+Status record_job_cgroups(const Config& config, uint32_t jobid, pid_t model) {
+    // Privileged (root, task_post_fork), like record_job_image_server: notes the job's own leaf (the
+    // path computed from the task's cgroups, as place_in_cgroups_of does; only once it exists) in
+    // root's 0700 runtime directory, for the epilog. Nothing in it comes from the user.
+    return record_job_cgroup_targets(runtime_dir(config), jobid, job_targets_of(model));
 }
 
 namespace {
@@ -444,6 +485,85 @@ int end_job_cgroups(const Config& config, uint32_t jobid, int deadline_ms) {
     ::unlink(path.c_str());
     if (!kept.empty()) (void)append_record(path, kept);
     return removed;
+}
+
+// CgroupPlacement (launcher.hpp): the plans are made by the caller's thread, before it returns to
+// Slurm (the task's cgroups read while Slurm holds the task: the same reads, and so the same safety
+// argument, as place_in_cgroups_of's); only carry_out runs in the thread.
+struct CgroupPlacement::Impl {
+    std::vector<Result<PlannedMove>> plans;
+    std::vector<Status> results;
+    // Then the job's own leaf, once made, noted for the epilog (record_job_cgroups) when jobid is set.
+    std::string runtime;
+    uint32_t jobid = 0;
+    std::vector<launcher::CgroupTarget> job_targets;
+    pthread_t thread{};
+    pid_t creator = 0;
+
+    static void* run(void* self) {
+        auto* impl = static_cast<Impl*>(self);
+        for (const auto& plan : impl->plans) impl->results.push_back(plan ? carry_out(*plan) : Status(plan.error()));
+        if (impl->jobid != 0)
+            impl->results.push_back(record_job_cgroup_targets(impl->runtime, impl->jobid, impl->job_targets));
+        return nullptr;
+    }
+};
+
+CgroupPlacement::~CgroupPlacement() {
+    if (impl_ != nullptr && impl_->creator == ::getpid()) (void)finish();
+}
+
+void CgroupPlacement::start(pid_t model, const ContainerState& state, CgroupLevel level, const Config& config,
+                            uint32_t jobid) {
+    if (impl_ != nullptr) return;
+    auto impl = std::make_unique<Impl>();
+    impl->creator = ::getpid();
+    if (jobid != 0) {
+        impl->runtime = runtime_dir(config);
+        impl->jobid = jobid;
+        impl->job_targets = job_targets_of(model);
+    }
+    impl->plans.push_back(plan_move(model, level, state.holder_pid, state.holder_start_time, static_cast<uid_t>(-1),
+                                    "the container's holder"));
+    if (state.server_pid > 0)
+        impl->plans.push_back(plan_move(model, CgroupLevel::job, state.server_pid, state.server_start_time, state.uid,
+                                        "the container's image server"));
+    if (::pthread_create(&impl->thread, nullptr, &Impl::run, impl.get()) != 0) {
+        Impl::run(impl.get());  // no thread to be had: here and now, as before
+        impl->thread = {};
+        impl->creator = -1;  // nothing to join
+    }
+    impl_ = impl.release();
+}
+
+std::vector<Status> CgroupPlacement::finish(std::chrono::milliseconds limit) {
+    // Only the process that started it has the thread: a task forked meanwhile has a copy of this
+    // object but not of the thread, and must neither join nor free what it does not own.
+    if (impl_ == nullptr) return {};
+    Impl* impl = impl_;
+    if (impl->creator != -1 && impl->creator != ::getpid()) return {};
+    impl_ = nullptr;
+    if (impl->creator != -1) {
+        // A bounded wait, as every wait of root's: cgroup writes do not block for long, but a thread
+        // still in one at the limit is left to finish on its own (its memory with it).
+        timespec until{};
+        ::clock_gettime(CLOCK_REALTIME, &until);
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+        until.tv_sec += static_cast<time_t>(ns / 1000000000);
+        until.tv_nsec += static_cast<long>(ns % 1000000000);
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec += 1;
+            until.tv_nsec -= 1000000000;
+        }
+        if (::pthread_timedjoin_np(impl->thread, nullptr, &until) != 0) {
+            ::pthread_detach(impl->thread);
+            return {make_error("moving the container's processes into the task's cgroups took over " +
+                               std::to_string(limit.count()) + " ms; left to finish on its own")};
+        }
+    }
+    std::vector<Status> out = std::move(impl->results);
+    delete impl;
+    return out;
 }
 
 }  // namespace gantry

@@ -86,9 +86,11 @@ int main(int argc, char** argv) {
     if (!name.empty()) created->release();  // outlives the step; stopped by the job epilog
     if (auto recorded = record_job_image_server(config, jobid, state); !recorded) return fail(recorded.error().message);
     CgroupLevel level = name.empty() ? CgroupLevel::step : scope == "job" ? CgroupLevel::job : CgroupLevel::node;
-    if (auto placed = place_in_cgroups_of(task, state, level); !placed) return fail(placed.error().message);
-    if (auto placed = place_image_server_in_job_cgroups(task, state); !placed) return fail(placed.error().message);
-    if (auto recorded = record_job_cgroups(config, jobid, task); !recorded) return fail(recorded.error().message);
+    // As the plugin's task_post_fork and finish_step: planned now, carried out by a thread, waited for.
+    CgroupPlacement placement;
+    placement.start(task, state, level, config, jobid);
+    for (const auto& placed : placement.finish())
+        if (!placed) return fail(placed.error().message);
     std::printf("holder %d\nserver %d\nready\n", static_cast<int>(state.holder_pid),
                 static_cast<int>(state.server_pid));
     std::fflush(stdout);
