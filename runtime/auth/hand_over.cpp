@@ -35,7 +35,7 @@ Result<HandOver> parse_hand_over(const std::string& text) {
         c.username = j.value("username", "");
         c.password = j.value("password", "");
         c.identity_token = j.value("identity_token", "");
-        c.source = j.value("source", "") + " (the job user's, handed over by the plugin)";
+        c.source = j.value("source", "") + " (the user's, handed over to the store account)";
     } catch (const nlohmann::json::exception&) {
         return make_error("the handed-over credentials name no registry");
     }

@@ -188,7 +188,7 @@ int cmd_pull(const PullArgs& a) {
         if (!lookup) return finish(PullErrorKind::usage, lookup.error().wrap("--credentials-fd"));
         opts.credentials = std::move(*lookup);
         opts.registry_authorizes = true;  // the job user's credentials, checked at the registry every time
-        opts.credential_sources = "the job user's credentials handed over by the plugin (" +
+        opts.credential_sources = "the user's credentials handed over to the store account (" +
                                   std::string(*text == "{}" ? "none" : "for one registry") + ")";
     }
     auto store = open_store(*config, store_opt.value_or(""), true);

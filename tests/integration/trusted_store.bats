@@ -37,6 +37,7 @@ teardown() {
   [ -z "${JOB:-}" ] || scancel "$JOB" 2>/dev/null || true
   [ -z "$SERVER_PID" ] || { kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; }
   [ -z "${SOCKDIR:-}" ] || rm -rf "$SOCKDIR"
+  [ -z "${ATTACK:-}" ] || rm -rf "$ATTACK"
   release_kernel_mounts
   # The node's remembered registry answers for this test's image (gantry.conf authorization_cache_seconds).
   [ -z "${digest:-}" ] || in_node sh -c "rm -f /run/gantry/authorized/*-${digest#sha256:}" || true
@@ -382,18 +383,19 @@ JOB
   stored_record "$digest"
   [ "$(squeue -h -j "$JOB" -o %T)" = PENDING ]
   [ "$(stat -c %U "$TSTORE/images/${digest#sha256:}.json")" = "$OWNER" ]
-  # The server's log names the submitting user by the uid the kernel gave it, and the digest pulled.
-  grep -q "stage-server: uid $(id -u "$U") (pid [0-9]*): $REG/gantry-test/$name@$digest: ok $digest" "$WORK/server.log"
   sleep 1   # the registry logs a request after answering it
   echo "blob GETs at submit: $(($(gantry_blob_gets "$name") - gets)) for $nblobs blobs"
   [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
   scancel "$BLOCKER"
   for ((i = 0; i < 900; i++)); do [ -z "$(squeue -h -j "$JOB")" ] && break; sleep 0.2; done
   cat "$WORK/job.out"
-  [ "$(cat "$WORK/job.out")" = "ran $digest $name" ]
+  grep -qx "ran $digest $name" "$WORK/job.out"
   sleep 1
   # The job's step found it stored: not one blob more.
   [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
+  # The server's log names the submitting user by the uid the kernel gave it, and the digest pulled.
+  cat "$WORK/server.log"
+  grep -q "stage-server: uid $(id -u "$U") (pid [0-9]*): $REG/gantry-test/$name@$digest: ok $digest" "$WORK/server.log"
 }
 
 @test "stage server as an attacker sees it: silent, oversized and forged requests stall nobody, the registry's no holds, the store gains only complete images" {
@@ -405,26 +407,28 @@ JOB
   digest=$(gantry_fresh_image "$WORK" "$name")
   tiny=$(curl -fsS -o /dev/null -w '%header{docker-content-digest}' -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
     "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/tiny/manifests/latest")
-  mkdir -m 0700 "$WORK/attack" && chown "$ATTACKER" "$WORK/attack"
-  cp "$BATS_TEST_DIRNAME/stage_attacker.py" "$WORK/attack.py" && chmod 0644 "$WORK/attack.py"
-  runuser -u "$ATTACKER" -- python3 "$WORK/attack.py" "$SOCK" "$WORK/attack" \
+  # The attacker's own directory ($WORK is the test user's, 0700).
+  ATTACK=$(mktemp -d "$GANTRY_TEST_FSX/stage-attack.XXXXXX")
+  cp "$BATS_TEST_DIRNAME/stage_attacker.py" "$ATTACK/attack.py"
+  chown -R "$ATTACKER" "$ATTACK"
+  runuser -u "$ATTACKER" -- python3 "$ATTACK/attack.py" "$SOCK" "$ATTACK" \
     "$REG/gantry-test/tiny@sha256:$(printf '0%.0s' $(seq 64))" \
     "$GANTRY_TEST_REGISTRY_TLS/gantry-test/tiny@$tiny" "$GANTRY_TEST_REGISTRY_TLS" 3 3>&- &
   attacker=$!
-  for _ in $(seq 600); do [ -s "$WORK/attack/holding" ] && break; sleep 0.1; done
-  cat "$WORK/attack/"* || true
-  [ -s "$WORK/attack/holding" ]
+  for _ in $(seq 600); do [ -s "$ATTACK/holding" ] && break; sleep 0.1; done
+  for f in huge forged refused holding over; do echo "$f: $(cat "$ATTACK/$f" 2>/dev/null)"; done
+  [ -s "$ATTACK/holding" ]
   # A line over the limit: one error line, the connection closed.
-  grep -q '^error reading the request: longer than 65536 bytes$' "$WORK/attack/huge"
+  grep -q '^error reading the request: longer than 65536 bytes$' "$ATTACK/huge"
   # A forged uid is not who the server thinks asked: the log has the attacker's uid, never 0.
-  grep -q '^error ' "$WORK/attack/forged"
+  grep -q '^error ' "$ATTACK/forged"
   grep -q "stage-server: uid $(id -u "$ATTACKER") (pid [0-9]*): $REG/gantry-test/tiny@sha256:0000" "$WORK/server.log"
   ! grep -q "stage-server: uid 0 " "$WORK/server.log" || false
   # A private image with credentials the registry refuses: the registry's answer, and nothing stored.
-  grep -q '^error .*\(401\|unauthorized\|UNAUTHORIZED\|denied\)' "$WORK/attack/refused"
+  grep -q '^error .*: authentication to .* failed' "$ATTACK/refused"
   ! stored_record "$tiny" || false
   # The attacker holds as many silent connections as one uid may: one more is refused at once.
-  grep -q '^error the stage server is busy (too many requests of yours at once)' "$WORK/attack/over"
+  grep -q '^error the stage server is busy (too many requests of yours at once)' "$ATTACK/over"
 
   # Meanwhile another user's request is read, pulled as the store account and answered.
   run as_user timeout 120 env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage "$REG/gantry-test/$name"
@@ -433,10 +437,10 @@ JOB
   [ "$output" = "$digest" ]
   stored_record "$digest"
   # ... while the attacker's silent connections were still open (the server had not given up on them).
-  touch "$WORK/attack/release"
+  touch "$ATTACK/release"
   wait "$attacker"
-  cat "$WORK/attack/held"
-  [ "$(cat "$WORK/attack/held")" -eq 3 ]
+  cat "$ATTACK/held"
+  [ "$(cat "$ATTACK/held")" -eq 3 ]
   cat "$WORK/server.log"
   # images/ holds only published entries (record, layers), every one the store account's and
   # writable by nobody else: the pulls write in staging/ and rename into images/.
@@ -460,4 +464,12 @@ JOB
   [ "$status" -eq 1 ]
   echo "$output" | grep -q "^gantry: stage-server: runs as store_owner '$OWNER', not as '$ATTACKER'"
   [ ! -e "$WORK/s.sock" ]
+  # Without store_owner there is no trusted store for it to fill.
+  sed -i '/^store_owner/d' "$GANTRY_HARNESS_DIR/gantry.conf"
+  run setpriv --reuid "$OWNER" --regid "$OWNER" --init-groups env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" \
+    "$GANTRY_TEST_GANTRY" stage-server --socket "$GANTRY_HARNESS_DIR/no-owner.sock"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  echo "$output" | grep -q "^gantry: stage-server: gantry.conf sets no store_path and store_owner"
+  [ ! -e "$GANTRY_HARNESS_DIR/no-owner.sock" ]
 }
