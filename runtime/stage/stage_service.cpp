@@ -172,7 +172,14 @@ Result<std::string> send_stage_request(const std::string& socket_path, const Sta
         if (errno == EAGAIN) return make_error(what + " is busy (its backlog is full)");
         return system_error("connecting to " + what);
     }
-    GANTRY_TRY(write_before(fd.get(), encode_stage_request(request), end, "sending the request to " + what));
+    if (auto sent = write_before(fd.get(), encode_stage_request(request), end, "sending the request to " + what);
+        !sent) {
+        // A server at its limits answers and closes without reading: its line says why.
+        auto said = read_line(fd.get(), kMaxStageRequestBytes, Clock::now() + std::chrono::seconds(1), what);
+        if (!said) return sent.error();
+        if (!wait_for_answer) return make_error(what + ": " + *said);
+        return said;
+    }
     ::shutdown(fd.get(), SHUT_WR);
     if (!wait_for_answer) return std::string();
     return read_line(fd.get(), kMaxStageRequestBytes, end, "reading the answer of " + what);
@@ -205,6 +212,10 @@ Result<int> listen_on_stage_socket(const std::string& path) {
 Status serve_stage_requests(const StageServerOptions& o) {
     // A client that went away before its answer must not end a child (or us) with SIGPIPE.
     ::signal(SIGPIPE, SIG_IGN);
+    // Non-blocking accept: a connection that poll announced and the client aborted before accept must
+    // not leave the loop blocked until the next one arrives.
+    if (int flags = ::fcntl(o.listen_fd, F_GETFL); flags < 0 || ::fcntl(o.listen_fd, F_SETFL, flags | O_NONBLOCK) != 0)
+        return system_error("making the stage socket non-blocking");
     std::map<pid_t, uid_t> children;
     auto running_for = [&](uid_t uid) {
         unsigned n = 0;
