@@ -248,8 +248,9 @@ const Registration reg_stage(
       "then pulls that digest into the store, as gantry pull does, and prints '<digest> <path>'. With\n"
       "--background it prints the digest and returns while the pull goes on. For CI pipelines and job\n"
       "scripts that want an image stored before the job that uses it starts; sbatch and salloc do\n"
-      "this themselves at submit time (gantry.conf stage_at_submit). Exit status 3: the registry\n"
-      "could not be asked from this host."},
+      "this themselves at submit time (gantry.conf stage_at_submit). A trusted store you cannot write\n"
+      "is filled by the login nodes' stage server (gantry.conf stage_socket), which pulls with your\n"
+      "credentials as the store account. Exit status 3: the registry could not be asked from this host."},
      define_stage});
 
 }  // namespace

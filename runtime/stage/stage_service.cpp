@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -85,7 +86,9 @@ Status write_before(int fd, std::string_view data, Clock::time_point end, const 
 // The answer is one short line: the socket's buffer takes it at once, and a client that has gone (or
 // that never reads) costs nothing.
 void answer(int fd, const std::string& line) {
-    std::string text = line + "\n";
+    std::string text = line;
+    std::replace(text.begin(), text.end(), '\n', ' ');  // one line, whatever a registry's message held
+    text += "\n";
     (void)!::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
