@@ -473,3 +473,32 @@ JOB
   echo "$output" | grep -q "^gantry: stage-server: gantry.conf sets no store_path and store_owner"
   [ ! -e "$GANTRY_HARNESS_DIR/no-owner.sock" ]
 }
+
+@test "stage server under socket activation (as the packaged gantry-stage.socket starts it) serves the socket it was handed" {
+  command -v systemd-socket-activate >/dev/null || skip "systemd-socket-activate (systemd) is not installed"
+  SOCKDIR="$GANTRY_HARNESS_DIR/stage-$$"
+  SOCK="$SOCKDIR/stage.sock"
+  rm -rf "$SOCKDIR"
+  install -d -o "$OWNER" -g "$OWNER" -m 0755 "$SOCKDIR"
+  write_conf "$REG" "stage_socket = $SOCK"
+  # systemd's stand-in: it listens, and on the first connection execs the server (as the account) with
+  # the socket as descriptor 3 (LISTEN_FDS); the server is given no --socket.
+  # (env without -i: LISTEN_PID and LISTEN_FDS must reach it.)
+  systemd-socket-activate -l "$SOCK" setpriv --reuid "$OWNER" --regid "$OWNER" --init-groups \
+    env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage-server \
+    >"$WORK/server.log" 2>&1 3>&- &
+  SERVER_PID=$!
+  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  [ -S "$SOCK" ]
+  chmod 0666 "$SOCK"   # the unit's SocketMode
+  name="tactivated-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name")
+  run as_user timeout 120 env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage "$REG/gantry-test/$name"
+  echo "$output"
+  cat "$WORK/server.log"
+  [ "$status" -eq 0 ]
+  [ "$output" = "$digest" ]
+  stored_record "$digest"
+  [ "$(stat -c %U "$TSTORE/images/${digest#sha256:}.json")" = "$OWNER" ]
+  [ "$(ps -o uid= -p "$SERVER_PID" | tr -d ' ')" = "$(id -u "$OWNER")" ]
+}
