@@ -65,6 +65,16 @@ install(FILES ${_pkg_out}/apparmor-gantry DESTINATION ${GANTRY_INSTALL_SYSCONFDI
 install(FILES ${_pkg}/tmpfiles/gantry.conf DESTINATION lib/tmpfiles.d
         PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 
+# The login nodes' stage server for a trusted store (docs/admin.md, "Staging into a trusted store"): a
+# socket and a service unit, never enabled by the package (the admin enables the socket on login nodes).
+# A build for another bindir gets its own CLI path written in.
+file(READ ${_pkg}/systemd/gantry-stage.service _stage_service)
+string(REPLACE "/usr/bin/gantry" "${CMAKE_INSTALL_FULL_BINDIR}/gantry" _stage_service "${_stage_service}")
+file(WRITE ${_pkg_out}/gantry-stage.service "${_stage_service}")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_pkg}/systemd/gantry-stage.service)
+install(FILES ${_pkg_out}/gantry-stage.service ${_pkg}/systemd/gantry-stage.socket DESTINATION lib/systemd/system
+        PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+
 # bash completion (verbs, options, stored images), where bash-completion loads it on first use.
 install(FILES ${_pkg}/completion/gantry DESTINATION share/bash-completion/completions
         PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
@@ -164,7 +174,8 @@ set(CPACK_RPM_USER_FILELIST
 # Directories other packages own: the RPM must not claim them.
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
     ${GANTRY_INSTALL_SYSCONFDIR}/slurm ${GANTRY_INSTALL_SYSCONFDIR}/slurm/plugstack.conf.d ${GANTRY_INSTALL_SYSCONFDIR}/apparmor.d
-    ${CMAKE_INSTALL_PREFIX}/lib/tmpfiles.d ${CMAKE_INSTALL_FULL_LIBDIR} ${_plugin_dir}
+    ${CMAKE_INSTALL_PREFIX}/lib/tmpfiles.d ${CMAKE_INSTALL_PREFIX}/lib/systemd ${CMAKE_INSTALL_PREFIX}/lib/systemd/system
+    ${CMAKE_INSTALL_FULL_LIBDIR} ${_plugin_dir}
     ${CMAKE_INSTALL_FULL_LIBEXECDIR} ${CMAKE_INSTALL_FULL_MANDIR} ${CMAKE_INSTALL_FULL_MANDIR}/man1
     ${CMAKE_INSTALL_FULL_MANDIR}/man5 ${CMAKE_INSTALL_FULL_DATAROOTDIR}/doc)
 

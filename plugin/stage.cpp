@@ -1,7 +1,8 @@
 // sbatch and salloc (the allocator context, as the submitting user): the job's image is resolved and
 // staged while the job waits in the queue (docs/user.md, "Staged while the job waits"). All the work
 // is `gantry stage --at-submit IMAGE` (runtime/cli/stage.cpp): it resolves the tag with the user's
-// credentials, starts the pull into the shared store in a detached process of its own, and prints the
+// credentials, starts the pull into the shared store in a detached process of its own (or, for a
+// trusted store, hands it to the login node's stage server, gantry.conf stage_socket), and prints the
 // digest, which the job's steps then run. Here: Slurm glue, and one line on the user's terminal when
 // the registry says the image cannot be had, which fails the submission before a job id is allocated.
 #include <unistd.h>

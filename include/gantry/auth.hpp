@@ -64,6 +64,16 @@ CredentialLookup default_credential_lookup();
 CredentialLookup default_credential_fallback();
 std::string default_credential_sources();
 
+// The credential hand-over (docs/store.md, "Trusted shared store"): a user's credentials for one
+// registry, as one JSON object ({} when there are none), from a process of the user's to a pull run by
+// the store account (a node's plugin, the login nodes' stage server). One format for every hand-over;
+// the receiving pull uses exactly these credentials, for that registry only, and nothing of its own.
+std::string encode_credential_hand_over(const std::string& registry, const std::optional<Credentials>& found);
+// The registry a hand-over is for ("" for {}), or why it is no hand-over.
+Result<std::string> credential_hand_over_registry(const std::string& text);
+// The lookup a receiving pull uses: the handed-over credentials for their registry, nothing elsewhere.
+Result<CredentialLookup> decode_credential_hand_over(const std::string& text);
+
 namespace auth {
 
 // ---- Building blocks, public for the registry client and the unit tests.

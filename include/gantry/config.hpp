@@ -58,6 +58,11 @@ struct Config {
     // submitting host and the user may write it; `yes` also stages into the per-user store when
     // store_path is unset; `no` does nothing at submit.
     std::string stage_at_submit = "auto";
+    // The login nodes' stage server (`gantry stage-server`, run by store_owner; docs/admin.md "Staging
+    // into a trusted store"): with a trusted store, sbatch/salloc and `gantry stage` hand the pull of the
+    // resolved digest, with the user's credentials, to the server at this Unix socket. Empty (the
+    // default): off, and a trusted store is filled by the nodes when the job's first step starts.
+    std::string stage_socket;
     // Node-local runtime state: container records, locks, mount points. Must not be shared storage.
     std::string runtime_path = "/run/gantry";
     // Node-local scratch for writable upper layers and the `extract` backend.

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
 
 #include "gantry/digest.hpp"
@@ -55,6 +56,14 @@ Result<unsigned long long> parse_size(const std::string& text) {
 
 Result<Config> load_config() {
     return load_default_config();
+}
+
+std::string self_program() {
+    std::string path(PATH_MAX, '\0');
+    ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
+    if (n <= 0) return {};
+    path.resize(static_cast<size_t>(n));
+    return path;
 }
 
 Result<ImageStore> open_store(const Config& config, const std::string& store_option, bool create) {

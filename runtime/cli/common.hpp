@@ -27,6 +27,9 @@ Result<long long> parse_duration(const std::string& text);
 Result<unsigned long long> parse_size(const std::string& text);
 
 Result<Config> load_config();
+
+// This program's own path (/proc/self/exe), to re-execute a verb of it (stage runs pull); "" if unknown.
+std::string self_program();
 Result<ImageStore> open_store(const Config& config, const std::string& store_option, bool create);
 
 // What a container needs from an IMAGE operand.

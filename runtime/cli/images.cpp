@@ -88,50 +88,18 @@ Result<int> parse_fd(const std::string& option, const std::string& text) {
     return static_cast<int>(n);
 }
 
-// The credential hand-over between the two halves of a pull into a trusted store (plugin/step.cpp):
-// the job user's half (--resolve-only --credentials-out-fd) resolves the reference with the user's own
-// credentials -- the registry authorises the user -- and writes the credentials it used as one JSON
-// object ({} when the registry needed none) to the descriptor; the store owner's half
-// (--credentials-fd) reads exactly that and uses nothing else, never the store account's own files.
-// Secrets travel only through the inherited pipe: never argv, the environment or a file.
-nlohmann::json credentials_to_json(const ImageReference& ref, const std::optional<Credentials>& c) {
-    if (!c) return nlohmann::json::object();
-    return {{"registry", ref.registry},
-            {"username", c->username},
-            {"password", c->password},
-            {"identity_token", c->identity_token},
-            {"source", c->source}};
-}
-
-Result<CredentialLookup> credentials_from_json(const std::string& text) {
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-        return make_error("--credentials-fd: the handed-over credentials are not a JSON object");
-    if (j.empty()) return CredentialLookup([](const ImageReference&) { return std::optional<Credentials>(); });
-    Credentials c;
-    std::string registry;
-    try {
-        registry = j.at("registry").get<std::string>();
-        c.username = j.value("username", "");
-        c.password = j.value("password", "");
-        c.identity_token = j.value("identity_token", "");
-        c.source = j.value("source", "") + " (the job user's, handed over by the plugin)";
-    } catch (const nlohmann::json::exception&) {
-        return make_error("--credentials-fd: the handed-over credentials name no registry");
-    }
-    // Only for the registry the user's half resolved against: the pull never goes anywhere else with them.
-    return CredentialLookup([c, registry](const ImageReference& r) {
-        return r.registry == registry ? std::optional<Credentials>(c) : std::nullopt;
-    });
-}
-
+// The credential hand-over between the two halves of a pull into a trusted store (plugin/pull.cpp):
+// the job user's half (--credentials-only --credentials-out-fd) looks up the user's own credentials and
+// writes them in the one hand-over format (encode_credential_hand_over, auth.hpp) to the descriptor;
+// the store owner's half (--credentials-fd) reads exactly that and uses nothing else, never the store
+// account's own files. Secrets travel only through the inherited pipe: never argv, the environment or a file.
 // The job user's half: look up, with the user's identity and files, the credentials for the image's
 // registry and hand them to the descriptor ({} when there are none). No registry request and no store
 // access: the store owner's half resolves the reference with them, so the registry's yes/no and the
 // digest come from a process the job user cannot tamper with.
 int credentials_only(const ImageReference& ref, int out_fd) {
     std::optional<Credentials> found = default_credential_lookup()(ref);
-    std::string payload = credentials_to_json(ref, found).dump();
+    std::string payload = encode_credential_hand_over(ref.registry, found);
     if (auto sent = write_all(out_fd, payload, "handing over the credentials"); !sent) return fail(sent.error());
     ::close(out_fd);
     return 0;
@@ -216,11 +184,11 @@ int cmd_pull(const PullArgs& a) {
         if (!fd) return finish_usage(fd.error());
         auto text = read_fd_to_end(*fd);
         if (!text) return finish(PullErrorKind::usage, text.error());
-        auto lookup = credentials_from_json(*text);
-        if (!lookup) return finish(PullErrorKind::usage, lookup.error());
+        auto lookup = decode_credential_hand_over(*text);
+        if (!lookup) return finish(PullErrorKind::usage, lookup.error().wrap("--credentials-fd"));
         opts.credentials = std::move(*lookup);
         opts.registry_authorizes = true;  // the job user's credentials, checked at the registry every time
-        opts.credential_sources = "the job user's credentials handed over by the plugin (" +
+        opts.credential_sources = "the user's credentials handed over to the store account (" +
                                   std::string(*text == "{}" ? "none" : "for one registry") + ")";
     }
     auto store = open_store(*config, store_opt.value_or(""), true);
@@ -451,7 +419,7 @@ VerbRunner define_pull(CLI::App& app) {
                  "gantry.conf sets layered_images = no");
     // Hidden (group ""): the plugin's side of a pull (plugin/pull.cpp): the typed report
     // (include/gantry/pull_report.hpp) and the two halves of a pull into a trusted store (see
-    // credentials_to_json).
+    // encode_credential_hand_over in auth.hpp).
     a->report_opt = app.add_option("--report-fd", a->report_fd)->group("");
     app.add_flag("--whole", a->whole)->group("");
     app.add_flag("--credentials-only", a->credentials_only)->group("");

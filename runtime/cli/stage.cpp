@@ -5,10 +5,13 @@
 //
 // The plugin runs `gantry stage --at-submit IMAGE` from sbatch/salloc (docs/user.md, "Staged while
 // the job waits"): gantry.conf's stage_at_submit then decides whether this host stages at all, and
-// the resolved digest on stdout is what the job's steps run.
+// the resolved digest on stdout is what the job's steps run. A trusted store the caller cannot write is
+// staged by the login node's stage server (gantry stage-server, stage_server.cpp), when gantry.conf
+// names its socket (stage_socket): the request and the caller's credentials are handed to it.
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <csignal>
 #include <cstdio>
@@ -18,11 +21,14 @@
 
 #include "command.hpp"
 #include "common.hpp"
+#include "gantry/auth.hpp"
 #include "gantry/digest.hpp"
 #include "gantry/log.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/registry.hpp"
 #include "gantry/spawn.hpp"
+#include "gantry/stage_service.hpp"
+#include "gantry/strings.hpp"
 
 extern char** environ;
 
@@ -49,20 +55,19 @@ bool final_no(const Error& e) {
     return e.http_status == 404 || e.http_status == 401 || e.http_status == 403;
 }
 
-std::string self_program() {
-    std::string path(PATH_MAX, '\0');
-    ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
-    if (n <= 0) return {};
-    path.resize(static_cast<size_t>(n));
-    return path;
-}
-
 // Where this caller's pull would write, or why it would not (a sentence for --at-submit's note). With
 // --at-submit, gantry.conf's stage_at_submit decides: `auto` stages only into a configured store_path
 // (shared storage the nodes read too), `yes` also into the per-user store. Either way the store must
 // be there already (a login node without the shared file system mounted stages nothing, and says
-// nothing) and writable by the caller: a trusted store is filled by its account, on the nodes.
-Result<std::string> store_to_fill(const Config& config, const StageArgs& a) {
+// nothing) and writable by the caller, or a trusted store with a stage server (gantry.conf
+// stage_socket) that fills it as the store account (`via_server`); without one, a trusted store is
+// filled by its account on the nodes.
+struct StoreToFill {
+    std::string root;
+    bool via_server = false;
+};
+
+Result<StoreToFill> store_to_fill(const Config& config, const StageArgs& a) {
     const std::string root = ImageStore::resolve_path(config, a.store);
     if (a.at_submit && a.store.empty()) {
         if (config.stage_at_submit == "no") return make_error("stage_at_submit = no");
@@ -74,11 +79,49 @@ Result<std::string> store_to_fill(const Config& config, const StageArgs& a) {
     }
     auto store = ImageStore::open(root, true, config);
     if (!store) return store.error();
-    if (store->trusted(config) && ::access(root.c_str(), W_OK) != 0)
+    if (store->trusted(config) && ::access(root.c_str(), W_OK) != 0) {
+        // The stage server pulls into store_path only: another store named here is not its business.
+        if (!config.stage_socket.empty() && root == config.store_path) return StoreToFill{root, true};
         return make_error("the trusted store " + root + " is filled by its account (" +
                           (config.store_owner.empty() ? std::string("root") : config.store_owner) +
                           ") when the job's first step starts");
-    return root;
+    }
+    return StoreToFill{root, false};
+}
+
+// A trusted store the caller cannot write: the stage server (gantry stage-server, run by the store
+// account) pulls `pinned` with the caller's credentials for its registry, in the one hand-over format
+// the nodes use. --background and --at-submit return once the request is handed over (the pull goes
+// on in the server; if it fails, the job's first step pulls and shows why); otherwise the server's
+// answer decides.
+int hand_to_stage_server(const StageArgs& a, const Config& config, const ImageReference& ref,
+                         const std::string& pinned) {
+    StageRequest request;
+    request.image = ref.digest.empty() ? a.image + "@" + pinned : a.image;
+    request.credentials = encode_credential_hand_over(ref.registry, default_credential_lookup()(ref));
+    const bool wait = !a.background && !a.at_submit;
+    const auto deadline = wait ? std::chrono::milliseconds(std::chrono::seconds(*parse_duration(a.deadline)))
+                               : std::chrono::milliseconds(5000);
+    auto said = send_stage_request(config.stage_socket, request, wait, deadline);
+    if (!said) {
+        if (!a.at_submit) return fail(said.error().wrap("stage: " + a.image));
+        log::warning("stage: " + said.error().message + " (the job's first step pulls the image)");
+        std::printf("%s\n", pinned.c_str());
+        return 0;
+    }
+    if (!wait) {
+        if (!a.quiet && !a.at_submit)
+            log::info("stage: " + a.image + ": handed to the stage server at " + config.stage_socket);
+        std::printf("%s\n", pinned.c_str());
+        return 0;
+    }
+    if (starts_with(*said, "ok ")) {
+        std::printf("%s\n", said->substr(3).c_str());
+        return 0;
+    }
+    std::string why = starts_with(*said, "error ") ? said->substr(6) : *said;
+    log::error(import_failed(a.image) + ": " + why + " (the stage server at " + config.stage_socket + ")");
+    return kFailed;
 }
 
 // The pull itself: this process becomes `gantry pull` of the digest (the tag recorded as resolved to
@@ -166,8 +209,9 @@ int cmd_stage(const StageArgs& a) {
         std::printf("%s\n", pinned.c_str());
         return 0;
     }
+    if (store->via_server) return hand_to_stage_server(a, *config, *ref, pinned);
     if (a.background || a.at_submit) {
-        if (auto st = start_in_background(a, *store, digest); !st) {
+        if (auto st = start_in_background(a, store->root, digest); !st) {
             if (!a.at_submit) return fail(st.error());
             log::warning(st.error().message + " (the job's first step pulls the image)");
         }
@@ -175,7 +219,7 @@ int cmd_stage(const StageArgs& a) {
         return 0;
     }
     std::fflush(stdout);
-    return exec_pull(a, *store, digest);
+    return exec_pull(a, store->root, digest);
 }
 
 VerbRunner define_stage(CLI::App& app) {
@@ -204,8 +248,9 @@ const Registration reg_stage(
       "then pulls that digest into the store, as gantry pull does, and prints '<digest> <path>'. With\n"
       "--background it prints the digest and returns while the pull goes on. For CI pipelines and job\n"
       "scripts that want an image stored before the job that uses it starts; sbatch and salloc do\n"
-      "this themselves at submit time (gantry.conf stage_at_submit). Exit status 3: the registry\n"
-      "could not be asked from this host."},
+      "this themselves at submit time (gantry.conf stage_at_submit). A trusted store you cannot write\n"
+      "is filled by the login nodes' stage server (gantry.conf stage_socket), which pulls with your\n"
+      "credentials as the store account. Exit status 3: the registry could not be asked from this host."},
      define_stage});
 
 }  // namespace

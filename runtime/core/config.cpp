@@ -180,6 +180,13 @@ const std::map<std::string, Setter>& setters() {
              c.stage_at_submit = v;
              return {};
          }},
+        {"stage_socket",
+         [](Config& c, const std::string& v) -> Status {
+             if (!v.empty() && v[0] != '/') return make_error("expected an absolute path, got '" + v + "'");
+             if (v.size() > 107) return make_error("a Unix socket's path has at most 107 characters");
+             c.stage_socket = v;
+             return {};
+         }},
         {"pytorch", bool_key(&Config::pytorch)},
         {"container_writable", optional_bool_key(&Config::container_writable)},
         {"container_remap_root", optional_bool_key(&Config::container_remap_root)},

@@ -42,7 +42,7 @@ teardown() {
 as_user() { runuser -u "$TUSER" -- env -C "$T" HOME="$T/home" GANTRY_CONFIG="$GANTRY_CONFIG" XDG_RUNTIME_DIR= "$@"; }
 
 @test "--help and -h on every verb print its usage to stdout and exit 0; gantry --help lists the verbs" {
-  for verb in run pull stage import export images inspect rm gc exec stop ps doctor; do
+  for verb in run pull stage stage-server import export images inspect rm gc exec stop ps doctor; do
     for flag in --help -h; do
       run --separate-stderr "$GANTRY" "$verb" "$flag"
       echo "$verb $flag: $status: $output / $stderr"
@@ -73,13 +73,13 @@ as_user() { runuser -u "$TUSER" -- env -C "$T" HOME="$T/home" GANTRY_CONFIG="$GA
   echo "$output" | grep -q -- '-e, --env NAME=VALUE'
   run --separate-stderr "$GANTRY" --help
   [ "$status" -eq 0 ]
-  for verb in run pull stage import export images inspect rm gc exec stop ps doctor version; do
+  for verb in run pull stage stage-server import export images inspect rm gc exec stop ps doctor version; do
     echo "$output" | grep -q "^  $verb" || { echo "gantry --help lacks $verb"; return 1; }
   done
 }
 
 @test "usage errors: image verbs and doctor exit 2 with one line naming the verb; run exits 125" {
-  for verb in pull stage import export images inspect rm gc doctor; do
+  for verb in pull stage stage-server import export images inspect rm gc doctor; do
     run "$GANTRY" "$verb" --no-such-option
     echo "$verb: $status: $output"
     [ "$status" -eq 2 ]

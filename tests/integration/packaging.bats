@@ -31,7 +31,8 @@ setup_file() {
     ./etc/gantry/gantry.conf ./etc/slurm/plugstack.conf.d/gantry.conf ./usr/lib/tmpfiles.d/gantry.conf \
     ./usr/share/man/man1/gantry.1.gz ./usr/share/man/man5/gantry.conf.5.gz ./usr/share/doc/gantry/copyright \
     ./usr/share/doc/gantry/changelog.gz ./usr/share/doc/gantry/admin.md ./usr/share/bash-completion/completions/gantry \
-    ./usr/libexec/gantry/gantry-holder ./etc/apparmor.d/gantry ./usr/share/man/man1/enroot.1.gz; do
+    ./usr/libexec/gantry/gantry-holder ./etc/apparmor.d/gantry ./usr/share/man/man1/enroot.1.gz \
+    ./usr/lib/systemd/system/gantry-stage.socket ./usr/lib/systemd/system/gantry-stage.service; do
     echo "$output" | grep -q " $f\$" || { echo "missing $f"; return 1; }
   done
   # `enroot` is the CLI under Enroot's name (runtime/cli/enroot.cpp), in Enroot's package's place.
@@ -78,7 +79,7 @@ setup_file() {
   [ "$status" -eq 0 ]
   for f in /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_gantry.so /usr/bin/gantry /etc/gantry/gantry.conf \
     /etc/slurm/plugstack.conf.d/gantry.conf /usr/lib/tmpfiles.d/gantry.conf /usr/share/man/man5/gantry.conf.5.gz \
-    /etc/apparmor.d/gantry /usr/bin/enroot /usr/share/man/man1/enroot.1.gz; do
+    /etc/apparmor.d/gantry /usr/bin/enroot /usr/share/man/man1/enroot.1.gz /usr/lib/systemd/system/gantry-stage.socket; do
     echo "$output" | grep -qx "$f" || { echo "missing $f"; return 1; }
   done
   run rpm -qp --conflicts "$RPM"

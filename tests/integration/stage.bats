@@ -21,9 +21,12 @@ as_user() {
 }
 
 # stored DIGEST: whether the shared store lists DIGEST (as the test user sees it).
+# A store not made yet (no images/ in a fresh harness) holds nothing: `gantry images` fails there, and
+# jq -e on no input would say yes.
 stored() {
-  as_user env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" "$GANTRY_TEST_GANTRY" images --format json |
-    jq -e --arg d "$1" 'any(.[]; .digest == $d)' >/dev/null
+  local json
+  json=$(as_user env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" "$GANTRY_TEST_GANTRY" images --format json) || return 1
+  echo "$json" | jq -e --arg d "$1" 'any(.[]; .digest == $d)' >/dev/null
 }
 
 @test "sbatch with a cold image, held behind a job that holds every node: the image is stored before the job starts, whose step fetches no blob" {

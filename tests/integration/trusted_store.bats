@@ -20,6 +20,7 @@ setup() {
   WORK=$(mktemp -d "$GANTRY_TEST_FSX/trusted-test.XXXXXX")
   chown "$U" "$WORK"
   REG_PID=
+  SERVER_PID=
   # A dedicated unprivileged system account owns the store, as an admin would set it up.
   id -u "$OWNER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$OWNER"
   # Below /var/lib: every ancestor is root-owned and not writable by others, which the kernel
@@ -32,6 +33,11 @@ setup() {
 
 teardown() {
   [ -z "$REG_PID" ] || { kill "$REG_PID" 2>/dev/null || true; }
+  [ -z "${BLOCKER:-}" ] || scancel "$BLOCKER" 2>/dev/null || true
+  [ -z "${JOB:-}" ] || scancel "$JOB" 2>/dev/null || true
+  [ -z "$SERVER_PID" ] || { kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; }
+  [ -z "${SOCKDIR:-}" ] || rm -rf "$SOCKDIR"
+  [ -z "${ATTACK:-}" ] || rm -rf "$ATTACK"
   release_kernel_mounts
   # The node's remembered registry answers for this test's image (gantry.conf authorization_cache_seconds).
   [ -z "${digest:-}" ] || in_node sh -c "rm -f /run/gantry/authorized/*-${digest#sha256:}" || true
@@ -92,6 +98,33 @@ docker_config() {
     "$(printf '%s:%s' "$GANTRY_TEST_REGISTRY_USER" "$1" | base64 -w0)" >"$WORK/home/.docker/config.json"
   chmod 600 "$WORK/home/.docker/config.json"
   chown -R "$U" "$WORK/home"
+}
+
+# start_stage_server [OPTION...]: the login node's stage server (gantry stage-server, docs/admin.md
+# "Staging into a trusted store") as the store account, never root, on a socket in a directory of the
+# account's in this harness's own dir (never a host service); gantry.conf names the socket (written
+# before the server reads it). SOCK, SOCKDIR, SERVER_PID; its log in $WORK/server.log.
+start_stage_server() {
+  SOCKDIR="$GANTRY_HARNESS_DIR/stage-$$"
+  SOCK="$SOCKDIR/stage.sock"
+  rm -rf "$SOCKDIR"
+  install -d -o "$OWNER" -g "$OWNER" -m 0755 "$SOCKDIR"
+  write_conf "$REG" "stage_socket = $SOCK" "${STAGE_CONF[@]}"
+  # setpriv execs the server itself (SERVER_PID is the server); fd 3 closed: bats waits for its holders.
+  setpriv --reuid "$OWNER" --regid "$OWNER" --init-groups env -i PATH=/usr/bin:/bin HOME=/ \
+    GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage-server --socket "$SOCK" "$@" \
+    >"$WORK/server.log" 2>&1 3>&- &
+  SERVER_PID=$!
+  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  cat "$WORK/server.log"
+  [ -S "$SOCK" ]
+  [ "$(stat -c '%U %a' "$SOCK")" = "$OWNER 666" ]
+  [ "$(ps -o uid= -p "$SERVER_PID" | tr -d " ")" = "$(id -u "$OWNER")" ]
+}
+
+# stored_record DIGEST: the trusted store's record of DIGEST, when it is there.
+stored_record() {
+  [ -f "$TSTORE/images/${1#sha256:}.json" ]
 }
 
 @test "srun into a trusted store (whole images, layered_images = no): pulled as the store account, kernel-mounted, one loop mount shared by concurrent steps" {
@@ -318,4 +351,154 @@ manifests_granted() {
   for i in $(seq 50); do [ -z "$(sinfo -h -o '%t' | grep -v '^idle$')" ] && break; sleep 0.2; done
   sinfo -h -o '%t'
   [ -z "$(sinfo -h -o '%t' | grep -v '^idle$')" ]
+}
+
+@test "stage server: sbatch with a cold image, held behind a job that holds every node, finds it in the trusted store before it starts; its step fetches no blob" {
+  STAGE_CONF=()
+  start_stage_server
+  name="tstaged-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name")
+  nblobs=$(gantry_blob_digests "$name" | wc -l)
+  gets=$(gantry_blob_gets "$name")
+  ! stored_record "$digest" || false
+  # The submitting user cannot write the store: only the server (the store account) can fill it.
+  ! runuser -u "$U" -- touch "$TSTORE/images/probe" 2>/dev/null || false
+  nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
+  BLOCKER=$(as_user sbatch --parsable -N"$nodes" --exclusive -o /dev/null --wrap 'sleep 600')
+  for ((i = 0; i < 100; i++)); do [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ] && break; sleep 0.1; done
+  [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ]
+  cat > "$WORK/job.sh" <<JOB
+#!/bin/sh
+#SBATCH --container-image=$REG/gantry-test/$name
+#SBATCH -N1
+#SBATCH -w $NODE
+echo "ran \$GANTRY_CONTAINER_IMAGE_DIGEST \$(cut -d' ' -f1 /unique/id)"
+JOB
+  chown "$U" "$WORK/job.sh"
+  JOB=$(as_user sbatch --parsable -o "$WORK/job.out" "$WORK/job.sh")
+  [ -n "$JOB" ]
+  # The server stores the image while the job is pending: complete, the store account's, read-only.
+  for ((i = 0; i < 600; i++)); do stored_record "$digest" && break; sleep 0.2; done
+  cat "$WORK/server.log"
+  stored_record "$digest"
+  [ "$(squeue -h -j "$JOB" -o %T)" = PENDING ]
+  [ "$(stat -c %U "$TSTORE/images/${digest#sha256:}.json")" = "$OWNER" ]
+  sleep 1   # the registry logs a request after answering it
+  echo "blob GETs at submit: $(($(gantry_blob_gets "$name") - gets)) for $nblobs blobs"
+  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
+  scancel "$BLOCKER"
+  for ((i = 0; i < 900; i++)); do [ -z "$(squeue -h -j "$JOB")" ] && break; sleep 0.2; done
+  cat "$WORK/job.out"
+  grep -qx "ran $digest $name" "$WORK/job.out"
+  sleep 1
+  # The job's step found it stored: not one blob more.
+  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
+  # The server's log names the submitting user by the uid the kernel gave it, and the digest pulled.
+  cat "$WORK/server.log"
+  grep -q "stage-server: uid $(id -u "$U") (pid [0-9]*): $REG/gantry-test/$name@$digest: ok $digest" "$WORK/server.log"
+}
+
+@test "stage server as an attacker sees it: silent, oversized and forged requests stall nobody, the registry's no holds, the store gains only complete images" {
+  STAGE_CONF=("ca_bundle = $GANTRY_TEST_REGISTRY_CA")
+  # A read deadline longer than the victim's whole wait: a server that served one client at a time
+  # could not answer the victim while the attacker's silent connections are open.
+  start_stage_server --read-timeout 300 --max-per-user 3
+  name="tattack-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name")
+  tiny=$(curl -fsS -o /dev/null -w '%header{docker-content-digest}' -H "Accept: $GANTRY_MANIFEST_ACCEPT" \
+    "http://$GANTRY_TEST_REGISTRY_HTTP/v2/gantry-test/tiny/manifests/latest")
+  # The attacker's own directory ($WORK is the test user's, 0700).
+  ATTACK=$(mktemp -d "$GANTRY_TEST_FSX/stage-attack.XXXXXX")
+  cp "$BATS_TEST_DIRNAME/stage_attacker.py" "$ATTACK/attack.py"
+  chown -R "$ATTACKER" "$ATTACK"
+  runuser -u "$ATTACKER" -- python3 "$ATTACK/attack.py" "$SOCK" "$ATTACK" \
+    "$REG/gantry-test/tiny@sha256:$(printf '0%.0s' $(seq 64))" \
+    "$GANTRY_TEST_REGISTRY_TLS/gantry-test/tiny@$tiny" "$GANTRY_TEST_REGISTRY_TLS" 3 3>&- &
+  attacker=$!
+  for _ in $(seq 600); do [ -s "$ATTACK/holding" ] && break; sleep 0.1; done
+  for f in huge forged refused holding over; do echo "$f: $(cat "$ATTACK/$f" 2>/dev/null)"; done
+  [ -s "$ATTACK/holding" ]
+  # A line over the limit: one error line, the connection closed.
+  grep -q '^error reading the request: longer than 65536 bytes$' "$ATTACK/huge"
+  # A forged uid is not who the server thinks asked: the log has the attacker's uid, never 0.
+  grep -q '^error ' "$ATTACK/forged"
+  grep -q "stage-server: uid $(id -u "$ATTACKER") (pid [0-9]*): $REG/gantry-test/tiny@sha256:0000" "$WORK/server.log"
+  ! grep -q "stage-server: uid 0 " "$WORK/server.log" || false
+  # A private image with credentials the registry refuses: the registry's answer, and nothing stored.
+  grep -q '^error .*: authentication to .* failed' "$ATTACK/refused"
+  ! stored_record "$tiny" || false
+  # The attacker holds as many silent connections as one uid may: one more is refused at once.
+  grep -q '^error the stage server is busy (too many requests of yours at once)' "$ATTACK/over"
+
+  # Meanwhile another user's request is read, pulled as the store account and answered.
+  run as_user timeout 120 env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage "$REG/gantry-test/$name"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [ "$output" = "$digest" ]
+  stored_record "$digest"
+  # ... while the attacker's silent connections were still open (the server had not given up on them).
+  touch "$ATTACK/release"
+  wait "$attacker"
+  cat "$ATTACK/held"
+  [ "$(cat "$ATTACK/held")" -eq 3 ]
+  cat "$WORK/server.log"
+  # images/ holds only published entries (record, layers), every one the store account's and
+  # writable by nobody else: the pulls write in staging/ and rename into images/.
+  ls -la "$TSTORE/images"
+  for f in "$TSTORE"/images/*; do
+    basename "$f" | grep -Eq '^(layer-)?[0-9a-f]{64}\.(json|sqsh)$'
+    [ "$(stat -c %U "$f")" = "$OWNER" ]
+    [ "$(( 0$(stat -c %a "$f") & 022 ))" -eq 0 ]
+  done
+  [ "$(ls "$TSTORE/images" | grep -c '\.json$')" -ge 2 ]
+}
+
+@test "stage-server refuses root, an account other than store_owner, and a missing store_owner" {
+  run env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage-server --socket "$WORK/s.sock"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  echo "$output" | grep -q "^gantry: stage-server: runs as the store account (gantry.conf store_owner), never as root"
+  run setpriv --reuid "$ATTACKER" --regid "$ATTACKER" --init-groups env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" \
+    "$GANTRY_TEST_GANTRY" stage-server --socket "$WORK/s.sock"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  echo "$output" | grep -q "^gantry: stage-server: runs as store_owner '$OWNER', not as '$ATTACKER'"
+  [ ! -e "$WORK/s.sock" ]
+  # Without store_owner there is no trusted store for it to fill.
+  sed -i '/^store_owner/d' "$GANTRY_HARNESS_DIR/gantry.conf"
+  run setpriv --reuid "$OWNER" --regid "$OWNER" --init-groups env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" \
+    "$GANTRY_TEST_GANTRY" stage-server --socket "$GANTRY_HARNESS_DIR/no-owner.sock"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  echo "$output" | grep -q "^gantry: stage-server: gantry.conf sets no store_path and store_owner"
+  [ ! -e "$GANTRY_HARNESS_DIR/no-owner.sock" ]
+}
+
+@test "stage server under socket activation (as the packaged gantry-stage.socket starts it) serves the socket it was handed" {
+  command -v systemd-socket-activate >/dev/null || skip "systemd-socket-activate (systemd) is not installed"
+  SOCKDIR="$GANTRY_HARNESS_DIR/stage-$$"
+  SOCK="$SOCKDIR/stage.sock"
+  rm -rf "$SOCKDIR"
+  install -d -o "$OWNER" -g "$OWNER" -m 0755 "$SOCKDIR"
+  write_conf "$REG" "stage_socket = $SOCK"
+  # systemd's stand-in: it listens, and on the first connection execs the server (as the account) with
+  # the socket as descriptor 3 (LISTEN_FDS); the server is given no --socket.
+  # (env without -i: LISTEN_PID and LISTEN_FDS must reach it.)
+  systemd-socket-activate -l "$SOCK" setpriv --reuid "$OWNER" --regid "$OWNER" --init-groups \
+    env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage-server \
+    >"$WORK/server.log" 2>&1 3>&- &
+  SERVER_PID=$!
+  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  [ -S "$SOCK" ]
+  chmod 0666 "$SOCK"   # the unit's SocketMode
+  name="tactivated-$RANDOM$RANDOM"
+  digest=$(gantry_fresh_image "$WORK" "$name")
+  run as_user timeout 120 env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage "$REG/gantry-test/$name"
+  echo "$output"
+  cat "$WORK/server.log"
+  [ "$status" -eq 0 ]
+  [ "$output" = "$digest" ]
+  stored_record "$digest"
+  [ "$(stat -c %U "$TSTORE/images/${digest#sha256:}.json")" = "$OWNER" ]
+  [ "$(ps -o uid= -p "$SERVER_PID" | tr -d ' ')" = "$(id -u "$OWNER")" ]
 }

@@ -85,6 +85,17 @@ TEST_CASE("gantry.conf: stage_at_submit is auto by default, and one of auto, yes
     CHECK(bad.error().message.find("stage_at_submit") != std::string::npos);
 }
 
+TEST_CASE("gantry.conf: stage_socket is off (empty) by default, and an absolute path that fits a socket address") {
+    auto c = gantry::parse_config("", "c");
+    REQUIRE(c.ok());
+    CHECK(c->stage_socket.empty());
+    auto set = gantry::parse_config("stage_socket = /run/gantry-stage/stage.sock\n", "c");
+    REQUIRE(set.ok());
+    CHECK(set->stage_socket == "/run/gantry-stage/stage.sock");
+    CHECK_FALSE(gantry::parse_config("stage_socket = run/stage.sock\n", "c").ok());
+    CHECK_FALSE(gantry::parse_config("stage_socket = /" + std::string(120, 'x') + "\n", "c").ok());
+}
+
 TEST_CASE("gantry.conf: errors name file, line and key") {
     auto unknown = gantry::parse_config("store_path=/x\nstorepath=/y\n", "/etc/gantry/gantry.conf");
     REQUIRE_FALSE(unknown.ok());
