@@ -494,13 +494,8 @@ Result<Container> Container::create(const ContainerSpec& spec) {
                           " is stored as layers, which the extract backend cannot "
                           "stack; use the kernel or fuse backend, or store it whole (gantry.conf layered_images = no)");
     s.backend = *backend;
-    // Every privileged start of a kernel-backed container also releases the node-wide image mounts idle
-    // for too long (as its stop and the job epilog do). A fuse or extract start adds no such mount and
-    // leaves the sweep to those: it is not on every open-store step's path (issue #36).
-    if (launcher::running_as_real_root() && s.backend == MountBackend::kernel) {
-        trace::Phase p("release_idle_mounts");
-        (void)release_idle_mounts(spec.config);
-    }
+    // The node-wide image mounts idle for too long are released when a kernel-backed container stops
+    // and by the job epilog, not here: the sweep (2-3 ms) is off every step's start (issue #36).
 
     std::string image_workdir = "/";
     if (!spec.image_config.working_dir.empty()) {
