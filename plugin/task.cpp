@@ -45,7 +45,8 @@ Status join_step(spank_t sp) {
         entry.reset(::open(st.entry_helper.c_str(), O_RDONLY));  // inherited by the exec on purpose
         if (!entry) return system_error("opening the entrypoint helper " + st.entry_helper);
     }
-    GANTRY_TRY(st.handles ? join(st.joined, *st.handles) : join(st.joined));
+    const JoinAs as = st.new_instance ? JoinAs::new_instance : JoinAs::attach;
+    GANTRY_TRY(st.handles ? join(st.joined, *st.handles, as) : join(st.joined, as));
     // Pyxis's rule (docs/user.md): the job's variables come in unless the image defines them.
     std::vector<std::string> after = container_environment(st.joined.defaults, before, EnvironmentRule::pyxis);
     // --- devices and wiring (issue 7): PMIx MCA mapping and PyTorch ranks of this task ---
