@@ -81,8 +81,8 @@ Status check_unshare_of_existing(const JobOptions& o, const ContainerState& c) {
 
 // `--container-remap-root` on an existing container made without it: its user namespace maps the
 // user's own id alone, fixed when it was made, so the step would run as the user and fail later
-// (`mount`: "drop permissions failed"). Said now instead. The other way round a step runs as the
-// container's root, which can do all the user could (Pyxis's sshd example runs so).
+// (`mount`: "drop permissions failed"). Said now instead. The other way round (`--no-container-remap-root`
+// on one made with it) the step runs as the user (JoinOptions::as_user), as Pyxis's sshd example needs.
 Status check_remap_root_of_existing(const JobOptions& o, const ContainerState& c) {
     if (!o.remap_root || !*o.remap_root || c.defaults.remap_root) return {};
     return make_error("--container-remap-root: container " + *o.name +
@@ -155,6 +155,8 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             st.new_instance = mode == "no_exec" && running;
             GANTRY_TRY(check_unshare_of_existing(o, existing->state()));
             GANTRY_TRY(check_remap_root_of_existing(o, existing->state()));
+            st.as_user = o.remap_root && !*o.remap_root && existing->state().defaults.remap_root;
+            if (st.as_user) st.entry_helper = helper_path(settings, "gantry-entry", GANTRY_ENTRY_INSTALL_PATH);
             // Its mounts were made when it was created (a new instance's are copies of them); Pyxis
             // scripts grep for this phrase.
             if (o.mounts)

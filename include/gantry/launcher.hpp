@@ -263,14 +263,27 @@ Result<JoinHandles> open_join_handles(const ContainerState& state);
 //                 Gantry and Enroot container: /proc is the node's).
 enum class JoinAs { attach, new_instance };
 
+struct JoinOptions {
+    JoinAs as = JoinAs::attach;
+    // In a container made with remap_root, whose user namespace maps the user's id to 0 for as long as
+    // it exists: the capabilities of its root are dropped, as in a container made without remap_root,
+    // and the caller then execs gantry-entry with GANTRY_ENTRY_USERNS (runtime/entry/gantry_entry.c),
+    // which makes a user namespace nested in the container's that maps the user's own ids back (files
+    // the container's root owns are then the user's). Not here: a process that switched its ids from
+    // root (a Slurm task) may not write its own /proc/self/uid_map; one fresh from exec may. Pyxis's
+    // `--no-container-remap-root` on such a container, which sshd needs: as root it switches to its
+    // `sshd` user, and refuses to go on when the system call filter fakes that switch.
+    bool as_user = false;
+};
+
 // Enters the container in the CALLING process: setns into the holder's namespaces (a copy of its
 // mount namespace for JoinAs::new_instance), chdir to the workdir, PR_SET_NO_NEW_PRIVS, capabilities
 // dropped (kept with remap_root), then the system call filter that answers the chown and set*id
 // families with success (runtime/launcher/seccomp.cpp). For the SPANK plugin's task_init: Slurm then
 // execs the task's command. Must be called single-threaded.
-Status join(const ContainerState& state, JoinAs as = JoinAs::attach);
+Status join(const ContainerState& state, const JoinOptions& options = {});
 // The same through descriptors opened before (open_join_handles), e.g. with more rights than now.
-Status join(const ContainerState& state, const JoinHandles& handles, JoinAs as = JoinAs::attach);
+Status join(const ContainerState& state, const JoinHandles& handles, const JoinOptions& options = {});
 
 // proctrack/cgroup, task/cgroup (cgroup v1 and v2): moves the holder and its children (the fuse daemon)
 // into the cgroups that `level` names for process `model` (a task Slurm has placed; read from the

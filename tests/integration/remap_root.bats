@@ -237,13 +237,12 @@ JOB
   rm -rf "$fsx"
 }
 
-# Pyxis's sshd use, with Debian's own packages: in a named container the job user installs openssh-server
-# as the container's root (--container-remap-root: its postinst adds the `sshd` user and makes host
-# keys) and saves the result; sshd then runs as the user's own id in a named container of that image
-# (in the remap-root container only root is inside, and sshd as root switches to its `sshd` user, which
-# the filter's no-op setuid leaves root, and stops there); a later step logs in over the node's loopback
-# with a key the test made.
-@test "srun: apt-get install openssh-server under --container-remap-root; an sshd in a named container accepts a later step's ssh" {
+# Pyxis's sshd example, with Debian's own packages: in one named container, the job user installs
+# openssh-server as the container's root (--container-remap-root: its postinst adds the `sshd` user and
+# makes host keys); a step with --no-container-remap-root runs sshd as the user's own id (as root, sshd
+# would switch to its `sshd` user, which the filter's no-op setuid leaves root, and stop there); a later
+# step logs in over the node's loopback with a key the test made, and runs as the user in the container.
+@test "srun: apt-get install openssh-server under --container-remap-root, then sshd in that named container (--no-container-remap-root) accepts a later step's ssh" {
   gantry_cluster_registry
   gantry_plugin_conf
   local work port
@@ -258,17 +257,18 @@ JOB
   cat >"$work/job.sh" <<JOB
 #!/bin/bash
 cd "$work"
-srun -n1 --container-image="$REG#gantry-test/debian" --container-name=build --container-remap-root --container-writable \\
-  --no-container-mount-home --container-mounts="$work/repo:/repo:ro" --container-save="$work/ssh.sqsh" sh -c \\
+srun -n1 --container-image="$REG#gantry-test/debian" --container-name=ssh --container-remap-root --container-writable \\
+  --no-container-mount-home --container-mounts="$work/repo:/repo:ro,$work:$work" sh -c \\
   "$APT update >/dev/null && DEBIAN_FRONTEND=noninteractive $APT install -y openssh-server openssh-client" \\
   > install.out 2>&1; echo "status \$?" >> install.out
 mkdir -p keys
-srun -n1 --container-image="$work/ssh.sqsh" --container-name=ssh --container-mounts="$work:$work" sh -c \\
-  'id -u; cd "$work/keys" && ssh-keygen -q -t ed25519 -N "" -f host && ssh-keygen -q -t ed25519 -N "" -f id && cp id.pub authorized_keys' \\
+srun -n1 --container-name=ssh --no-container-remap-root sh -c \\
+  'id -u; grep -E "^Cap(Eff|Amb):" /proc/self/status; stat -c %u /etc/ssh/sshd_config; cd "$work/keys" && ssh-keygen -q -t ed25519 -N "" -f host && ssh-keygen -q -t ed25519 -N "" -f id && cp id.pub authorized_keys' \\
   > keys.out 2>&1
-srun --overlap -n1 --container-name=ssh /usr/sbin/sshd -D -e -p $port -o ListenAddress=127.0.0.1 -h "$work/keys/host" \\
-  -o UsePAM=no -o PidFile=none -o StrictModes=no -o AuthorizedKeysFile="$work/keys/authorized_keys" > sshd.out 2>&1 &
-srun --overlap -n1 --container-name=ssh sh -c \\
+srun --overlap -n1 --container-name=ssh --no-container-remap-root /usr/sbin/sshd -D -e -p $port -o ListenAddress=127.0.0.1 \\
+  -h "$work/keys/host" -o UsePAM=no -o PidFile=none -o StrictModes=no -o AuthorizedKeysFile="$work/keys/authorized_keys" \\
+  > sshd.out 2>&1 &
+srun --overlap -n1 --container-name=ssh --no-container-remap-root sh -c \\
   'for i in \$(seq 100); do ssh -p $port -i $work/keys/id -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \\
      127.0.0.1 "id -u; test -x /usr/sbin/sshd && echo in-container" && exit 0; sleep 0.2; done; exit 1' \\
   > ssh.out 2>&1; echo "status \$?" >> ssh.out
@@ -280,7 +280,10 @@ JOB
   for f in job keys sshd ssh; do echo "--- $f"; tail -20 "$work/$f.out"; done
   tail -1 "$work/install.out" | grep -qx "status 0"
   grep -q "Setting up openssh-server" "$work/install.out"
-  [ "$(head -1 "$work/keys.out")" = "$(id -u "$U")" ]  # sshd's container: the user's own id
+  [ "$(sed -n 1p "$work/keys.out")" = "$(id -u "$U")" ]  # --no-container-remap-root: the user's own id,
+  [ "$(sed -n 2p "$work/keys.out")" = "$(printf 'CapEff:\t0000000000000000')" ]  # no capabilities
+  [ "$(sed -n 3p "$work/keys.out")" = "$(printf 'CapAmb:\t0000000000000000')" ]
+  [ "$(sed -n 4p "$work/keys.out")" = "$(id -u "$U")" ]  # and what the container's root installed is theirs
   grep -q "Accepted publickey for $U " "$work/sshd.out"
   grep -qx "status 0" "$work/ssh.out"
   [ "$(grep -x '[0-9]*' "$work/ssh.out" | head -1)" = "$(id -u "$U")" ]  # logged in as the job user
