@@ -109,7 +109,9 @@ struct StepState {
     std::optional<CgroupLevel> cgroup_level;  // where the holder goes: the step's or job's cgroups (none: global names)
     bool holder_placed = false;               // task_forked moved it
     CgroupPlacement placement;                // task_forked's moves, finished by finish_step
-    bool run_on_host = false;                 // no container for this step (no_exec, or no image)
+    bool run_on_host = false;                 // no container for this step (no image, or a host-only step)
+    bool new_instance = false;                // NAME:no_exec on a running container: tasks join a copy
+    bool as_user = false;                     // --no-container-remap-root in a remap-root container
     std::string digest;                       // the image every rank of the step runs, told to the tasks
     UniqueFd image_in_use;                    // shared lock: the image stays while the step runs
     std::vector<UniqueFd> image_files;        // a trusted store's image as acquire_image opened it

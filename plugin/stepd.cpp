@@ -81,8 +81,8 @@ Status check_unshare_of_existing(const JobOptions& o, const ContainerState& c) {
 
 // `--container-remap-root` on an existing container made without it: its user namespace maps the
 // user's own id alone, fixed when it was made, so the step would run as the user and fail later
-// (`mount`: "drop permissions failed"). Said now instead. The other way round a step runs as the
-// container's root, which can do all the user could (Pyxis's sshd example runs so).
+// (`mount`: "drop permissions failed"). Said now instead. The other way round (`--no-container-remap-root`
+// on one made with it) the step runs as the user (JoinOptions::as_user), as Pyxis's sshd example needs.
 Status check_remap_root_of_existing(const JobOptions& o, const ContainerState& c) {
     if (!o.remap_root || !*o.remap_root || c.defaults.remap_root) return {};
     return make_error("--container-remap-root: container " + *o.name +
@@ -149,13 +149,16 @@ Status do_prepare(spank_t sp, const Settings& settings) {
             if (mode == "exec" && !running)
                 return make_error("--container-name=" + *o.name +
                                   ": the container is not running (mode exec attaches to a running one)");
-            if (mode == "no_exec") {
-                st.run_on_host = true;
-                return {};
-            }
+            // `no_exec` never attaches to a running container: its tasks start a new instance from the
+            // same files (JoinAs::new_instance, a copy of the container's mount namespace made by each
+            // task as it joins). A container no step runs in is started afresh, as by `auto`.
+            st.new_instance = mode == "no_exec" && running;
             GANTRY_TRY(check_unshare_of_existing(o, existing->state()));
             GANTRY_TRY(check_remap_root_of_existing(o, existing->state()));
-            // Its mounts were made when it was created; Pyxis scripts grep for this phrase.
+            st.as_user = o.remap_root && !*o.remap_root && existing->state().defaults.remap_root;
+            if (st.as_user) st.entry_helper = helper_path(settings, "gantry-entry", GANTRY_ENTRY_INSTALL_PATH);
+            // Its mounts were made when it was created (a new instance's are copies of them); Pyxis
+            // scripts grep for this phrase.
             if (o.mounts)
                 tell_user("warning: ignoring --container-mounts: container " + *o.name +
                           " already exists and keeps the mounts it was created with");
@@ -169,7 +172,7 @@ Status do_prepare(spank_t sp, const Settings& settings) {
                 if (!w) return w.error();
                 st.joined.defaults.workdir = *w;
             } else {
-                st.joined.defaults.workdir = running ? "/" : st.joined.defaults.image_workdir;
+                st.joined.defaults.workdir = running && !st.new_instance ? "/" : st.joined.defaults.image_workdir;
             }
             st.cgroup_level = settings.container_scope == "job" ? CgroupLevel::job : CgroupLevel::node;
             return {};
@@ -424,7 +427,6 @@ Status do_prepare(spank_t sp, const Settings& settings) {
     } else {
         created->release();  // outlives the step; stopped by the job epilog (container_scope=job)
     }
-    if (mode == "no_exec") st.run_on_host = true;
     return {};
 }
 

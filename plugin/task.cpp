@@ -41,11 +41,17 @@ Status join_step(spank_t sp) {
     // The entrypoint helper is opened before entering the container: it is our file on the host, and
     // the task execs it as /proc/self/fd/N from inside, where the image need not contain it.
     UniqueFd entry;
-    if (!st.entrypoint.empty()) {
+    if (!st.entrypoint.empty() || st.as_user) {
         entry.reset(::open(st.entry_helper.c_str(), O_RDONLY));  // inherited by the exec on purpose
         if (!entry) return system_error("opening the entrypoint helper " + st.entry_helper);
     }
-    GANTRY_TRY(st.handles ? join(st.joined, *st.handles) : join(st.joined));
+    JoinOptions how;
+    how.as = st.new_instance ? JoinAs::new_instance : JoinAs::attach;
+    how.as_user = st.as_user;
+    // The user's own ids, read before the container's user namespace renames them: gantry-entry maps
+    // them back (JoinOptions::as_user).
+    const std::string user_ids = std::to_string(::getuid()) + ":" + std::to_string(::getgid());
+    GANTRY_TRY(st.handles ? join(st.joined, *st.handles, how) : join(st.joined, how));
     // Pyxis's rule (docs/user.md): the job's variables come in unless the image defines them.
     std::vector<std::string> after = container_environment(st.joined.defaults, before, EnvironmentRule::pyxis);
     // --- devices and wiring (issue 7): PMIx MCA mapping and PyTorch ranks of this task ---
@@ -74,6 +80,7 @@ Status join_step(spank_t sp) {
             wanted["GANTRY_ENTRY_ARG_" + std::to_string(i)] = st.entrypoint[i];
         wanted["GANTRY_ENTRY_FD"] = std::to_string(entry.get());
         if (st.entrypoint_log) wanted["GANTRY_ENTRY_LOG"] = "1";
+        if (st.as_user) wanted["GANTRY_ENTRY_USERNS"] = user_ids;
         // Slurm execs argv[0] after this hook; the array is Slurm's, the string is ours (never freed:
         // the process execs right away).
         argv[0] = ::strdup(("/proc/self/fd/" + std::to_string(entry.release())).c_str());

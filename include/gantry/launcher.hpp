@@ -251,13 +251,39 @@ struct JoinHandles {
 // Opens them, checking the holder's start time before and after (pid reuse).
 Result<JoinHandles> open_join_handles(const ContainerState& state);
 
-// Enters the container in the CALLING process: setns into the holder's namespaces, chdir to the
-// workdir, PR_SET_NO_NEW_PRIVS, capabilities dropped (kept with remap_root), then the system call
-// filter that answers the chown and set*id families with success (runtime/launcher/seccomp.cpp). For
-// the SPANK plugin's task_init: Slurm then execs the task's command. Must be called single-threaded.
-Status join(const ContainerState& state);
+// How a process enters a running container:
+//   attach:       into the holder's own mount namespace, beside every process already there (a step
+//                 attached to a running named container, `gantry exec`);
+//   new_instance: into a copy of it, made at the join (Pyxis's `--container-name=NAME:no_exec` on a
+//                 running container: "start a new container instance from the same container's
+//                 files"). The copy has the same mounts over the same file systems, so the instance
+//                 and the running container see each other's files (the writable layer, /tmp); a
+//                 mount made afterwards by either stays its own. The user, network, IPC and UTS
+//                 namespaces are the container's; there is no pid namespace in either (as in every
+//                 Gantry and Enroot container: /proc is the node's).
+enum class JoinAs { attach, new_instance };
+
+struct JoinOptions {
+    JoinAs as = JoinAs::attach;
+    // In a container made with remap_root, whose user namespace maps the user's id to 0 for as long as
+    // it exists: the capabilities of its root are dropped, as in a container made without remap_root,
+    // and the caller then execs gantry-entry with GANTRY_ENTRY_USERNS (runtime/entry/gantry_entry.c),
+    // which makes a user namespace nested in the container's that maps the user's own ids back (files
+    // the container's root owns are then the user's). Not here: a process that switched its ids from
+    // root (a Slurm task) may not write its own /proc/self/uid_map; one fresh from exec may. Pyxis's
+    // `--no-container-remap-root` on such a container, which sshd needs: as root it switches to its
+    // `sshd` user, and refuses to go on when the system call filter fakes that switch.
+    bool as_user = false;
+};
+
+// Enters the container in the CALLING process: setns into the holder's namespaces (a copy of its
+// mount namespace for JoinAs::new_instance), chdir to the workdir, PR_SET_NO_NEW_PRIVS, capabilities
+// dropped (kept with remap_root), then the system call filter that answers the chown and set*id
+// families with success (runtime/launcher/seccomp.cpp). For the SPANK plugin's task_init: Slurm then
+// execs the task's command. Must be called single-threaded.
+Status join(const ContainerState& state, const JoinOptions& options = {});
 // The same through descriptors opened before (open_join_handles), e.g. with more rights than now.
-Status join(const ContainerState& state, const JoinHandles& handles);
+Status join(const ContainerState& state, const JoinHandles& handles, const JoinOptions& options = {});
 
 // proctrack/cgroup, task/cgroup (cgroup v1 and v2): moves the holder and its children (the fuse daemon)
 // into the cgroups that `level` names for process `model` (a task Slurm has placed; read from the

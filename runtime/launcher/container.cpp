@@ -191,10 +191,8 @@ Status resolve_identity(const ContainerSpec& spec, launcher::Identity& id) {
         id.group_name = gr->gr_name;
     else
         id.group_name = id.name;
-    if (spec.remap_root) {
-        id.name = "root";
-        id.group_name = "root";
-    }
+    // With remap_root too: the user's own names go with their own ids into the container's passwd and
+    // group files (write_identity_files), beside root's.
     return {};
 }
 

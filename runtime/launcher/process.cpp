@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -134,14 +135,15 @@ Result<JoinHandles> open_join_handles(const ContainerState& state) {
     return h;
 }
 
-Status join(const ContainerState& state) {
+Status join(const ContainerState& state, const JoinOptions& options) {
     auto handles = open_join_handles(state);
     if (!handles) return handles.error();
-    return join(state, *handles);
+    return join(state, *handles, options);
 }
 
-Status join(const ContainerState& state, const JoinHandles& h) {
+Status join(const ContainerState& state, const JoinHandles& h, const JoinOptions& options) {
     std::string what = "joining container " + (state.name.empty() ? std::to_string(state.holder_pid) : state.name);
+    const bool as_root = state.defaults.remap_root && !options.as_user;
     // The user namespace first: it gives the capabilities the other setns calls need.
     if (::setns(h.userns.get(), CLONE_NEWUSER) != 0) return system_error(what + ": entering its user namespace");
     if (::setns(h.mntns.get(), CLONE_NEWNS) != 0) return system_error(what + ": entering its mount namespace");
@@ -150,6 +152,18 @@ Status join(const ContainerState& state, const JoinHandles& h) {
     for (const auto& [fd, type] : extra)
         if (fd >= 0 && ::setns(fd, type) != 0) return system_error(what + ": entering its namespaces");
     if (::fchdir(h.root.get()) != 0 || ::chroot(".") != 0) return system_error(what + ": entering its root");
+    // A new instance: a copy of the mount namespace just entered, which the kernel makes from the
+    // mounts this process sees and into which it moves our root and working directory (hence after
+    // the chroot above, which names the holder's root). Not privileged on the host: CAP_SYS_ADMIN
+    // over the container's user namespace, which the user owns and the setns above gave us; the copy
+    // is owned by that namespace too. Every mount in it is then made a slave (as make_mounts_private
+    // did in the holder; a user mount asked `shared` would otherwise be a peer of the holder's): what
+    // is mounted in the copy reaches neither the running container nor the node.
+    if (options.as == JoinAs::new_instance) {
+        if (::unshare(CLONE_NEWNS) != 0) return system_error(what + ": making a mount namespace for a new instance");
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0)
+            return system_error(what + ": making the new instance's mounts its own");
+    }
     std::string workdir = state.defaults.workdir.empty() ? "/" : state.defaults.workdir;
     if (::chdir(workdir.c_str()) != 0) return system_error("changing to working directory " + workdir);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return system_error("setting no_new_privs");
@@ -158,7 +172,14 @@ Status join(const ContainerState& state, const JoinHandles& h) {
     // container with its own UTS namespace: `hostname NAME` works for the job user, as under Enroot.
     // It grants nothing --remap-root would not give the same user: a capability of the container's
     // user namespace (the user's own uid alone), over the namespaces the holder made in it.
-    if (!state.defaults.remap_root) GANTRY_TRY(launcher::drop_capabilities(state.unshare.uts ? CAP_SYS_ADMIN : -1));
+    // As the user in a remap_root container (JoinOptions::as_user), CAP_SETFCAP of the container's
+    // namespace is kept for gantry-entry alone, which execs next: the kernel lets a new user namespace
+    // map its parent's root (the user's own id here) only when its maker had that capability. The
+    // namespace it makes then starts without ambient capabilities, and the task runs as a non-root id.
+    if (!as_root) {
+        const int keep = options.as_user ? CAP_SETFCAP : state.unshare.uts ? CAP_SYS_ADMIN : -1;
+        GANTRY_TRY(launcher::drop_capabilities(keep));
+    }
     // Last: the chown and set*id calls the single-id namespace refuses become no-ops (seccomp.cpp),
     // so package managers work as the fake root; with and without remap-root, as Enroot.
     return launcher::install_syscall_filter();

@@ -429,10 +429,15 @@ Status write_identity_files(Setup& s) {
         if (num != 0) out += user_line;
         return write_file_at(etc.get(), file, out, "/etc/" + file);
     };
-    std::string uid = std::to_string(id.inner_uid), gid = std::to_string(id.inner_gid);
-    GANTRY_TRY(rebuild("passwd", id.name, id.inner_uid, "root:x:0:0:root:/root:/bin/sh\n",
+    // With remap_root the user is root inside (the image's root entry), and also has an entry of
+    // their own ids: a step that joins as the user (JoinOptions::as_user, `--no-container-remap-root`)
+    // is then a known user, as sshd and ssh need to be.
+    const uid_t user_uid = id.uid;
+    const gid_t user_gid = id.gid;
+    std::string uid = std::to_string(user_uid), gid = std::to_string(user_gid);
+    GANTRY_TRY(rebuild("passwd", id.name, user_uid, "root:x:0:0:root:/root:/bin/sh\n",
                        id.name + ":x:" + uid + ":" + gid + ":" + id.name + ":" + s.home + ":/bin/sh\n"));
-    GANTRY_TRY(rebuild("group", id.group_name, id.inner_gid, "root:x:0:\n", id.group_name + ":x:" + gid + ":\n"));
+    GANTRY_TRY(rebuild("group", id.group_name, user_gid, "root:x:0:\n", id.group_name + ":x:" + gid + ":\n"));
     if (s.spec->remap_root) {
         GANTRY_TRY(keep_apt_as_root(s));
         GANTRY_TRY(copy_shadow_files(s, etc.get()));

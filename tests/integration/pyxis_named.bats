@@ -2,8 +2,9 @@
 # Pyxis 0.24's documented behaviours around named containers and extra namespaces, through srun on the
 # harness cluster (issue #35): loopback up with --container-unshare=net, `hostname` with
 # --container-unshare=uts, --container-unshare on an existing container that lacks the namespace,
-# NAME:exec on a stopped container, a running unnamed container attached as JOBID.STEPID, where an
-# attached step starts, and a TCP server in a named container reached by a later step.
+# NAME:exec on a stopped container, NAME:no_exec (a new instance from the same files), a running unnamed
+# container attached as JOBID.STEPID, where an attached step starts, and a TCP server in a named
+# container reached by a later step.
 
 load helpers
 
@@ -100,6 +101,51 @@ JOB
   [ "$(cat "$WORK/idle-pwd.out")" = /work ]
   grep -qx "status 0" "$WORK/unnamed.out"
   [ "$(head -1 "$WORK/unnamed.out")" = "$(cat "$WORK/unnamed-step")" ]
+}
+
+# Pyxis: `no_exec` "does not attach to a running instance: starts a new container instance from the same
+# container's files". Step "first" stays in the container; a no_exec step then runs in the image (busybox's
+# /linuxrc, which the node lacks), in a mount namespace of its own, and each sees the file the other wrote
+# in the writable layer. The old behaviour (the step on the node, outside any container) fails every line.
+@test "--container-name=NAME:no_exec: a new instance from the running container's files; created or started afresh otherwise" {
+  cat >"$WORK/job.sh" <<JOB
+#!/bin/bash
+cd "$WORK"
+srun --overlap -n1 --container-image="$TINY" --container-name=inst --container-writable --container-mounts="$WORK:$WORK" sh -c \
+  'echo from-first > /first-file; readlink /proc/self/ns/mnt > "$WORK/first-mnt"; touch "$WORK/first-up"; exec sleep 600' &
+for ((i = 0; i < 600; i++)); do [ -e "$WORK/first-up" ] && break; sleep 0.1; done
+srun --overlap -n1 --container-name=inst:no_exec sh -c \
+  'cat /first-file; echo from-second > /second-file; readlink /proc/self/ns/mnt; test -e /linuxrc && echo in-image; pwd' \
+  > noexec.out 2>&1; echo "status \$?" >> noexec.out
+srun --overlap -n1 --container-name=inst sh -c 'cat /second-file; readlink /proc/self/ns/mnt' > attach.out 2>&1
+echo "status \$?" >> attach.out
+# No container of that name yet: no_exec makes one and runs in it; stopped, it is started afresh.
+srun --overlap -n1 --container-image="$TINY" --container-name=fresh:no_exec --container-writable sh -c \
+  'test -e /linuxrc && echo in-image; echo kept > /fresh-file' > fresh.out 2>&1; echo "status \$?" >> fresh.out
+srun --overlap -n1 --container-name=fresh:no_exec cat /fresh-file > stopped.out 2>&1; echo "status \$?" >> stopped.out
+touch done
+JOB
+  chmod 755 "$WORK/job.sh"
+  chown "$U" "$WORK/job.sh"
+  run as_user sbatch --wait -N1 -o "$WORK/job.out" "$WORK/job.sh"
+  for f in job noexec attach fresh stopped; do echo "--- $f"; cat "$WORK/$f.out"; done
+  [ -e "$WORK/done" ]
+  first_mnt=$(cat "$WORK/first-mnt")
+  [ -n "$first_mnt" ]
+  [ "$(sed -n 1p "$WORK/noexec.out")" = from-first ]   # the running container's file
+  second_mnt=$(sed -n 2p "$WORK/noexec.out")
+  [ -n "$second_mnt" ] && [ "$second_mnt" != "$first_mnt" ]  # not attached: a mount namespace of its own
+  [ "$second_mnt" != "$(readlink /proc/self/ns/mnt)" ]        # and not the node's
+  [ "$(sed -n 3p "$WORK/noexec.out")" = in-image ]
+  [ "$(sed -n 4p "$WORK/noexec.out")" = /work ]  # started afresh: the image's WorkingDir, not /
+  grep -qx "status 0" "$WORK/noexec.out"
+  [ "$(sed -n 1p "$WORK/attach.out")" = from-second ]  # the instance's file, seen by the running container
+  [ "$(sed -n 2p "$WORK/attach.out")" = "$first_mnt" ]
+  grep -qx "status 0" "$WORK/attach.out"
+  [ "$(sed -n 1p "$WORK/fresh.out")" = in-image ]
+  grep -qx "status 0" "$WORK/fresh.out"
+  [ "$(sed -n 1p "$WORK/stopped.out")" = kept ]
+  grep -qx "status 0" "$WORK/stopped.out"
 }
 
 @test "--container-remap-root: mount -t tmpfs works in a named container made with it; one made without it says why at once" {

@@ -58,6 +58,39 @@ teardown_file() {
   rm -rf "$REPO"
 }
 
+# openssh_repo DIR: a file: repository in DIR with Debian's openssh-server and openssh-client and what
+# they need beyond the debian test image (a minbase bookworm debootstrap): the list is apt's own answer
+# for the image's dpkg status against the node's package lists, the .debs fetched with `apt-get download`
+# from the node's mirror once and kept in the harness cache (beside the debootstrap tarball they were
+# chosen for). Returns 1, with the reason on stdout, when apt cannot list or fetch them.
+openssh_repo() {
+  local dir=$1 tarball=$GANTRY_HARNESS_DIR/cache/debian-bookworm-minbase.tar
+  local cache=$GANTRY_HARNESS_DIR/cache/openssh-debs tmp names
+  if [ ! -e "$cache/complete" ] || [ "$tarball" -nt "$cache/complete" ]; then
+    rm -rf "$cache" && mkdir -p "$cache"
+    tmp=$(mktemp -d "$GANTRY_HARNESS_DIR/cache/openssh.XXXXXX")
+    tar -C "$tmp" -xf "$tarball" ./var/lib/dpkg/status
+    names=$(apt-get -s -o Dir::State::status="$tmp/var/lib/dpkg/status" install --no-install-recommends \
+      openssh-server openssh-client 2>&1 | awk '/^Inst /{print $2}')
+    rm -rf "$tmp"
+    case $names in
+      *openssh-server*) ;;
+      *) echo "apt-get on this node cannot list openssh-server for bookworm (run apt-get update with a bookworm mirror)"; return 1 ;;
+    esac
+    # shellcheck disable=SC2086  # one word per package name
+    if ! (cd "$cache" && apt-get download -q -o APT::Sandbox::User=root $names >"$cache/download.log" 2>&1); then
+      echo "apt-get download of the openssh .debs from this node's mirror failed: $(tail -1 "$cache/download.log")"
+      return 1
+    fi
+    touch "$cache/complete"
+  fi
+  mkdir -p "$dir"
+  cp "$cache"/*.deb "$dir"/
+  (cd "$dir" && dpkg-scanpackages . /dev/null > Packages 2>/dev/null)
+  echo 'deb [trusted=yes] file:/repo ./' > "$dir/sources.list"
+  chmod -R a+rX "$dir"
+}
+
 teardown() {
   fake_ib_devices_done  # a test that failed while it held the EFA stand-ins
 }
@@ -202,4 +235,58 @@ JOB
     [ "$(cat "$fsx/out/rank-$r")" = "rank=$r uid=0 cwd=/workspace hello=hello nccl=INFO/simple/ens5/1 fi=efa gloo=ens5 master=$master:29500 exp=qwen-wikitext-default lustre=/lustre ds=/workspace/ds_config.json args=--nproc_per_node=1 --nnodes=2 --node_rank=$r --master_addr=$master --master_port=29500 /workspace/train_distributed_deepspeed.py ib=yes" ]
   done
   rm -rf "$fsx"
+}
+
+# Pyxis's sshd example, with Debian's own packages: in one named container, the job user installs
+# openssh-server as the container's root (--container-remap-root: its postinst adds the `sshd` user and
+# makes host keys); a step with --no-container-remap-root runs sshd as the user's own id (as root, sshd
+# would switch to its `sshd` user, which the filter's no-op setuid leaves root, and stop there); a later
+# step logs in over the node's loopback with a key the test made, and runs as the user in the container.
+@test "srun: apt-get install openssh-server under --container-remap-root, then sshd in that named container (--no-container-remap-root) accepts a later step's ssh" {
+  gantry_cluster_registry
+  gantry_plugin_conf
+  local work port
+  work=$(mktemp -d "$GANTRY_TEST_FSX/sshd.XXXXXX")
+  chown "$U" "$work"
+  if ! why=$(openssh_repo "$work/repo"); then
+    rm -rf "$work"
+    skip "$why"
+  fi
+  # A port free on the node now (the kernel's pick); sshd takes it moments later.
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat >"$work/job.sh" <<JOB
+#!/bin/bash
+cd "$work"
+srun -n1 --container-image="$REG#gantry-test/debian" --container-name=ssh --container-remap-root --container-writable \\
+  --no-container-mount-home --container-mounts="$work/repo:/repo:ro,$work:$work" sh -c \\
+  "$APT update >/dev/null && DEBIAN_FRONTEND=noninteractive $APT install -y openssh-server openssh-client" \\
+  > install.out 2>&1; echo "status \$?" >> install.out
+mkdir -p keys
+srun -n1 --container-name=ssh --no-container-remap-root sh -c \\
+  'id -u; grep -E "^Cap(Eff|Amb):" /proc/self/status; stat -c %u /etc/ssh/sshd_config; cd "$work/keys" && ssh-keygen -q -t ed25519 -N "" -f host && ssh-keygen -q -t ed25519 -N "" -f id && cp id.pub authorized_keys' \\
+  > keys.out 2>&1
+srun --overlap -n1 --container-name=ssh --no-container-remap-root /usr/sbin/sshd -D -e -p $port -o ListenAddress=127.0.0.1 \\
+  -h "$work/keys/host" -o UsePAM=no -o PidFile=none -o StrictModes=no -o AuthorizedKeysFile="$work/keys/authorized_keys" \\
+  > sshd.out 2>&1 &
+srun --overlap -n1 --container-name=ssh --no-container-remap-root sh -c \\
+  'for i in \$(seq 100); do ssh -p $port -i $work/keys/id -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \\
+     127.0.0.1 "id -u; test -x /usr/sbin/sshd && echo in-container" && exit 0; sleep 0.2; done; exit 1' \\
+  > ssh.out 2>&1; echo "status \$?" >> ssh.out
+JOB
+  chmod 755 "$work/job.sh"
+  chown "$U" "$work/job.sh"
+  run runuser -u "$U" -- sbatch --wait -N1 -o "$work/job.out" "$work/job.sh"
+  echo "--- install"; tail -5 "$work/install.out"
+  for f in job keys sshd ssh; do echo "--- $f"; tail -20 "$work/$f.out"; done
+  tail -1 "$work/install.out" | grep -qx "status 0"
+  grep -q "Setting up openssh-server" "$work/install.out"
+  [ "$(sed -n 1p "$work/keys.out")" = "$(id -u "$U")" ]  # --no-container-remap-root: the user's own id,
+  [ "$(sed -n 2p "$work/keys.out")" = "$(printf 'CapEff:\t0000000000000000')" ]  # no capabilities
+  [ "$(sed -n 3p "$work/keys.out")" = "$(printf 'CapAmb:\t0000000000000000')" ]
+  [ "$(sed -n 4p "$work/keys.out")" = "$(id -u "$U")" ]  # and what the container's root installed is theirs
+  grep -q "Accepted publickey for $U " "$work/sshd.out"
+  grep -qx "status 0" "$work/ssh.out"
+  [ "$(grep -x '[0-9]*' "$work/ssh.out" | head -1)" = "$(id -u "$U")" ]  # logged in as the job user
+  grep -qx in-container "$work/ssh.out"
+  rm -rf "$work"
 }

@@ -187,7 +187,7 @@ __attribute__((constructor)) static void flood(void) {
   for i in $(seq 300); do grep -q started "$WORK/owner.out" && break; sleep 0.2; done
   cat "$WORK/owner.out"
   grep -q started "$WORK/owner.out"
-  for mode in "" ":exec" ":create" ":auto"; do
+  for mode in "" ":exec" ":create" ":auto" ":no_exec"; do
     run as "$ATTACKER" timeout 60 srun -N1 -n1 -w "$node" --container-image="$TINY" --container-name="$name$mode" cat /tmp/owner-mark
     echo "mode '$mode': $output"
     [ "$status" -ne 0 ] && [ "$status" -ne 124 ]

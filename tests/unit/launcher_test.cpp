@@ -1,12 +1,13 @@
 // Unit tests for the launcher module: mount-spec parsing, container paths, environment assembly,
 // entrypoint/cmd resolution, fd-relative resolution inside a root full of hostile symlinks, the
 // plan of a read-only container's top-level entries, the fake-root system call filter, and the
-// Enroot-format drop-ins and image environment.
+// Enroot-format drop-ins and image environment; joining a holder as a new instance (NAME:no_exec).
 #include "gantry/launcher.hpp"
 
 #include <fcntl.h>
 #include <grp.h>
 #include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -1329,4 +1330,92 @@ TEST_CASE("kernel releases: layers stack from Linux 5.11 on; an unreadable relea
     struct utsname u {};
     REQUIRE(::uname(&u) == 0);
     CHECK(kernel_stacks_layers() == kernel_release_at_least(u.release, 5, 11));
+}
+
+namespace {
+// Creates PATH (a small file); false on failure.
+bool write_file_or_create(const std::string& path) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    ::close(fd);
+    return true;
+}
+}  // namespace
+
+TEST_CASE("join as a new instance: the holder's files in a mount namespace of its own; its mounts stay its own") {
+    // A stand-in holder: a user + mount namespace with a tmpfs at DIR holding a file, kept until killed.
+    char dir_template[] = "/tmp/gantry-instance-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template) != nullptr);
+    const std::string dir = dir_template;
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    const uid_t uid = ::geteuid();
+    const gid_t gid = ::getegid();
+    pid_t holder = ::fork();
+    REQUIRE(holder >= 0);
+    if (holder == 0) {
+        ::close(ready[0]);
+        if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) ::_exit(3);
+        auto write_file = [](const std::string& path, const std::string& text) {
+            int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+            bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+            if (fd >= 0) ::close(fd);
+            return ok;
+        };
+        if (!write_file("/proc/self/setgroups", "deny") ||
+            !write_file("/proc/self/uid_map", std::to_string(uid) + " " + std::to_string(uid) + " 1\n") ||
+            !write_file("/proc/self/gid_map", std::to_string(gid) + " " + std::to_string(gid) + " 1\n"))
+            ::_exit(4);
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) ::_exit(5);
+        if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) ::_exit(6);
+        if (!write_file_or_create(dir + "/from-holder")) ::_exit(7);
+        (void)!::write(ready[1], "r", 1);
+        ::close(ready[1]);
+        ::pause();
+        ::_exit(0);
+    }
+    ::close(ready[1]);
+    char c = 0;
+    const bool holder_ready = ::read(ready[0], &c, 1) == 1;
+    ::close(ready[0]);
+    Defer stop_holder([&] {
+        ::kill(holder, SIGKILL);
+        ::waitpid(holder, nullptr, 0);
+        ::rmdir(dir.c_str());
+    });
+    if (!holder_ready) FAIL("the stand-in holder could not make its namespaces (user namespaces disabled?)");
+
+    ContainerState state;
+    state.name = "instance-test";
+    state.holder_pid = holder;
+    state.holder_start_time = launcher::process_start_time(holder);
+    state.defaults.remap_root = true;  // keeps the capabilities of the namespace: the instance mounts below
+    const std::string holder_mnt = [&] {
+        char buf[64] = {};
+        ssize_t n = ::readlink(("/proc/" + std::to_string(holder) + "/ns/mnt").c_str(), buf, sizeof buf - 1);
+        return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    }();
+    pid_t instance = ::fork();
+    REQUIRE(instance >= 0);
+    if (instance == 0) {
+        JoinOptions how;
+        how.as = JoinAs::new_instance;
+        if (!join(state, how)) ::_exit(10);
+        struct stat st {};
+        if (::stat((dir + "/from-holder").c_str(), &st) != 0) ::_exit(11);  // the holder's files
+        char buf[64] = {};
+        if (::readlink("/proc/self/ns/mnt", buf, sizeof buf - 1) <= 0 || holder_mnt == buf) ::_exit(12);
+        if (!write_file_or_create(dir + "/from-instance")) ::_exit(13);  // seen by the holder
+        if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) ::_exit(14);
+        if (!write_file_or_create(dir + "/on-instance-mount")) ::_exit(15);  // not seen by the holder
+        ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(instance, &status, 0) == instance);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    const std::string through_holder = "/proc/" + std::to_string(holder) + "/root" + dir;
+    struct stat st {};
+    CHECK(::stat((through_holder + "/from-instance").c_str(), &st) == 0);
+    CHECK(::stat((through_holder + "/on-instance-mount").c_str(), &st) != 0);
 }
