@@ -15,6 +15,7 @@ setup() {
 teardown() {
   [ -z "${BLOCKER:-}" ] || scancel "$BLOCKER" 2>/dev/null || true
   [ -z "${SRUN:-}" ] || kill "$SRUN" 2>/dev/null || true
+  [ -z "${SRUN2:-}" ] || kill "$SRUN2" 2>/dev/null || true
   [ -z "${JOB:-}" ] || scancel "$JOB" 2>/dev/null || true
   rm -rf "$WORK"
 }
@@ -78,25 +79,43 @@ blob_gets_from() {
     "$GANTRY_TEST_REGISTRY_HTTP_LOG" || true
 }
 
-# wait_pending_job: the test user's one pending job (srun's own allocation), once the controller has it.
-wait_pending_job() {
-  local i job
-  for ((i = 0; i < 300; i++)); do
-    job=$(squeue -h -u "$U" -t PENDING -o %i)
-    [ -z "$job" ] || break
-    sleep 0.2
-  done
-  echo "$job"
+# repo_blob_gets NAME: blob GETs so far in repository gantry-test/NAME, from any address (the test's own
+# repository: the blobs it shares with tiny are counted only when fetched through it).
+repo_blob_gets() {
+  grep -cE "\"GET /v2/gantry-test/$1/blobs/sha256:[0-9a-f]{64}(\\?[^ \"]*)? HTTP/[0-9.]+\"" "$GANTRY_TEST_REGISTRY_HTTP_LOG" || true
 }
 
-@test "srun outside any job with a cold image, held behind a job that holds every node: the image is stored while srun waits, and its step fetches no blob" {
+# wait_pending_jobs N: the test user's pending jobs (sruns' own allocations), once the controller has N.
+wait_pending_jobs() {
+  local i jobs
+  for ((i = 0; i < 300; i++)); do
+    jobs=$(squeue -h -u "$U" -t PENDING -o %i)
+    [ "$(echo "$jobs" | grep -c .)" -lt "$1" ] || break
+    sleep 0.2
+  done
+  echo $jobs
+}
+
+# wait_srun PID: sets RC to the exit status of srun (a child of this shell), once it has ended.
+wait_srun() {
+  local i
+  for ((i = 0; i < 600; i++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.2; done
+  RC=0
+  wait "$1" || RC=$?
+}
+
+@test "srun outside any job with a cold image (a tag, or IMAGE@DIGEST), held behind a job that holds every node: the image is stored while srun waits, and its step fetches no blob" {
   [ "$GANTRY_TEST_MODE" = multi ] || skip "needs the multi-node harness: the registry log tells the login node from the nodes by address"
   gantry_plugin_conf "layered_images = no"
   name="srun-staged-$RANDOM$RANDOM"
   digest=$(gantry_fresh_image "$WORK" "$name")
   nblobs=$(gantry_blob_digests "$name" | wc -l)
-  gets=$(gantry_blob_gets "$name")
   ! stored "$digest" || false
+  # A second cold image, named by digest: srun resolves nothing, and stages that digest.
+  name2="srun-pinned-$RANDOM$RANDOM"
+  digest2=$(gantry_fresh_image "$WORK" "$name2")
+  nblobs2=$(gantry_blob_digests "$name2" | wc -l)
+  ! stored "$digest2" || false
   nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
   BLOCKER=$(as_user sbatch --parsable -N"$nodes" --exclusive -o /dev/null --wrap 'sleep 600')
   for ((i = 0; i < 100; i++)); do [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ] && break; sleep 0.2; done
@@ -107,29 +126,40 @@ wait_pending_job() {
     sh -c 'echo "ran $GANTRY_CONTAINER_IMAGE_DIGEST $(cut -d" " -f1 /unique/id)"' \
     >"$WORK/srun.out" 2>"$WORK/srun.err" 3>&- &
   SRUN=$!
-  JOB=$(wait_pending_job)
-  [ -n "$JOB" ]
-  # srun's stage (from the login node) stores the image while its job is pending.
-  for ((i = 0; i < 600; i++)); do stored "$digest" && break; sleep 0.2; done
+  as_user env -u SLURM_JOB_ID -u SLURM_JOBID srun -N1 --container-image="$REG#gantry-test/$name2@$digest2" \
+    sh -c 'echo "ran $GANTRY_CONTAINER_IMAGE_DIGEST $(cut -d" " -f1 /unique/id)"' \
+    >"$WORK/srun2.out" 2>"$WORK/srun2.err" 3>&- &
+  SRUN2=$!
+  jobs=$(wait_pending_jobs 2)
+  echo "pending: $jobs"
+  [ "$(echo $jobs | wc -w)" -eq 2 ]
+  # The sruns' stages (from the login node) store the images while their jobs are pending.
+  for ((i = 0; i < 600; i++)); do stored "$digest" && stored "$digest2" && break; sleep 0.2; done
   stored "$digest"
-  [ "$(squeue -h -j "$JOB" -o %T)" = PENDING ]
+  stored "$digest2"
+  [ "$(squeue -h -u "$U" -t PENDING -o %i | sort | xargs)" = "$(echo $jobs | xargs -n1 | sort | xargs)" ]
   sleep 1   # the registry logs a request after answering it
-  echo "blob GETs while pending: $(($(gantry_blob_gets "$name") - gets)) for $nblobs blobs, $(blob_gets_from "$GANTRY_TEST_LOGIN_ADDR" "$name") from the login node"
-  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
+  echo "blob GETs while pending: $(repo_blob_gets "$name") for $nblobs blobs, $(blob_gets_from "$GANTRY_TEST_LOGIN_ADDR" "$name") from the login node"
+  [ "$(repo_blob_gets "$name")" -eq "$nblobs" ]
   [ "$(blob_gets_from "$GANTRY_TEST_LOGIN_ADDR" "$name")" -eq "$nblobs" ]
-  # The blocker ends: srun's step runs the digest srun resolved, from the store, fetching no blob.
+  [ "$(blob_gets_from "$GANTRY_TEST_LOGIN_ADDR" "$name2")" -eq "$nblobs2" ]
+  # The blocker ends: each step runs its digest (srun's resolution; the one written), from the store,
+  # fetching no blob.
   scancel "$BLOCKER"
-  for ((i = 0; i < 600; i++)); do kill -0 "$SRUN" 2>/dev/null || break; sleep 0.2; done
-  rc=0
-  wait "$SRUN" || rc=$?
-  SRUN=
+  wait_srun "$SRUN"
+  rc=$RC SRUN=
+  wait_srun "$SRUN2"
+  rc2=$RC SRUN2=
   grep gantry "$WORK/srun.err" || true
-  cat "$WORK/srun.out"
+  cat "$WORK/srun.out" "$WORK/srun2.err" "$WORK/srun2.out"
   [ "$rc" -eq 0 ]
+  [ "$rc2" -eq 0 ]
   [ "$(cat "$WORK/srun.out")" = "ran $digest $name" ]
+  [ "$(cat "$WORK/srun2.out")" = "ran $digest2 $name2" ]
   grep -q "gantry: while the job waited for its nodes: staged" "$WORK/srun.err"
   sleep 1
-  [ "$(($(gantry_blob_gets "$name") - gets))" -eq "$nblobs" ]
+  [ "$(repo_blob_gets "$name")" -eq "$nblobs" ]
+  [ "$(repo_blob_gets "$name2")" -eq "$nblobs2" ]
 }
 
 # node_pull_only NAME DIGEST CMD...: runs CMD (an srun of gantry-test/NAME, cold) as the test user and
