@@ -161,9 +161,11 @@ GANTRY_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
     });
 }
 
+// srun only, once its allocation is granted: a stage armed while it waited is no longer needed (stage.cpp).
 GANTRY_EXPORT int slurm_spank_local_user_init(spank_t, int, char**) {
     return guarded("slurm_spank_local_user_init", [&] {
         gantry::trace::point("srun local_user_init");
+        gantry::plugin::allocation_granted();
         return 0;
     });
 }

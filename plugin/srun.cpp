@@ -104,6 +104,7 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     auto ref = parse_reference(*o.image);
     if (!ref) return {};  // a bad name is reported by the nodes, in Pyxis's words
     if (!ref->digest.empty()) {
+        stage_for_own_allocation(settings, config, *o.image, ref->digest);  // outside any job only
         if (!named) watch_import(config, ref->digest, *o.image);
         return {};
     }
@@ -134,6 +135,7 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     if (digest) {
         const std::string pinned = *o.image + "@" + *digest;
         set_environment_variable(kResolvedVar, pinned);
+        stage_for_own_allocation(settings, config, *o.image, *digest);  // outside any job only
         if (!named) watch_import(config, *digest, *o.image);
         return {};
     }

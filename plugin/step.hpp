@@ -7,6 +7,7 @@ extern "C" {
 #include <slurm/spank.h>
 }
 
+#include "gantry/config.hpp"
 #include "gantry/result.hpp"
 #include "options.hpp"
 #include "settings.hpp"
@@ -34,6 +35,16 @@ void clear_resolved_image();
 // steps. Fails (one line on the user's terminal, Pyxis's words) only when the registry says the image
 // cannot be had: no such tag, or credentials refused. Anything else is left to the nodes.
 Status stage_at_submit(spank_t sp, const Settings& settings);
+// srun outside any job (no SLURM_JOB_ID: srun is about to ask for an allocation of its own), once
+// pin_image_digest has `digest` for the step: arms the same stage as sbatch's (gantry.conf
+// stage_at_submit, `gantry stage --at-submit`), of that digest, without asking the registry again. It
+// starts only if srun's job is still waiting for its nodes a few seconds later (stage.cpp), so that the
+// image is stored by the time the job leaves the queue. Nothing when the store holds it already.
+void stage_for_own_allocation(const Settings& settings, const Config& config, const std::string& image,
+                              const std::string& digest);
+// srun (slurm_spank_local_user_init: its allocation has been granted): calls off a stage not yet
+// started, and logs (srun -v) what a started one did.
+void allocation_granted();
 
 // slurmstepd (remote, in slurm_spank_init, before anything else): notes slurmstepd's own threads, so
 // that a pull can tell when Slurm asks to signal or end the step and stop (step.cpp, StepSignals).

@@ -4,10 +4,12 @@
 // pull), in the foreground or, with --background, in a detached process of its own.
 //
 // The plugin runs `gantry stage --at-submit IMAGE` from sbatch/salloc (docs/user.md, "Staged while
-// the job waits"): gantry.conf's stage_at_submit then decides whether this host stages at all, and
-// the resolved digest on stdout is what the job's steps run. A trusted store the caller cannot write is
-// staged by the login node's stage server (gantry stage-server, stage_server.cpp), when gantry.conf
-// names its socket (stage_socket): the request and the caller's credentials are handed to it.
+// the job waits"), and `gantry stage --at-submit --tag-resolved-to DIGEST IMAGE` from an srun outside
+// any job whose allocation is queued (the digest srun resolved for its step): gantry.conf's
+// stage_at_submit then decides whether this host stages at all, and the digest on stdout is what the
+// job's steps run. A trusted store the caller cannot write is staged by the login node's stage server
+// (gantry stage-server, stage_server.cpp), when gantry.conf names its socket (stage_socket): the
+// request and the caller's credentials are handed to it.
 #include <sys/stat.h>
 #include <unistd.h>
 

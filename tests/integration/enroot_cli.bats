@@ -8,7 +8,12 @@ load helpers
 
 setup() {
   gantry_step_suite enroot-cli
-  ENROOT=$GANTRY_BUILD_DIR/runtime/enroot
+  # The cluster's own build (22.05: the build tree; 24.11: the one made in its root, whose libraries
+  # the login node has), and the login node's PATH: the caller's on 22.05, the root's own on 24.11 (the
+  # caller's PATH there starts with slurm2411/bin, wrappers that only root on the host may run).
+  RUNTIME=$(dirname "$GANTRY_TEST_GANTRY")
+  ENROOT=$RUNTIME/enroot
+  if [ -n "${GANTRY_SLURM_LOGIN_EXEC:-}" ]; then LOGIN_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; else LOGIN_PATH=$PATH; fi
   mkdir -m 0700 "$WORK/xdg"  # the user's runtime directory, this test's alone (running containers)
   chown "$U" "$WORK/xdg"
   chmod 0755 "$WORK"
@@ -26,7 +31,7 @@ teardown() {
 # as_user CMD...: CMD as the test user in WORK, with WORK's gantry.conf, the build tree's enroot first
 # on PATH and created containers in WORK.
 as_user() {
-  gantry_as_user "$U" "$WORK" env GANTRY_CONFIG="${CONF:-$WORK/gantry.conf}" PATH="$GANTRY_BUILD_DIR/runtime:$PATH" \
+  gantry_as_user "$U" "$WORK" env GANTRY_CONFIG="${CONF:-$WORK/gantry.conf}" PATH="$RUNTIME:$LOGIN_PATH" \
     ENROOT_DATA_PATH="${DATA:-$WORK/data}" XDG_RUNTIME_DIR="$WORK/xdg" "$@"
 }
 
@@ -121,7 +126,7 @@ exec cat "$WORK/saved.tar"
 EOF
   chmod 0755 "$WORK/bin/docker"
   chmod 0644 "$WORK/saved.tar"
-  gantry_as_user "$U" "$WORK" env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" PATH="$WORK/bin:$GANTRY_BUILD_DIR/runtime:$PATH" \
+  gantry_as_user "$U" "$WORK" env GANTRY_CONFIG="$GANTRY_TEST_GANTRY_CONF" PATH="$WORK/bin:$RUNTIME:$LOGIN_PATH" \
     enroot import dockerd://gantry-test/tiny:latest
   unsquashfs -l "$WORK/gantry-test+tiny+latest.sqsh" | grep -qx 'squashfs-root/work/README'
 }
@@ -231,9 +236,11 @@ EOF
 @test "the seed guides' flow: import-container.sh (docker://REGISTRY#IMAGE), enroot list, then the file on 3 nodes" {
   mkdir -p "$WORK/fsx/containers/images"
   chown -R "$U" "$WORK/fsx"
-  # The real helper, with its documented knobs: the output directory and the registry source.
+  # The real helper, with its documented knobs: the output directory and the registry source. Run from
+  # a copy in WORK, which the 24.11 login node (a root of its own) sees too.
+  cp /work/shared/user-jobs/import-container.sh "$WORK/import-container.sh"
   as_user env OUT_DIR="$WORK/fsx/containers/images" IMPORT_SOURCE=docker \
-    bash /work/shared/user-jobs/import-container.sh "$TINY" x >"$WORK/out" 2>"$WORK/err" || { cat "$WORK/out" "$WORK/err"; false; }
+    bash "$WORK/import-container.sh" "$TINY" x >"$WORK/out" 2>"$WORK/err" || { cat "$WORK/out" "$WORK/err"; false; }
   cat "$WORK/out"
   grep -qx "✓ Import completed!" "$WORK/out"
   [ -f "$WORK/fsx/containers/images/x.sqsh" ]
