@@ -9,12 +9,15 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "gantry/auth.hpp"
 #include "gantry/authorization_cache.hpp"
 #include "gantry/digest.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/files.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/store.hpp"
@@ -41,8 +44,8 @@ namespace {
 // as Slurm asks to signal or end this step (see StepSignals): slurmstepd holds such a request until the
 // tasks run, and they run only after this returns.
 constexpr int kRootFd = 200;
-constexpr int kCredentialsFd = 3;
-constexpr int kReportFd = 4;
+constexpr int kCredentialsFd = kHandOverCredentialsFd;
+constexpr int kReportFd = kHandOverReportFd;
 constexpr size_t kMaxCaptured = 64 * 1024;
 struct RunOptions {
     int userns_fd = -1;
@@ -308,41 +311,22 @@ Result<PullReport> pull_into_trusted_store(const Settings& settings, const Confi
                           "' is not an account on this node");
     const std::vector<gid_t> groups = user_identity(owner->pw_uid, owner->pw_gid).groups;
 
-    // The credentials go into a pipe whose read end is the pull's fd 3; they fit the pipe's buffer
-    // (they are a few KiB: the user's half was capped), and the write end is non-blocking, so
-    // slurmstepd never waits on a reader that has not started: anything larger fails here instead.
-    int pipefd[2];
-    if (::pipe2(pipefd, O_CLOEXEC) != 0) return system_error("creating a pipe for the credentials");
-    (void)::fcntl(pipefd[1], F_SETFL, O_NONBLOCK);
-    UniqueFd read_end(pipefd[0]);
-    UniqueFd write_end(pipefd[1]);
-    (void)::fcntl(write_end.get(), F_SETPIPE_SZ, 1 << 20);
-    if (credentials.empty()) credentials = "{}";
-    if (::write(write_end.get(), credentials.data(), credentials.size()) != static_cast<ssize_t>(credentials.size()))
-        return system_error("handing the credentials to the store owner's pull");
-    write_end.reset();
-
-    std::vector<std::string> owner_argv = {gantry_cli(settings),
-                                           "pull",
-                                           "--quiet",
-                                           "--credentials-fd",
-                                           std::to_string(kCredentialsFd),
-                                           "--report-fd",
-                                           std::to_string(kReportFd),
-                                           "--store",
-                                           config.store_path};
-    if (whole) owner_argv.push_back("--whole");
-    owner_argv.push_back(image);
-    std::vector<std::string> owner_env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("HOME=") + owner->pw_dir,
-                                          std::string("USER=") + owner->pw_name, "LANG=C.UTF-8"};
-    if (have_config) owner_env.push_back("GANTRY_CONFIG=" + settings.config);
-    owner_env.push_back("GANTRY_PULL_GROUP=" + std::to_string(id.jobid) + "." + std::to_string(id.stepid));
+    // The credentials on a pipe (hand_over_pipe: slurmstepd never waits on a reader that has not
+    // started), the store account's pull as the stage server runs it (auth.hpp, one recipe).
+    auto read_end = hand_over_pipe(credentials);
+    if (!read_end) return read_end.error().wrap(import_failed(image));
     // Proxies are the site's network path, not code: the pull needs them where the user's half did.
-    for (const char* name : {"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"})
-        if (auto v = find_env(env, name)) owner_env.push_back(std::string(name) + "=" + *v);
+    std::map<std::string, std::string> proxies;
+    for (const char* name : kProxyVariables)
+        if (auto v = find_env(env, name)) proxies.emplace(name, *v);
+    const std::vector<std::string> owner_argv =
+        store_owner_pull_argv(gantry_cli(settings), config.store_path, image, whole);
+    const std::vector<std::string> owner_env = store_owner_pull_environment(
+        owner->pw_dir, owner->pw_name, have_config ? settings.config : "", proxies,
+        {"GANTRY_PULL_GROUP=" + std::to_string(id.jobid) + "." + std::to_string(id.stepid)});
     std::string report;
     RunOptions owner_run;
-    owner_run.fd3_in = read_end.get();
+    owner_run.fd3_in = read_end->get();
     owner_run.report = &report;
     owner_run.stop_when_step_signalled = true;
     auto o = run_as_user(owner->pw_uid, owner->pw_gid, groups, owner_argv, owner_env, owner_run);

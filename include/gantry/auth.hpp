@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gantry/fd.hpp"
 #include "gantry/reference.hpp"
 #include "gantry/result.hpp"
 #include "gantry/sigv4.hpp"
@@ -73,6 +74,25 @@ std::string encode_credential_hand_over(const std::string& registry, const std::
 Result<std::string> credential_hand_over_registry(const std::string& text);
 // The lookup a receiving pull uses: the handed-over credentials for their registry, nothing elsewhere.
 Result<CredentialLookup> decode_credential_hand_over(const std::string& text);
+
+// The store account's pull that receives a hand-over (a node's pull_into_trusted_store, the stage
+// server's), one recipe for both: `PROGRAM pull --quiet --credentials-fd 3 --report-fd 4 --store STORE
+// [--whole] IMAGE`, run with store_owner_pull_environment, the hand-over on a pipe whose read end
+// (hand_over_pipe) the pull gets as kHandOverCredentialsFd and its report on kHandOverReportFd.
+inline constexpr int kHandOverCredentialsFd = 3;
+inline constexpr int kHandOverReportFd = 4;
+std::vector<std::string> store_owner_pull_argv(const std::string& program, const std::string& store,
+                                               const std::string& image, bool whole);
+// The account's basics (PATH, HOME, USER, LANG), GANTRY_CONFIG when `config_path` is set, the site's
+// proxies as given (their network path, not code), and `extra` ("NAME=VALUE"); nothing else of anyone's.
+std::vector<std::string> store_owner_pull_environment(const std::string& home, const std::string& user,
+                                                      const std::string& config_path,
+                                                      const std::map<std::string, std::string>& proxies,
+                                                      const std::vector<std::string>& extra = {});
+// A pipe holding `hand_over` ({} when empty), its read end returned. The hand-over fits the pipe's
+// buffer (it is a few KiB at most: the user's half is capped), and the write end is non-blocking, so
+// the writer never waits on a reader that has not started: anything larger fails here instead.
+Result<UniqueFd> hand_over_pipe(const std::string& hand_over);
 
 namespace auth {
 

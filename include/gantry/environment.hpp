@@ -7,7 +7,8 @@
 // Read once, lazily, on first use; read again only where the process's own environment changes:
 //   - `set_environment_variable` / `unset_environment_variable`: the plugin's hand-over variables,
 //     which srun/sbatch write into their own environment for the job (plugin/srun.cpp, stage.cpp,
-//     telemetry.cpp) and read back within the same callback sequence;
+//     telemetry.cpp) and read back within the same callback sequence, and the stage server's
+//     removal of systemd's LISTEN_* once it took its socket;
 //   - `reread_environment()`: at the entry of every SPANK callback (the host process, srun, sbatch or
 //     slurmstepd, may have changed its environment between callbacks: srun sets the job's SLURM_*
 //     variables once it has an allocation), and in unit tests after setenv.
@@ -20,7 +21,8 @@
 //   - environments passed on whole to a child (`environ` copied into ProcessRequest::env: the user's
 //     credentials and proxies for `gantry stage`, the container's variables);
 //   - variables libcurl and OpenSSL read themselves (http_proxy, https_proxy, no_proxy, ALL_PROXY,
-//     and OpenSSL's SSL_CERT_FILE/SSL_CERT_DIR defaults, which Gantry also reads to check them);
+//     and OpenSSL's SSL_CERT_FILE/SSL_CERT_DIR defaults, which Gantry also reads to check them); the
+//     proxies are also kept in `proxies`, only to be passed on to a pull a process starts;
 //   - gantry-entry (runtime/entry/gantry_entry.c): a static C program exec'd as a task's first
 //     process, which reads its own GANTRY_ENTRY_* variables and removes them before it execs the
 //     entrypoint; it links nothing of the runtime's.
@@ -107,12 +109,24 @@ struct Environment {
     EnvironmentVariable slurm_conf;    // SLURM_CONF
     EnvironmentVariable slurm_job_id;  // SLURM_JOB_ID: srun runs inside a job
 
+    // systemd's socket activation (gantry stage-server): the process meant and how many sockets.
+    EnvironmentVariable listen_pid;  // LISTEN_PID
+    EnvironmentVariable listen_fds;  // LISTEN_FDS
+
+    // The site's proxies (kProxyVariables), set ones only: libcurl reads them itself in this process;
+    // these are what a process passes on to the pulls it starts (the stage server's store-account pulls).
+    std::map<std::string, std::string> proxies;
+
     // Families read by prefix, whole name -> value (srun's environment, where the plugin checks them):
     // GANTRY_CONTAINER_* and PYXIS_CONTAINER_* (the options' environment forms), and
     // SLURM_SPANK__SLURM_SPANK_OPTION_gantry_* (options sbatch hands to the job's sruns).
     std::map<std::string, std::string> container_forms;
     std::map<std::string, std::string> inherited_options;
 };
+
+// The proxy variables, as libcurl and the AWS CLI read them.
+inline constexpr const char* kProxyVariables[] = {"http_proxy", "https_proxy", "no_proxy",
+                                                  "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"};
 
 // Prefixes of the families above.
 inline constexpr const char* kContainerFormPrefixes[] = {"GANTRY_CONTAINER_", "PYXIS_CONTAINER_"};

@@ -1,6 +1,9 @@
 // The credential hand-over between a user's process and a pull run by the store account (auth.hpp):
 // both the nodes' two-halves pull (plugin/pull.cpp) and the login nodes' stage server
 // (runtime/stage) carry exactly this JSON, so there is one format and one parser for it.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "gantry/auth.hpp"
@@ -60,6 +63,51 @@ Result<CredentialLookup> decode_credential_hand_over(const std::string& text) {
     return CredentialLookup([c = *h->credentials, registry = h->registry](const ImageReference& r) {
         return r.registry == registry ? std::optional<Credentials>(c) : std::nullopt;
     });
+}
+
+}  // namespace gantry
+
+namespace gantry {
+
+std::vector<std::string> store_owner_pull_argv(const std::string& program, const std::string& store,
+                                               const std::string& image, bool whole) {
+    std::vector<std::string> argv = {program,
+                                     "pull",
+                                     "--quiet",
+                                     "--credentials-fd",
+                                     std::to_string(kHandOverCredentialsFd),
+                                     "--report-fd",
+                                     std::to_string(kHandOverReportFd),
+                                     "--store",
+                                     store};
+    if (whole) argv.push_back("--whole");
+    argv.push_back(image);
+    return argv;
+}
+
+std::vector<std::string> store_owner_pull_environment(const std::string& home, const std::string& user,
+                                                      const std::string& config_path,
+                                                      const std::map<std::string, std::string>& proxies,
+                                                      const std::vector<std::string>& extra) {
+    std::vector<std::string> env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + home, "USER=" + user,
+                                    "LANG=C.UTF-8"};
+    if (!config_path.empty()) env.push_back("GANTRY_CONFIG=" + config_path);
+    for (const auto& [name, value] : proxies) env.push_back(name + "=" + value);
+    env.insert(env.end(), extra.begin(), extra.end());
+    return env;
+}
+
+Result<UniqueFd> hand_over_pipe(const std::string& hand_over) {
+    int pipefd[2];
+    if (::pipe2(pipefd, O_CLOEXEC) != 0) return system_error("creating a pipe for the credentials");
+    UniqueFd read_end(pipefd[0]);
+    UniqueFd write_end(pipefd[1]);
+    (void)::fcntl(write_end.get(), F_SETFL, O_NONBLOCK);
+    (void)::fcntl(write_end.get(), F_SETPIPE_SZ, 1 << 20);
+    const std::string text = hand_over.empty() ? "{}" : hand_over;
+    if (::write(write_end.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+        return system_error("handing the credentials to the store account's pull");
+    return read_end;
 }
 
 }  // namespace gantry

@@ -22,6 +22,8 @@
 
 #include "command.hpp"
 #include "common.hpp"
+#include "gantry/auth.hpp"
+#include "gantry/environment.hpp"
 #include "gantry/fd.hpp"
 #include "gantry/log.hpp"
 #include "gantry/pull_report.hpp"
@@ -34,8 +36,6 @@ namespace {
 
 // A staged pull may take as long as `gantry stage --background` lets one (its default deadline).
 constexpr std::chrono::hours kPullDeadline{1};
-constexpr int kCredentialsFd = 3;
-constexpr int kReportFd = 4;
 
 std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int) {
@@ -50,13 +50,15 @@ struct ServerArgs {
 
 // The socket systemd passed (socket activation: LISTEN_PID is us, one descriptor at 3), or -1.
 int socket_from_systemd() {
-    const char* pid = std::getenv("LISTEN_PID");
-    const char* fds = std::getenv("LISTEN_FDS");
-    if (pid == nullptr || fds == nullptr) return -1;
-    if (std::strtol(pid, nullptr, 10) != ::getpid() || std::strtol(fds, nullptr, 10) != 1) return -1;
-    ::unsetenv("LISTEN_PID");
-    ::unsetenv("LISTEN_FDS");
-    ::unsetenv("LISTEN_FDNAMES");
+    const Environment& env = environment();
+    if (!env.listen_pid.set || !env.listen_fds.set) return -1;
+    if (std::strtol(env.listen_pid.value.c_str(), nullptr, 10) != ::getpid() ||
+        std::strtol(env.listen_fds.value.c_str(), nullptr, 10) != 1)
+        return -1;
+    // Not for the pulls we start (they are no socket-activated services).
+    unset_environment_variable("LISTEN_PID");
+    unset_environment_variable("LISTEN_FDS");
+    unset_environment_variable("LISTEN_FDNAMES");
     (void)::fcntl(3, F_SETFD, FD_CLOEXEC);
     return 3;
 }
@@ -64,42 +66,22 @@ int socket_from_systemd() {
 // The one environment the pulls get: the account's own basics, the config we were started with, and
 // the site's proxies (its network path); nothing a client sent.
 std::vector<std::string> pull_environment(const passwd& self) {
-    std::vector<std::string> env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("HOME=") + self.pw_dir,
-                                    std::string("USER=") + self.pw_name, "LANG=C.UTF-8"};
-    for (const char* name :
-         {"GANTRY_CONFIG", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"})
-        if (const char* v = std::getenv(name)) env.push_back(std::string(name) + "=" + v);
-    return env;
+    const Environment& env = environment();
+    return store_owner_pull_environment(self.pw_dir, self.pw_name, env.gantry_config.value, env.proxies);
 }
 
-// The store account's pull of one request, as a node's (pull_into_trusted_store): the credentials on a
-// pipe as fd 3, the typed report on fd 4. Returns the answer line.
+// The store account's pull of one request, as a node's (pull_into_trusted_store, the same recipe:
+// auth.hpp): the credentials on a pipe as fd 3, the typed report on fd 4. Returns the answer line.
 std::string pull_for(const std::string& store, const std::vector<std::string>& env, const StageRequest& r) {
-    int pipefd[2];
-    if (::pipe2(pipefd, O_CLOEXEC) != 0) return "error creating a pipe for the credentials";
-    UniqueFd read_end(pipefd[0]);
-    UniqueFd write_end(pipefd[1]);
     // At most kMaxStageRequestBytes: it fits a pipe's buffer, so this write never waits on the pull.
-    (void)::fcntl(write_end.get(), F_SETPIPE_SZ, 1 << 20);
-    if (::write(write_end.get(), r.credentials.data(), r.credentials.size()) !=
-        static_cast<ssize_t>(r.credentials.size()))
-        return "error handing the credentials to the pull";
-    write_end.reset();
+    auto read_end = hand_over_pipe(r.credentials);
+    if (!read_end) return "error " + read_end.error().message;
     std::string report;
     ProcessRequest rq;
-    rq.argv = {self_program(),
-               "pull",
-               "--quiet",
-               "--credentials-fd",
-               std::to_string(kCredentialsFd),
-               "--report-fd",
-               std::to_string(kReportFd),
-               "--store",
-               store,
-               r.image};
+    rq.argv = store_owner_pull_argv(self_program(), store, r.image, false);
     rq.env = env;
-    rq.inputs = {{read_end.get(), kCredentialsFd}};
-    rq.outputs = {{kReportFd, &report, kMaxPullReportBytes, "report"}};
+    rq.inputs = {{read_end->get(), kHandOverCredentialsFd}};
+    rq.outputs = {{kHandOverReportFd, &report, kMaxPullReportBytes, "report"}};
     rq.timeout = kPullDeadline;
     auto o = spawn(rq);
     if (!o) return "error " + o.error().message;

@@ -73,6 +73,8 @@ constexpr Named kNamed[] = {
     {"ENROOT_MOUNT_HOME", &Environment::enroot_mount_home},
     {"SLURM_CONF", &Environment::slurm_conf},
     {"SLURM_JOB_ID", &Environment::slurm_job_id},
+    {"LISTEN_PID", &Environment::listen_pid},
+    {"LISTEN_FDS", &Environment::listen_fds},
 };
 
 Environment read_environment() {
@@ -89,6 +91,8 @@ Environment read_environment() {
         for (const char* prefix : kContainerFormPrefixes)
             if (name.rfind(prefix, 0) == 0) env.container_forms.emplace(name, value);
         if (name.rfind(kInheritedOptionPrefix, 0) == 0) env.inherited_options.emplace(name, value);
+        for (const char* proxy : kProxyVariables)
+            if (name == proxy) env.proxies.emplace(name, value);
     }
     return env;
 }
@@ -98,7 +102,8 @@ bool same(const Environment& a, const Environment& b) {
         const EnvironmentVariable &x = a.*n.field, &y = b.*n.field;
         if (x.set != y.set || x.value != y.value) return false;
     }
-    return a.container_forms == b.container_forms && a.inherited_options == b.inherited_options;
+    return a.container_forms == b.container_forms && a.inherited_options == b.inherited_options &&
+           a.proxies == b.proxies;
 }
 
 std::mutex g_reread;

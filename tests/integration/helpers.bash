@@ -227,6 +227,17 @@ gantry_blob_gets() {
   echo "$n"
 }
 
+# gantry_hold_every_node: a job of the test user's (the suite's as_user) holding every node of the
+# cluster, exclusive and sleeping, RUNNING when this returns; its id in BLOCKER (the caller cancels it).
+# A job submitted meanwhile waits in the queue: what a cluster busy with another job looks like.
+gantry_hold_every_node() {
+  local nodes i
+  nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
+  BLOCKER=$(as_user sbatch --parsable -N"$nodes" --exclusive -o /dev/null --wrap 'sleep 600')
+  for ((i = 0; i < 100; i++)); do [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ] && break; sleep 0.2; done
+  [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ]
+}
+
 # gantry_next_job_id: the job id slurmctld gives next (it advances with every job, even one that fails),
 # to show that a submission was refused before the controller allocated a job.
 gantry_next_job_id() {

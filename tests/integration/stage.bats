@@ -41,10 +41,7 @@ stored() {
   gets=$(gantry_blob_gets "$name")   # tiny's layers are shared with other images: count from here on
   ! stored "$digest" || false
   # Every node busy: the job below waits in the queue until the blocker is cancelled.
-  nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
-  BLOCKER=$(as_user sbatch --parsable -N"$nodes" --exclusive -o /dev/null --wrap 'sleep 600')
-  for ((i = 0; i < 100; i++)); do [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ] && break; sleep 0.1; done
-  [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ]
+  gantry_hold_every_node
   cat > "$WORK/job.sh" <<JOB
 #!/bin/sh
 #SBATCH --container-image=$REG/gantry-test/$name
@@ -116,10 +113,7 @@ wait_srun() {
   digest2=$(gantry_fresh_image "$WORK" "$name2")
   nblobs2=$(gantry_blob_digests "$name2" | wc -l)
   ! stored "$digest2" || false
-  nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
-  BLOCKER=$(as_user sbatch --parsable -N"$nodes" --exclusive -o /dev/null --wrap 'sleep 600')
-  for ((i = 0; i < 100; i++)); do [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ] && break; sleep 0.2; done
-  [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ]
+  gantry_hold_every_node
   # No SLURM_JOB_ID: srun asks for an allocation of its own and waits in the queue behind the blocker.
   # In the background (its fd 3 closed: bats waits for every holder of it).
   as_user env -u SLURM_JOB_ID -u SLURM_JOBID srun -v -N1 --container-image="$REG#gantry-test/$name" \

@@ -363,10 +363,7 @@ manifests_granted() {
   ! stored_record "$digest" || false
   # The submitting user cannot write the store: only the server (the store account) can fill it.
   ! runuser -u "$U" -- touch "$TSTORE/images/probe" 2>/dev/null || false
-  nodes=$(sinfo -h -N -o %N | sort -u | wc -l)
-  BLOCKER=$(as_user sbatch --parsable -N"$nodes" --exclusive -o /dev/null --wrap 'sleep 600')
-  for ((i = 0; i < 100; i++)); do [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ] && break; sleep 0.1; done
-  [ "$(squeue -h -j "$BLOCKER" -o %T)" = RUNNING ]
+  gantry_hold_every_node
   cat > "$WORK/job.sh" <<JOB
 #!/bin/sh
 #SBATCH --container-image=$REG/gantry-test/$name
@@ -453,25 +450,24 @@ JOB
   [ "$(ls "$TSTORE/images" | grep -c '\.json$')" -ge 2 ]
 }
 
+# refuses_to_serve [AS-ACCOUNT] SOCKET MESSAGE: `gantry stage-server --socket SOCKET`, as root or (with
+# an account) as that account, exits 1 with MESSAGE at the start of its line and makes no socket.
+refuses_to_serve() {
+  local as=()
+  [ $# -eq 3 ] && { as=(setpriv --reuid "$1" --regid "$1" --init-groups); shift; }
+  run "${as[@]}" env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage-server --socket "$1"
+  echo "$output"
+  [ "$status" -eq 1 ]
+  echo "$output" | grep -q "^gantry: stage-server: $2"
+  [ ! -e "$1" ]
+}
+
 @test "stage-server refuses root, an account other than store_owner, and a missing store_owner" {
-  run env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" "$GANTRY_TEST_GANTRY" stage-server --socket "$WORK/s.sock"
-  echo "$output"
-  [ "$status" -eq 1 ]
-  echo "$output" | grep -q "^gantry: stage-server: runs as the store account (gantry.conf store_owner), never as root"
-  run setpriv --reuid "$ATTACKER" --regid "$ATTACKER" --init-groups env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" \
-    "$GANTRY_TEST_GANTRY" stage-server --socket "$WORK/s.sock"
-  echo "$output"
-  [ "$status" -eq 1 ]
-  echo "$output" | grep -q "^gantry: stage-server: runs as store_owner '$OWNER', not as '$ATTACKER'"
-  [ ! -e "$WORK/s.sock" ]
+  refuses_to_serve "$WORK/s.sock" "runs as the store account (gantry.conf store_owner), never as root"
+  refuses_to_serve "$ATTACKER" "$WORK/s.sock" "runs as store_owner '$OWNER', not as '$ATTACKER'"
   # Without store_owner there is no trusted store for it to fill.
   sed -i '/^store_owner/d' "$GANTRY_HARNESS_DIR/gantry.conf"
-  run setpriv --reuid "$OWNER" --regid "$OWNER" --init-groups env GANTRY_CONFIG="$GANTRY_HARNESS_DIR/gantry.conf" \
-    "$GANTRY_TEST_GANTRY" stage-server --socket "$GANTRY_HARNESS_DIR/no-owner.sock"
-  echo "$output"
-  [ "$status" -eq 1 ]
-  echo "$output" | grep -q "^gantry: stage-server: gantry.conf sets no store_path and store_owner"
-  [ ! -e "$GANTRY_HARNESS_DIR/no-owner.sock" ]
+  refuses_to_serve "$OWNER" "$GANTRY_HARNESS_DIR/no-owner.sock" "gantry.conf sets no store_path and store_owner"
 }
 
 @test "stage server under socket activation (as the packaged gantry-stage.socket starts it) serves the socket it was handed" {
