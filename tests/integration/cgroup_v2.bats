@@ -75,6 +75,9 @@ make_step() {
 run_step() {
   local jobid=$1 i
   shift
+  # Emptied here, not by the background job's redirection: the loop below must never read the
+  # previous step's "ready" before that job has opened the file.
+  : >"$RUN/driver.out"
   sh -c 'echo $$ >"$1/slurm/cgroup.procs" && shift && exec "$@"' sh "$STEP" \
     "$DRIVER" step --runtime "$RUN" --image "$IMGDIR/img.sqsh" --uid "$TUID" --gid "$TGID" \
     --job "$jobid" --task "$TASK_PID" "$@" >"$RUN/driver.out" 2>&1 &
