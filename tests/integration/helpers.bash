@@ -227,6 +227,13 @@ gantry_blob_gets() {
   echo "$n"
 }
 
+# gantry_without_queue_lines: stdin without srun's "job N queued and waiting for resources" and "job N
+# has been allocated resources" lines, which a node still completing an earlier job adds to a step's
+# output (Slurm's information, not the behaviour a test looks at).
+gantry_without_queue_lines() {
+  grep -Ev '^srun: job [0-9]+ (queued and waiting for resources|has been allocated resources)$' || true
+}
+
 # gantry_hold_every_node: a job of the test user's (the suite's as_user) holding every node of the
 # cluster, exclusive and sleeping, RUNNING when this returns; its id in BLOCKER (the caller cancels it).
 # A job submitted meanwhile waits in the queue: what a cluster busy with another job looks like.

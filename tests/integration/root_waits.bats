@@ -259,13 +259,12 @@ for f in sys.argv[1:]:
 answers_alike() {
   mkdir -m 0700 "$WORK/secret"
   mkdir -p "$WORK/secret/there/spool" && touch "$WORK/secret/there/slurm.conf"
-  local queued='^srun: job [0-9]+ (queued and waiting for resources|has been allocated resources)$'
   run "$1" "$WORK/secret/there"
   local s1=$status o1
-  o1=$(grep -Ev "$queued" <<<"${output//there/NAME}" || true)
+  o1=$(gantry_without_queue_lines <<<"${output//there/NAME}")
   run "$1" "$WORK/secret/missing"
   local s2=$status o2
-  o2=$(grep -Ev "$queued" <<<"${output//missing/NAME}" || true)
+  o2=$(gantry_without_queue_lines <<<"${output//missing/NAME}")
   printf 'root-only (%s):\n%s\nmissing (%s):\n%s\n' "$s1" "$o1" "$s2" "$o2"
   [ "$s1" = "$s2" ] && [ "$(sort <<<"$o1")" = "$(sort <<<"$o2")" ]
   ANSWER_STATUS=$s1 ANSWER=$o1
