@@ -96,10 +96,7 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     // again): the nodes know, srun does not, so node 0 tells the user instead (join_step). The tag is
     // still resolved here: a node that creates the container needs it, and it is one request per step.
     bool named = o.name.has_value();
-    Config config = [&] {
-        gantry::trace::Phase phase("srun load_plugin_config");
-        return load_plugin_config(settings);
-    }();
+    Config config = load_plugin_config(settings);
     if (!named && config.import_messages) tell_user("gantry: importing docker image: " + *o.image);
     auto ref = parse_reference(*o.image);
     if (!ref) return {};  // a bad name is reported by the nodes, in Pyxis's words
@@ -123,14 +120,10 @@ Status pin_image_digest(spank_t, const Settings& settings) {
     // the nodes resolve the tag themselves, as without this, when it fails.
     RegistryOptions quick;
     quick.max_attempts = 2;
-    std::optional<RegistryClient> client;
-    {
-        gantry::trace::Phase phase("srun RegistryClient");
-        client.emplace(config, quick);
-    }
+    RegistryClient client(config, quick);
     auto digest = [&] {
-        gantry::trace::Phase phase("srun resolve_digest");
-        return client->resolve_digest(*ref, Platform::host());
+        gantry::trace::Phase phase("srun resolve_digest");  // the registry round trip (bench/srun.sh --breakdown)
+        return client.resolve_digest(*ref, Platform::host());
     }();
     if (digest) {
         const std::string pinned = *o.image + "@" + *digest;

@@ -516,16 +516,9 @@ void task_exited(spank_t sp, const Settings& settings) {
 void finish_cgroup_placement() {
     StepState& st = state();
     if (!st.placement.started()) return;
-    auto results = st.placement.finish();
-    // In start()'s order: the holder, its image server (when there is one), the job's cgroup record.
-    const bool server = st.joined.server_pid > 0;
-    for (size_t i = 0; i < results.size(); ++i) {
-        if (results[i]) continue;
-        const char* what = i == 0             ? "placing the container holder in the step's cgroups: "
-                           : i == 1 && server ? "placing the job's image server in the job's cgroups: "
-                                              : "recording the job's cgroup: ";
-        log::warning(what + results[i].error().message);
-    }
+    // Each failure says which move it was.
+    for (const auto& result : st.placement.finish())
+        if (!result) log::warning(result.error().message);
 }
 
 void finish_step(spank_t, const Settings&) {

@@ -318,7 +318,7 @@ int end_job_image_servers(const Config& config, uint32_t jobid);
 // writes are made by a thread of their own: the first move into a cgroup in a while waits for an RCU
 // grace period in the kernel (10-12 ms measured), which the task need not wait for. finish() waits for
 // the thread (at most `limit`) and returns each one's result in that order (the server's only when
-// there is one). Root only; a process forked meanwhile (a task) never joins or frees it.
+// there is one), a failure saying which it was. Root only; a process forked meanwhile (a task) never joins or frees it.
 class CgroupPlacement {
 public:
     CgroupPlacement() = default;

@@ -223,13 +223,29 @@ struct PlannedMove {
     std::string what;
 };
 
-Result<PlannedMove> plan_move(pid_t model, CgroupLevel level, pid_t leader, unsigned long long leader_start,
-                              uid_t owner, const std::string& what) {
-    std::string task_cgroups = read_small("/proc/" + std::to_string(model) + "/cgroup");
-    if (task_cgroups.empty()) return system_error("reading the cgroups of process " + std::to_string(model));
+// A task's cgroups as the kernel lists them (/proc/MODEL/cgroup) and the cgroup mounts, read once for
+// every target computed from them (targets_of).
+struct TaskCgroups {
+    std::string lines;
+    std::vector<launcher::CgroupHierarchy> mounts;
+};
+
+Result<TaskCgroups> task_cgroups_of(pid_t model) {
+    TaskCgroups t;
+    t.lines = read_small("/proc/" + std::to_string(model) + "/cgroup");
+    if (t.lines.empty()) return system_error("reading the cgroups of process " + std::to_string(model));
+    t.mounts = launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo"));
+    return t;
+}
+
+std::vector<launcher::CgroupTarget> targets_of(const TaskCgroups& t, CgroupLevel level) {
+    return launcher::cgroup_targets(t.lines, t.mounts, level);
+}
+
+PlannedMove plan_move(std::vector<launcher::CgroupTarget> targets, pid_t leader, unsigned long long leader_start,
+                      uid_t owner, const std::string& what) {
     PlannedMove plan;
-    plan.targets = launcher::cgroup_targets(task_cgroups,
-                                            launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")), level);
+    plan.targets = std::move(targets);
     plan.leader = leader;
     plan.leader_start = leader_start;
     plan.owner = owner;
@@ -278,9 +294,9 @@ Status carry_out(const PlannedMove& plan) {
 
 Status move_into_cgroups_of(pid_t model, CgroupLevel level, pid_t leader, unsigned long long leader_start, uid_t owner,
                             const std::string& what) {
-    auto plan = plan_move(model, level, leader, leader_start, owner, what);
-    if (!plan) return plan.error();
-    return carry_out(*plan);
+    auto cgroups = task_cgroups_of(model);
+    if (!cgroups) return cgroups.error();
+    return carry_out(plan_move(targets_of(*cgroups, level), leader, leader_start, owner, what));
 }
 
 }  // namespace
@@ -310,8 +326,12 @@ Status place_image_server_in_job_cgroups(pid_t model, const ContainerState& stat
 }
 
 namespace {
+std::string job_servers_file_in(const std::string& runtime, uint32_t jobid) {
+    return runtime + "/servers/job_" + std::to_string(jobid);
+}
+
 std::string job_servers_file(const Config& config, uint32_t jobid) {
-    return runtime_dir(config) + "/servers/job_" + std::to_string(jobid);
+    return job_servers_file_in(runtime_dir(config), jobid);
 }
 
 Status append_record(const std::string& path, const std::string& line) {
@@ -371,12 +391,6 @@ int end_job_image_servers(const Config& config, uint32_t jobid) {
 }
 
 namespace {
-std::vector<launcher::CgroupTarget> job_targets_of(pid_t model) {
-    return launcher::cgroup_targets(read_small("/proc/" + std::to_string(model) + "/cgroup"),
-                                    launcher::parse_cgroup_mounts(read_small("/proc/self/mountinfo")),
-                                    CgroupLevel::job);
-}
-
 Status record_job_cgroup_targets(const std::string& runtime, uint32_t jobid,
                                  const std::vector<launcher::CgroupTarget>& targets) {
     std::string lines;
@@ -386,7 +400,7 @@ Status record_job_cgroup_targets(const std::string& runtime, uint32_t jobid,
     }
     if (lines.empty()) return {};
     GANTRY_TRY(launcher::ensure_own_dir(runtime + "/servers", 0700, true, "the image servers' directory"));
-    return append_record(runtime + "/servers/job_" + std::to_string(jobid) + ".cgroups", lines);
+    return append_record(job_servers_file_in(runtime, jobid) + ".cgroups", lines);
 }
 }  // namespace
 
@@ -394,7 +408,9 @@ Status record_job_cgroups(const Config& config, uint32_t jobid, pid_t model) {
     // Privileged (root, task_post_fork), like record_job_image_server: notes the job's own leaf (the
     // path computed from the task's cgroups, as place_in_cgroups_of does; only once it exists) in
     // root's 0700 runtime directory, for the epilog. Nothing in it comes from the user.
-    return record_job_cgroup_targets(runtime_dir(config), jobid, job_targets_of(model));
+    auto cgroups = task_cgroups_of(model);
+    if (!cgroups) return {};  // nothing to note for a task whose cgroups cannot be read
+    return record_job_cgroup_targets(runtime_dir(config), jobid, targets_of(*cgroups, CgroupLevel::job));
 }
 
 namespace {
@@ -491,7 +507,8 @@ int end_job_cgroups(const Config& config, uint32_t jobid, int deadline_ms) {
 // Slurm (the task's cgroups read while Slurm holds the task: the same reads, and so the same safety
 // argument, as place_in_cgroups_of's); only carry_out runs in the thread.
 struct CgroupPlacement::Impl {
-    std::vector<Result<PlannedMove>> plans;
+    // Each move with the context its failure is reported in.
+    std::vector<std::pair<std::string, Result<PlannedMove>>> plans;
     std::vector<Status> results;
     // Then the job's own leaf, once made, noted for the epilog (record_job_cgroups) when jobid is set.
     std::string runtime;
@@ -502,9 +519,14 @@ struct CgroupPlacement::Impl {
 
     static void* run(void* self) {
         auto* impl = static_cast<Impl*>(self);
-        for (const auto& plan : impl->plans) impl->results.push_back(plan ? carry_out(*plan) : Status(plan.error()));
-        if (impl->jobid != 0)
-            impl->results.push_back(record_job_cgroup_targets(impl->runtime, impl->jobid, impl->job_targets));
+        for (const auto& [context, plan] : impl->plans) {
+            Status moved = plan ? carry_out(*plan) : Status(plan.error());
+            impl->results.push_back(moved ? moved : Status(moved.error().wrap(context)));
+        }
+        if (impl->jobid != 0) {
+            Status recorded = record_job_cgroup_targets(impl->runtime, impl->jobid, impl->job_targets);
+            impl->results.push_back(recorded ? recorded : Status(recorded.error().wrap("recording the job's cgroup")));
+        }
         return nullptr;
     }
 };
@@ -518,16 +540,25 @@ void CgroupPlacement::start(pid_t model, const ContainerState& state, CgroupLeve
     if (impl_ != nullptr) return;
     auto impl = std::make_unique<Impl>();
     impl->creator = ::getpid();
-    if (jobid != 0) {
+    // The task's cgroups read once, for every target below.
+    auto cgroups = task_cgroups_of(model);
+    auto plan = [&](CgroupLevel at, pid_t leader, unsigned long long start, uid_t owner,
+                    const std::string& what) -> Result<PlannedMove> {
+        if (!cgroups) return cgroups.error();
+        return plan_move(targets_of(*cgroups, at), leader, start, owner, what);
+    };
+    impl->plans.emplace_back(
+        "placing the container holder in the step's cgroups",
+        plan(level, state.holder_pid, state.holder_start_time, static_cast<uid_t>(-1), "the container's holder"));
+    if (state.server_pid > 0)
+        impl->plans.emplace_back("placing the job's image server in the job's cgroups",
+                                 plan(CgroupLevel::job, state.server_pid, state.server_start_time, state.uid,
+                                      "the container's image server"));
+    if (jobid != 0 && cgroups) {
         impl->runtime = runtime_dir(config);
         impl->jobid = jobid;
-        impl->job_targets = job_targets_of(model);
+        impl->job_targets = targets_of(*cgroups, CgroupLevel::job);
     }
-    impl->plans.push_back(plan_move(model, level, state.holder_pid, state.holder_start_time, static_cast<uid_t>(-1),
-                                    "the container's holder"));
-    if (state.server_pid > 0)
-        impl->plans.push_back(plan_move(model, CgroupLevel::job, state.server_pid, state.server_start_time, state.uid,
-                                        "the container's image server"));
     if (::pthread_create(&impl->thread, nullptr, &Impl::run, impl.get()) != 0) {
         Impl::run(impl.get());  // no thread to be had: here and now, as before
         impl->thread = {};
